@@ -1,0 +1,34 @@
+# The two commands: `make run` starts the whole product, `make test` runs the whole suite.
+# Both work on a fresh machine with only Python 3.11+: everything else is installed here.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv bench lint clean-db
+
+run: $(STAMP)
+	$(PY) -m backplane.launcher
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(PY) bench/append.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+# Stops a database left behind by a killed `make run` (a SIGKILLed owner leaves it running).
+clean-db: $(STAMP)
+	$(PY) -m backplane.embedded_db stop --pgdata var/pgdata

@@ -1,0 +1,75 @@
+"""Admin for administrators: agents and their tokens; tasks and events to look at, not edit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from backplane import services
+from backplane.models import Agent, Event, Task
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ("name", "namespace", "kinds", "user", "is_active", "created_at")
+    list_filter = ("namespace", "is_active")
+    search_fields = ("name", "namespace")
+    readonly_fields = ("created_at",)
+    fields = ("name", "namespace", "kinds", "user", "is_active", "created_at")
+    actions = ("rotate_tokens",)
+
+    def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        # New agents get their token through the service so only its hash is stored;
+        # the token itself is shown once, here.
+        created = services.agent_create(name=obj.name, namespace=obj.namespace, kinds=obj.kinds)
+        obj.pk = created.agent.pk
+        obj.token_hash = created.agent.token_hash
+        if obj.user_id or not obj.is_active:
+            Agent.objects.filter(pk=obj.pk).update(user=obj.user_id, is_active=obj.is_active)
+        messages.warning(request, f"Token for {obj} (shown once, store it now): {created.token}")
+
+    @admin.action(description="Rotate the token of the selected agents (shows the new tokens once)")
+    def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        for agent in queryset:
+            rotated = services.agent_rotate_token(agent_id=agent.pk)
+            messages.warning(request, f"New token for {agent} (shown once): {rotated.token}")
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdmin):
+    """Tasks are a projection of their events: they change only through the services."""
+
+    list_display = ("id", "namespace", "kind", "status", "attempts", "lease_holder", "last_seq", "updated_at")
+    list_filter = ("status", "namespace", "kind")
+    search_fields = ("=id", "kind", "namespace", "lease_holder")
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    """The log is append-only; the database refuses changes even if this admin allowed them."""
+
+    list_display = ("position", "task_id", "seq", "type", "agent", "idempotency_key", "recorded_at")
+    list_filter = ("type",)
+    search_fields = ("=task__id", "type", "=idempotency_key")
+    list_select_related = False
+    ordering = ("-position",)
+    show_full_result_count = False

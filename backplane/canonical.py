@@ -1,0 +1,56 @@
+"""RFC 8785 (JSON Canonicalization Scheme) and the SHA-256 digests built on it.
+
+The serialisation itself is Trail of Bits' ``rfc8785`` package (ECMAScript number
+formatting, keys ordered by UTF-16 code units). One adjustment is ours: JCS models
+every number as an IEEE-754 double, while Python and PostgreSQL keep big integers
+exact. A float such as ``1e21`` goes into JSONB and comes back as the integer
+``1000000000000000000000``; turning integers outside the exactly representable range
+into the double they denote makes both spellings canonicalise alike, which is what
+any JavaScript verifier (where ``JSON.parse`` yields doubles) computes too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import rfc8785
+
+# Largest integer every double represents exactly (2**53 - 1): I-JSON's safe range.
+_MAX_SAFE_INTEGER = 2**53 - 1
+
+
+class CanonicalizationError(ValueError):
+    """The value cannot be expressed as canonical JSON (NaN, lone surrogates, ...)."""
+
+
+def _as_doubles(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, int):
+        if -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            raise CanonicalizationError(f"number {value} is outside the range of a double") from None
+    if isinstance(value, dict):
+        return {key: _as_doubles(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_doubles(item) for item in value]
+    return value
+
+
+def canonical_json(value: Any) -> bytes:
+    """The RFC 8785 canonical UTF-8 bytes of ``value``."""
+    try:
+        return rfc8785.dumps(_as_doubles(value))
+    except CanonicalizationError:
+        raise
+    except (rfc8785.CanonicalizationError, ValueError, TypeError) as exc:
+        raise CanonicalizationError(str(exc)) from exc
+
+
+def canonical_sha256(value: Any) -> str:
+    """Lowercase hex SHA-256 of the canonical JSON of ``value``."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()

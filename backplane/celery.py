@@ -1,0 +1,11 @@
+"""The Celery app. Beat schedules live in settings (CELERY_BEAT_SCHEDULE)."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
+
+app = Celery("backplane")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,50 @@
+"""Domain errors. Each carries the contract's code and HTTP status (API.md, "Errors")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BackplaneError(Exception):
+    status = 400
+    code = "validation_error"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+
+class InvalidInput(BackplaneError):
+    status = 400
+    code = "validation_error"
+
+
+class NotFound(BackplaneError):
+    status = 404
+    code = "not_found"
+
+
+class SeqConflict(BackplaneError):
+    status = 409
+    code = "seq_conflict"
+
+
+class StaleLease(BackplaneError):
+    status = 409
+    code = "stale_lease"
+
+
+class TaskClosed(BackplaneError):
+    status = 409
+    code = "task_closed"
+
+
+class TaskExists(BackplaneError):
+    status = 409
+    code = "task_exists"
+
+
+class IdempotencyMismatch(BackplaneError):
+    status = 422
+    code = "idempotency_mismatch"

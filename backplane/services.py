@@ -1,0 +1,441 @@
+"""Writes to the event log. Every public function here is one transaction.
+
+The append path (DESIGN.md) in one place:
+1. lock the task row, so appends to one task serialize and different tasks run in parallel;
+2. check the lease epoch (a fenced-off holder gets 409, never a silent write);
+3. answer a known idempotency key with the original event (another body is 422);
+4. refuse appends to a closed task, then check ``expected_seq`` (optimistic concurrency);
+5. number, clock and hash the events, insert them, update the projection; commit.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from backplane import event_types as et
+from backplane.canonical import CanonicalizationError, canonical_sha256
+from backplane.chain import compute_hash, hashed_fields
+from backplane.errors import (
+    IdempotencyMismatch,
+    InvalidInput,
+    NotFound,
+    SeqConflict,
+    StaleLease,
+    TaskClosed,
+    TaskExists,
+)
+from backplane.models import Agent, Event, Task, TaskStatus, hash_token
+
+
+@dataclass(frozen=True)
+class EventDraft:
+    """An event as a writer asks for it, before the log gives it a place."""
+
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    lamport: int | None = None
+    causation_id: str | None = None
+    correlation_id: str | None = None
+    trace_id: str | None = None
+
+    def request_digest(self) -> str:
+        # The parts that make a request "the same" for idempotency. The lease epoch,
+        # expected_seq and lamport are left out on purpose: a recovered agent retrying
+        # a write under a newer lease is still asking for the same event.
+        return canonical_sha256(
+            {
+                "type": self.type,
+                "payload": self.payload,
+                "causation_id": self.causation_id,
+                "correlation_id": self.correlation_id,
+                "trace_id": self.trace_id,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class AppendOutcome:
+    events: list[Event]
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class TaskCreateOutcome:
+    task: Task
+    created: bool
+
+
+@dataclass(frozen=True)
+class AgentCreated:
+    agent: Agent
+    token: str
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+
+def task_create(
+    *,
+    namespace: str,
+    kind: str,
+    input: dict[str, Any],
+    agent: str | None = None,
+    task_id: uuid.UUID | None = None,
+    parent_task_id: uuid.UUID | None = None,
+    max_attempts: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> TaskCreateOutcome:
+    """Create a task with ``TaskStarted`` as event 1. Idempotent on ``task_id``."""
+    _ensure_canonical(input, "input")
+    _ensure_canonical(metadata or {}, "metadata")
+    with transaction.atomic(durable=True):
+        return _task_create(
+            namespace=namespace,
+            kind=kind,
+            input=input,
+            agent=agent,
+            task_id=task_id or uuid.uuid4(),
+            parent_task_id=parent_task_id,
+            max_attempts=max_attempts if max_attempts is not None else settings.BACKPLANE_MAX_ATTEMPTS,
+            metadata=metadata or {},
+        )
+
+
+def _task_create(
+    *,
+    namespace: str,
+    kind: str,
+    input: dict[str, Any],
+    agent: str | None,
+    task_id: uuid.UUID,
+    parent_task_id: uuid.UUID | None,
+    max_attempts: int,
+    metadata: dict[str, Any],
+) -> TaskCreateOutcome:
+    parent = None
+    if parent_task_id is not None:
+        parent = Task.objects.filter(pk=parent_task_id, namespace=namespace).first()
+        if parent is None:
+            raise InvalidInput("parent task not found", {"parent_task_id": "no such task in this namespace"})
+
+    now = timezone.now()
+    try:
+        # The savepoint keeps the outer transaction usable when a concurrent create of
+        # the same task_id wins the race and our INSERT hits the primary key.
+        with transaction.atomic():
+            task = Task.objects.create(
+                id=task_id,
+                namespace=namespace,
+                kind=kind,
+                input=input,
+                metadata=metadata,
+                parent=parent,
+                max_attempts=max_attempts,
+                created_by=agent,
+                created_at=now,
+                updated_at=now,
+            )
+    except IntegrityError:
+        existing = Task.objects.filter(pk=task_id).first()
+        if existing is None:  # pragma: no cover - the conflicting row must exist once we see the error
+            raise
+        if existing.namespace != namespace or existing.kind != kind or existing.input != input:
+            raise TaskExists(
+                "a task with this task_id exists with a different kind or input",
+                {"task_id": str(task_id)},
+            ) from None
+        return TaskCreateOutcome(task=existing, created=False)
+
+    _write_events(
+        task,
+        [
+            EventDraft(
+                type=et.TASK_STARTED,
+                payload={
+                    "kind": kind,
+                    "input": input,
+                    "parent_task_id": str(parent.pk) if parent else None,
+                    "max_attempts": max_attempts,
+                    "metadata": metadata,
+                },
+            )
+        ],
+        agent=agent,
+        now=now,
+    )
+    return TaskCreateOutcome(task=task, created=True)
+
+
+# --- appends -------------------------------------------------------------------------------
+
+
+def event_append(
+    *,
+    namespace: str,
+    task_id: uuid.UUID,
+    draft: EventDraft,
+    agent: str | None,
+    expected_seq: int | None = None,
+    lease_epoch: int | None = None,
+) -> AppendOutcome:
+    """Append one client event to a task's log."""
+    return event_append_batch(
+        namespace=namespace,
+        task_id=task_id,
+        drafts=[draft],
+        agent=agent,
+        expected_seq=expected_seq,
+        lease_epoch=lease_epoch,
+    )
+
+
+def event_append_batch(
+    *,
+    namespace: str,
+    task_id: uuid.UUID,
+    drafts: Sequence[EventDraft],
+    agent: str | None,
+    expected_seq: int | None = None,
+    lease_epoch: int | None = None,
+) -> AppendOutcome:
+    """Append client events to one task, all or nothing."""
+    if not drafts:
+        raise InvalidInput("events must not be empty", {"events": "at least one event is required"})
+    if len(drafts) > settings.BACKPLANE_BATCH_MAX_EVENTS:
+        raise InvalidInput(
+            "too many events in one batch",
+            {"events": f"at most {settings.BACKPLANE_BATCH_MAX_EVENTS} events per batch"},
+        )
+    digests = _validate_client_drafts(drafts)
+    with transaction.atomic(durable=True):
+        task = _lock_task(namespace=namespace, task_id=task_id)
+        check_lease(task, lease_epoch)
+        replay = _find_replay(task, drafts, digests)
+        if replay is not None:
+            return AppendOutcome(events=replay, replayed=True)
+        if task.is_closed:
+            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+        if expected_seq is not None and expected_seq != task.last_seq:
+            raise SeqConflict(
+                f"expected_seq {expected_seq} but the task is at {task.last_seq}",
+                {"last_seq": task.last_seq, "expected_seq": expected_seq},
+            )
+        events = _write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
+    return AppendOutcome(events=events, replayed=False)
+
+
+def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
+    """Check every draft before any lock is taken; return each keyed draft's request digest."""
+    digests: list[str | None] = []
+    seen_keys: set[str] = set()
+    for index, draft in enumerate(drafts):
+        prefix = f"events[{index}]." if len(drafts) > 1 else ""
+        try:
+            et.validate_client_event(draft.type, draft.payload)
+            digest = draft.request_digest()
+        except InvalidInput as exc:
+            raise InvalidInput(exc.message, {prefix + k: v for k, v in exc.details.items()}) from None
+        except CanonicalizationError as exc:
+            raise InvalidInput(
+                "payload cannot be represented as canonical JSON",
+                {prefix + "payload": str(exc)},
+            ) from None
+        key = draft.idempotency_key
+        if key is not None:
+            if key in seen_keys:
+                raise InvalidInput(
+                    "an idempotency_key appears twice in one batch",
+                    {prefix + "idempotency_key": "duplicate within the batch"},
+                )
+            seen_keys.add(key)
+        digests.append(digest if key is not None else None)
+    return digests
+
+
+def _lock_task(*, namespace: str, task_id: uuid.UUID) -> Task:
+    task = Task.objects.select_for_update().filter(pk=task_id, namespace=namespace).first()
+    if task is None:
+        raise NotFound("task not found", {"task_id": str(task_id)})
+    return task
+
+
+def check_lease(task: Task, lease_epoch: int | None) -> None:
+    """Fencing: a leased task takes writes only with its current epoch.
+
+    Without a lease anyone in the namespace may write, but an epoch that is sent must
+    still be current: its holder may not know yet that its lease expired or was released.
+    """
+    if task.is_leased and lease_epoch is None:
+        raise StaleLease(
+            "the task is leased; send lease_epoch",
+            {"lease_epoch": "required while the task is leased"},
+        )
+    if lease_epoch is not None and lease_epoch != task.lease_epoch:
+        raise StaleLease(
+            "lease epoch is not the task's current one",
+            {"lease_epoch": lease_epoch},
+        )
+
+
+def _find_replay(task: Task, drafts: Sequence[EventDraft], digests: list[str | None]) -> list[Event] | None:
+    """The original events when this request was already applied; None when it is new."""
+    keys = [d.idempotency_key for d in drafts if d.idempotency_key is not None]
+    if not keys:
+        return None
+    found = {e.idempotency_key: e for e in Event.objects.filter(task=task, idempotency_key__in=keys)}
+    if not found:
+        return None
+    for draft, digest in zip(drafts, digests, strict=True):
+        original = found.get(draft.idempotency_key) if draft.idempotency_key else None
+        if original is None:
+            raise IdempotencyMismatch(
+                "this batch mixes events already recorded with new ones",
+                {"idempotency_key": draft.idempotency_key},
+            )
+        if original.request_digest != digest:
+            raise IdempotencyMismatch(
+                "idempotency_key was used with a different body",
+                {"idempotency_key": draft.idempotency_key, "seq": original.seq},
+            )
+    return [found[d.idempotency_key] for d in drafts if d.idempotency_key]
+
+
+def _write_events(
+    task: Task,
+    drafts: Sequence[EventDraft],
+    *,
+    agent: str | None,
+    now: datetime,
+    digests: Sequence[str | None] | None = None,
+) -> list[Event]:
+    """Number, clock, hash and insert events on a locked task, and update its projection.
+
+    The caller holds the task's row lock and has done every check; nothing here refuses.
+    """
+    events: list[Event] = []
+    for index, draft in enumerate(drafts):
+        if task.is_closed:
+            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+        seq = task.last_seq + 1
+        lamport = max(task.lamport, draft.lamport or 0) + 1
+        fields = hashed_fields(
+            task_id=str(task.pk),
+            seq=seq,
+            type=draft.type,
+            payload=draft.payload,
+            agent=agent,
+            idempotency_key=draft.idempotency_key,
+            lamport=lamport,
+            causation_id=draft.causation_id,
+            correlation_id=draft.correlation_id,
+            trace_id=draft.trace_id,
+            recorded_at=now,
+            prev_hash=task.head_hash,
+        )
+        event = Event(
+            task=task,
+            seq=seq,
+            type=draft.type,
+            payload=draft.payload,
+            agent=agent,
+            idempotency_key=draft.idempotency_key,
+            request_digest=digests[index] if digests else None,
+            lamport=lamport,
+            causation_id=draft.causation_id,
+            correlation_id=draft.correlation_id,
+            trace_id=draft.trace_id,
+            recorded_at=now,
+            prev_hash=task.head_hash,
+            hash=compute_hash(fields),
+        )
+        events.append(event)
+        task.last_seq = seq
+        task.lamport = lamport
+        task.head_hash = event.hash
+        _apply_to_projection(task, event)
+    Event.objects.bulk_create(events)
+    task.last_event_at = now
+    task.updated_at = now
+    task.save(
+        update_fields=[
+            "last_seq",
+            "lamport",
+            "head_hash",
+            "last_event_at",
+            "updated_at",
+            "status",
+            "output",
+            "error",
+            "attempts",
+            "lease_holder",
+            "lease_expires_at",
+        ]
+    )
+    return events
+
+
+def _release_lease(task: Task) -> None:
+    # The epoch stays: it is the fencing token the next lease increments.
+    task.lease_holder = None
+    task.lease_expires_at = None
+
+
+def _apply_to_projection(task: Task, event: Event) -> None:
+    """What an event does to the task's status and results."""
+    if event.type == et.TASK_COMPLETED:
+        task.status = TaskStatus.COMPLETED
+        task.output = event.payload["output"]
+        task.error = None
+        _release_lease(task)
+    elif event.type == et.TASK_FAILED:
+        task.attempts += 1
+        task.error = event.payload["error"]
+        retry = event.payload["retryable"] and task.attempts < task.max_attempts
+        task.status = TaskStatus.PENDING if retry else TaskStatus.FAILED
+        _release_lease(task)
+
+
+def _ensure_canonical(value: dict[str, Any], name: str) -> None:
+    try:
+        canonical_sha256(value)
+    except CanonicalizationError as exc:
+        raise InvalidInput(f"{name} cannot be represented as canonical JSON", {name: str(exc)}) from None
+
+
+# --- agents --------------------------------------------------------------------------------
+
+
+def agent_create(*, name: str, namespace: str, kinds: Sequence[str] = ()) -> AgentCreated:
+    """Register an agent and return its token; only the token's hash is stored."""
+    token = "bp_" + secrets.token_urlsafe(32)
+    with transaction.atomic(durable=True):
+        if Agent.objects.filter(namespace=namespace, name=name).exists():
+            raise InvalidInput("an agent with this name exists in the namespace", {"name": name})
+        agent = Agent(name=name, namespace=namespace, kinds=list(kinds), token_hash=hash_token(token))
+        try:
+            agent.full_clean()
+        except ValidationError as exc:
+            raise InvalidInput("invalid agent", {k: " ".join(v) for k, v in exc.message_dict.items()}) from None
+        agent.save()
+    return AgentCreated(agent=agent, token=token)
+
+
+def agent_rotate_token(*, agent_id: int) -> AgentCreated:
+    """Issue a new token for an agent; the old one stops working at commit."""
+    token = "bp_" + secrets.token_urlsafe(32)
+    with transaction.atomic(durable=True):
+        agent = Agent.objects.select_for_update().get(pk=agent_id)
+        agent.token_hash = hash_token(token)
+        agent.save(update_fields=["token_hash"])
+    return AgentCreated(agent=agent, token=token)

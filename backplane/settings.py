@@ -1,0 +1,216 @@
+"""The one settings module. Everything configurable comes from the environment.
+
+``BACKPLANE_ENV`` chooses the mode: ``production`` (the default, nothing secret is
+defaulted), ``development`` (``make run``) or ``test`` (``make test``). Only the last
+two may generate a secret key under ``var/`` or find the embedded database there.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from backplane.env import (
+    ImproperlyConfiguredEnv,
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+BACKPLANE_ENV = env_str("BACKPLANE_ENV", "production")
+if BACKPLANE_ENV not in {"production", "development", "test"}:
+    raise ImproperlyConfiguredEnv(f"BACKPLANE_ENV={BACKPLANE_ENV!r} must be production, development or test")
+IS_LOCAL = BACKPLANE_ENV in {"development", "test"}
+
+VAR_DIR = Path(env_str("BACKPLANE_VAR_DIR", str(BASE_DIR / "var")))
+
+
+def _local_secret_key() -> str:
+    """Development only: a random key kept under var/ so sessions survive restarts."""
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = env_str("SECRET_KEY") if not IS_LOCAL else env_str("SECRET_KEY", "") or _local_secret_key()
+DEBUG = env_bool("DEBUG", BACKPLANE_ENV == "development")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"] if IS_LOCAL else [])
+if not IS_LOCAL and not ALLOWED_HOSTS:
+    raise ImproperlyConfiguredEnv("ALLOWED_HOSTS must be set in production")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "backplane",
+    "recovery",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "backplane.urls"
+WSGI_APPLICATION = "backplane.wsgi.application"
+ASGI_APPLICATION = "backplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_url() -> str:
+    url = env_str("DATABASE_URL", "")
+    if url:
+        return url
+    # make run writes the embedded server's address here when it starts it.
+    embedded = VAR_DIR / "database_url"
+    if IS_LOCAL and embedded.exists():
+        return embedded.read_text().strip()
+    raise ImproperlyConfiguredEnv(
+        "DATABASE_URL must be set (or start the embedded PostgreSQL with `make run`)"
+    )
+
+
+DATABASES = {"default": database_from_url(_database_url())}
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("BACKPLANE_CONN_MAX_AGE", 0, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"]["TIME_ZONE"] = None
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+# Serve straight from the finders in development and tests so no collectstatic step is needed.
+WHITENOISE_USE_FINDERS = IS_LOCAL
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "/admin/login/"
+
+# --- Broker and Channels: embedded defaults, Redis when REDIS_URL is set ---------------------
+REDIS_URL = env_str("REDIS_URL", "")
+BROKER_DIR = VAR_DIR / "broker"
+
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CELERY_BROKER_URL = "filesystem://"
+    for _folder in ("queue", "control", "processed"):
+        (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # One folder for in and out: producers and consumers share the same queue files.
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+    # channels_postgres builds its own connection from a Django-style dict and silently
+    # comes back None without PASSWORD, TIME_ZONE and OPTIONS.
+    _layer_db = dict(DATABASES["default"])
+    _layer_db.setdefault("PASSWORD", "")
+    _layer_db["TIME_ZONE"] = None
+    _layer_db.setdefault("OPTIONS", {})
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            "CONFIG": _layer_db,
+        }
+    }
+    INSTALLED_APPS.append("channels_postgres")
+
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+CELERY_TIMEZONE = "UTC"
+
+# --- REST framework ------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DATETIME_FORMAT": "%Y-%m-%dT%H:%M:%S.%fZ",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent Backplane API",
+    "DESCRIPTION": "System of record and recovery controller for fleets of LLM agents.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Backplane tunables --------------------------------------------------------------------
+BACKPLANE_LEASE_SECONDS = env_int("BACKPLANE_LEASE_SECONDS", 30, minimum=1, maximum=3600)
+BACKPLANE_MAX_ATTEMPTS = env_int("BACKPLANE_MAX_ATTEMPTS", 3, minimum=1, maximum=100)
+BACKPLANE_PAYLOAD_LIMIT_BYTES = env_int("BACKPLANE_PAYLOAD_LIMIT_BYTES", 256 * 1024, minimum=1024)
+BACKPLANE_BATCH_MAX_EVENTS = env_int("BACKPLANE_BATCH_MAX_EVENTS", 1000, minimum=1)
+BACKPLANE_OUTBOX_MAX_ATTEMPTS = env_int("BACKPLANE_OUTBOX_MAX_ATTEMPTS", 5, minimum=1)
+BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
+# Django refuses bodies above this before any view runs; keep it in step with the payload limit.
+DATA_UPLOAD_MAX_MEMORY_SIZE = BACKPLANE_PAYLOAD_LIMIT_BYTES
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,69 @@
+"""RFC 8785 against the RFC's own examples and the cyberphone reference vectors."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from backplane.canonical import CanonicalizationError, canonical_json, canonical_sha256
+
+# A copy of ../shared/vectors, vendored so CI on a clean clone has them.
+VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "rfc8785"
+
+PAIRS = ["arrays", "french", "structures", "unicode", "values", "weird"]
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_it_produces_the_reference_bytes(name: str) -> None:
+    value = json.loads((VECTORS / f"{name}.input.json").read_text(encoding="utf-8"))
+    expected = (VECTORS / f"{name}.output.json").read_bytes()
+    assert canonical_json(value) == expected
+
+
+def test_it_matches_the_rfc_section_3_2_2_example() -> None:
+    value = json.loads((VECTORS / "rfc8785-sec3.2.2.input.json").read_text(encoding="utf-8"))
+    assert canonical_json(value) == (VECTORS / "rfc8785-sec3.2.2.output.json").read_bytes()
+
+
+def test_it_sorts_keys_by_utf16_code_units() -> None:
+    value = json.loads((VECTORS / "rfc8785-sec3.2.3-sorting.input.json").read_text(encoding="utf-8"))
+    expected_order = json.loads((VECTORS / "rfc8785-sec3.2.3-sorting.expected-values-order.json").read_text())
+    canonical = json.loads(canonical_json(value))
+    assert list(canonical.values()) == expected_order
+
+
+def _number_rows() -> list[dict]:
+    data = json.loads((VECTORS / "numbers.json").read_text())
+    return data["rows"] + data["extra_samples"]
+
+
+@pytest.mark.parametrize("row", _number_rows(), ids=lambda r: r.get("ieee_hex", "?"))
+def test_it_formats_numbers_as_ecmascript_does(row: dict) -> None:
+    (number,) = struct.unpack(">d", bytes.fromhex(row["ieee_hex"]))
+    if row.get("error"):
+        with pytest.raises(CanonicalizationError):
+            canonical_json(number)
+    else:
+        assert canonical_json(number).decode() == row["expected"]
+
+
+def test_it_treats_big_integers_as_the_double_they_denote() -> None:
+    # 1e21 goes into JSONB as a float and comes back as an integer; both must hash alike.
+    assert canonical_json(10**21) == canonical_json(1e21) == b"1e+21"
+    assert canonical_json({"n": 2**53 - 1}) == b'{"n":9007199254740991}'
+
+
+def test_it_rejects_what_json_cannot_carry() -> None:
+    for bad in (float("nan"), float("inf"), "\ud800", 10**400):
+        with pytest.raises(CanonicalizationError):
+            canonical_json(bad)
+
+
+def test_the_digest_is_lowercase_hex_sha256_of_the_canonical_bytes() -> None:
+    import hashlib
+
+    value = {"b": [1, 2.5, "x"], "a": None}
+    assert canonical_sha256(value) == hashlib.sha256(b'{"a":null,"b":[1,2.5,"x"]}').hexdigest()

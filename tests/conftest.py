@@ -1,0 +1,42 @@
+"""Fixtures shared by the whole suite. Every test runs against the real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from backplane import services
+from backplane.models import Task
+
+
+@pytest.fixture
+def committed_db(transactional_db: None) -> Iterator[None]:
+    """Like ``transactional_db`` (real commits, visible to other connections and threads).
+
+    The event table refuses DELETE and TRUNCATE, so before pytest-django's flush
+    truncates everything, the events are removed as a superuser with triggers skipped
+    (``session_replication_role = replica``). Truncating the then empty table is allowed.
+    """
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute("DELETE FROM backplane_event")
+        cursor.execute("SET session_replication_role = origin")
+
+
+@pytest.fixture
+def make_task(db: None) -> Callable[..., Task]:
+    def make(namespace: str = "acme", kind: str = "lead-qualification", **kwargs: Any) -> Task:
+        kwargs.setdefault("input", {"lead": "alice@example.com"})
+        return services.task_create(namespace=namespace, kind=kind, agent="planner", **kwargs).task
+
+    return make
+
+
+@pytest.fixture
+def task_id() -> uuid.UUID:
+    return uuid.uuid4()
