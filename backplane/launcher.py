@@ -99,9 +99,10 @@ class Launcher:
         return 0
 
     def shutdown(self) -> None:
-        for name, child in self.children.items():
+        for child in self.children.values():
+            # The leader only: Celery and uvicorn shut their own workers down cleanly.
             if child.poll() is None:
-                self._signal_group(child, signal.SIGTERM)
+                child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + GRACE_SECONDS
         for name, child in self.children.items():
             try:

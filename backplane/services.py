@@ -244,6 +244,7 @@ def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
         try:
             et.validate_client_event(draft.type, draft.payload)
             digest = draft.request_digest()
+            _reject_nul(draft.payload, "payload")
         except InvalidInput as exc:
             raise InvalidInput(exc.message, {prefix + k: v for k, v in exc.details.items()}) from None
         except CanonicalizationError as exc:
@@ -411,18 +412,39 @@ def _ensure_canonical(value: dict[str, Any], name: str) -> None:
         canonical_sha256(value)
     except CanonicalizationError as exc:
         raise InvalidInput(f"{name} cannot be represented as canonical JSON", {name: str(exc)}) from None
+    _reject_nul(value, name)
+
+
+def _reject_nul(value: Any, name: str) -> None:
+    """PostgreSQL's JSONB cannot store U+0000; refuse it as bad input rather than fail at INSERT."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidInput(f"{name} contains U+0000, which cannot be stored", {name: "contains U+0000"})
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _reject_nul(key, name)
+            _reject_nul(item, name)
+    elif isinstance(value, list):
+        for item in value:
+            _reject_nul(item, name)
 
 
 # --- agents --------------------------------------------------------------------------------
 
 
+def agent_token_issue() -> tuple[str, str]:
+    """A new random agent token and the hash that is all we keep of it."""
+    token = "bp_" + secrets.token_urlsafe(32)
+    return token, hash_token(token)
+
+
 def agent_create(*, name: str, namespace: str, kinds: Sequence[str] = ()) -> AgentCreated:
     """Register an agent and return its token; only the token's hash is stored."""
-    token = "bp_" + secrets.token_urlsafe(32)
+    token, token_hash = agent_token_issue()
     with transaction.atomic(durable=True):
         if Agent.objects.filter(namespace=namespace, name=name).exists():
             raise InvalidInput("an agent with this name exists in the namespace", {"name": name})
-        agent = Agent(name=name, namespace=namespace, kinds=list(kinds), token_hash=hash_token(token))
+        agent = Agent(name=name, namespace=namespace, kinds=list(kinds), token_hash=token_hash)
         try:
             agent.full_clean()
         except ValidationError as exc:
@@ -433,9 +455,9 @@ def agent_create(*, name: str, namespace: str, kinds: Sequence[str] = ()) -> Age
 
 def agent_rotate_token(*, agent_id: int) -> AgentCreated:
     """Issue a new token for an agent; the old one stops working at commit."""
-    token = "bp_" + secrets.token_urlsafe(32)
+    token, token_hash = agent_token_issue()
     with transaction.atomic(durable=True):
         agent = Agent.objects.select_for_update().get(pk=agent_id)
-        agent.token_hash = hash_token(token)
+        agent.token_hash = token_hash
         agent.save(update_fields=["token_hash"])
     return AgentCreated(agent=agent, token=token)

@@ -130,6 +130,8 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 # Serve straight from the finders in development and tests so no collectstatic step is needed.
 WHITENOISE_USE_FINDERS = IS_LOCAL
+if IS_LOCAL:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGIN_URL = "/admin/login/"

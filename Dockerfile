@@ -1,0 +1,37 @@
+# The product image: one image for web, worker, beat and the migrate job (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# Dependencies first so that code changes do not reinstall them.
+COPY requirements.txt ./
+RUN pip install -r requirements.txt
+
+COPY . .
+
+ENV BACKPLANE_ENV=production \
+    DJANGO_SETTINGS_MODULE=backplane.settings
+
+# collectstatic needs no database, but production settings refuse to load without
+# DATABASE_URL, SECRET_KEY and ALLOWED_HOSTS. These dummies exist for this one step only:
+# nothing connects to them and they are not kept in the image's environment.
+# (REDIS_URL keeps settings on the production broker branch, which creates nothing under var/.)
+RUN DATABASE_URL=postgresql://build@localhost/build \
+    SECRET_KEY=build-only \
+    ALLOWED_HOSTS=localhost \
+    REDIS_URL=redis://localhost:6379/0 \
+    python manage.py collectstatic --noinput
+
+# The code and collected static files stay owned by root: the app can read but not change them.
+RUN groupadd --system --gid 10001 backplane \
+    && useradd --system --uid 10001 --gid backplane --create-home --home-dir /home/backplane \
+       --shell /usr/sbin/nologin backplane
+USER 10001:10001
+
+EXPOSE 8000
+CMD ["python", "-m", "uvicorn", "backplane.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]

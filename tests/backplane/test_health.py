@@ -1,0 +1,39 @@
+"""/healthz says the process is up; /readyz says whether the database and broker answer."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+
+def test_healthz_answers_without_touching_the_database(client: Client, db, django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    with django_assert_num_queries(0):
+        response = client.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_readyz_is_200_with_the_database_up(client: Client, db) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_is_503_when_the_database_is_unreachable(client: Client) -> None:
+    # Point this process's connection at a socket directory with no server in it: a real
+    # connection failure, not a patched function.
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["HOST"] = "/nonexistent-socket-dir"
+    connection.settings_dict["PORT"] = "5499"
+    try:
+        response = client.get("/readyz")
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+    assert response.status_code == 503
+    body = response.json()
+    assert body["error"]["code"] == "unavailable"
+    assert any("database" in p for p in body["error"]["details"]["problems"])
+    assert response["Retry-After"] == "5"
