@@ -93,6 +93,9 @@ class Task(models.Model):
     lease_holder = models.CharField(max_length=100, null=True, blank=True)
     lease_epoch = models.PositiveBigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_seconds = models.PositiveIntegerField(default=30)
+    # Set on sub-agent tasks: the parent's dispatch, so a repeated dispatch finds the same child.
+    dispatch_key = models.CharField(max_length=64, null=True, blank=True, unique=True)
     last_seq = models.PositiveIntegerField(default=0)
     head_hash = models.CharField(max_length=64, default=GENESIS_HASH)
     lamport = models.PositiveBigIntegerField(default=0)
@@ -164,3 +167,42 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}#{self.seq} {self.type}"
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+
+
+class OutboxMessage(models.Model):
+    """A message committed in the same transaction as the event that causes it.
+
+    The relay delivers it at least once; ``message_id`` is stable across attempts so
+    consumers can drop duplicates.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    destination = models.CharField(max_length=100, default="broker")
+    topic = models.CharField(max_length=255)
+    key = models.CharField(max_length=255)
+    payload = models.JSONField(default=dict)
+    headers = models.JSONField(default=dict)
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.PROTECT, related_name="outbox")
+    event_position = models.BigIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["next_attempt_at", "id"], name="outbox_due_idx", condition=Q(status="pending")),
+            models.Index(fields=["key", "id"], name="outbox_key_order_idx", condition=Q(status="pending")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} {self.message_id} ({self.status})"

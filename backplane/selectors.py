@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Q, QuerySet
 
 from backplane.chain import GENESIS_HASH, compute_hash, hashed_fields
+from backplane.errors import InvalidInput, NotFound
 from backplane.models import Event, Task
 
 _VERIFY_COLUMNS = (
@@ -94,5 +101,68 @@ def chain_verify_all(*, task_ids: list[uuid.UUID] | None = None) -> Iterator[Cha
         yield chain_verify(task=task)
 
 
-def task_get(*, namespace: str, task_id: uuid.UUID) -> Task | None:
-    return Task.objects.filter(pk=task_id, namespace=namespace).first()
+def tasks_visible(*, namespace: str | None) -> QuerySet[Task]:
+    """Every task query of the API starts here: another namespace's task does not exist."""
+    tasks = Task.objects.all()
+    return tasks if namespace is None else tasks.filter(namespace=namespace)
+
+
+def task_visible(*, namespace: str | None, task_id: uuid.UUID) -> Task:
+    task = tasks_visible(namespace=namespace).filter(pk=task_id).first()
+    if task is None:
+        raise NotFound("task not found", {"task_id": str(task_id)})
+    return task
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    tasks: list[Task]
+    next_cursor: str | None
+
+
+def _encode_cursor(task: Task) -> str:
+    raw = json.dumps([task.created_at.isoformat(), str(task.pk)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, task_id = json.loads(raw)
+        moment = datetime.fromisoformat(created_at)
+        if moment.tzinfo is None:
+            raise ValueError("naive")
+        return moment, uuid.UUID(task_id)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidInput("invalid cursor", {"cursor": "not a cursor this API gave out"}) from None
+
+
+def task_list(
+    *, namespace: str | None, status: str | None, kind: str | None, limit: int, cursor: str | None
+) -> TaskPage:
+    """Oldest first, keyset-paginated on (created_at, id) so pages stay stable under inserts."""
+    tasks = tasks_visible(namespace=namespace)
+    if status:
+        tasks = tasks.filter(status=status)
+    if kind:
+        tasks = tasks.filter(kind=kind)
+    if cursor:
+        created_at, task_id = _decode_cursor(cursor)
+        tasks = tasks.filter(Q(created_at__gt=created_at) | Q(created_at=created_at, id__gt=task_id))
+    page = list(tasks.order_by("created_at", "id")[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return TaskPage(tasks=page, next_cursor=_encode_cursor(page[-1]) if more and page else None)
+
+
+@dataclass(frozen=True)
+class EventPage:
+    events: list[Event]
+    next_after_seq: int | None
+
+
+def event_list(*, task: Task, after_seq: int, limit: int) -> EventPage:
+    events = list(Event.objects.filter(task=task, seq__gt=after_seq).order_by("seq")[: limit + 1])
+    more = len(events) > limit
+    events = events[:limit]
+    return EventPage(events=events, next_after_seq=events[-1].seq if more and events else None)

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from backplane import event_types as et
 from backplane.canonical import CanonicalizationError, canonical_sha256
-from backplane.chain import compute_hash, hashed_fields
+from backplane.chain import compute_hash, format_timestamp, hashed_fields
 from backplane.errors import (
     IdempotencyMismatch,
     InvalidInput,
@@ -34,7 +34,16 @@ from backplane.errors import (
     TaskClosed,
     TaskExists,
 )
-from backplane.models import Agent, Event, Task, TaskStatus, hash_token
+from backplane.models import Agent, Event, OutboxMessage, Task, TaskStatus, hash_token
+
+
+@dataclass(frozen=True)
+class OutboxDraft:
+    """A message to publish once the event commits; ``key`` orders delivery (default: the task)."""
+
+    topic: str
+    payload: dict[str, Any]
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,7 @@ class EventDraft:
     causation_id: str | None = None
     correlation_id: str | None = None
     trace_id: str | None = None
+    outbox: tuple[OutboxDraft, ...] = ()
 
     def request_digest(self) -> str:
         # The parts that make a request "the same" for idempotency. The lease epoch,
@@ -60,6 +70,7 @@ class EventDraft:
                 "causation_id": self.causation_id,
                 "correlation_id": self.correlation_id,
                 "trace_id": self.trace_id,
+                "outbox": [{"topic": o.topic, "payload": o.payload, "key": o.key} for o in self.outbox],
             }
         )
 
@@ -100,7 +111,7 @@ def task_create(
     _ensure_canonical(input, "input")
     _ensure_canonical(metadata or {}, "metadata")
     with transaction.atomic(durable=True):
-        return _task_create(
+        return task_create_in_transaction(
             namespace=namespace,
             kind=kind,
             input=input,
@@ -112,7 +123,7 @@ def task_create(
         )
 
 
-def _task_create(
+def task_create_in_transaction(
     *,
     namespace: str,
     kind: str,
@@ -157,7 +168,7 @@ def _task_create(
             ) from None
         return TaskCreateOutcome(task=existing, created=False)
 
-    _write_events(
+    write_events(
         task,
         [
             EventDraft(
@@ -182,7 +193,7 @@ def _task_create(
 
 def event_append(
     *,
-    namespace: str,
+    namespace: str | None,
     task_id: uuid.UUID,
     draft: EventDraft,
     agent: str | None,
@@ -202,7 +213,7 @@ def event_append(
 
 def event_append_batch(
     *,
-    namespace: str,
+    namespace: str | None,
     task_id: uuid.UUID,
     drafts: Sequence[EventDraft],
     agent: str | None,
@@ -219,7 +230,7 @@ def event_append_batch(
         )
     digests = _validate_client_drafts(drafts)
     with transaction.atomic(durable=True):
-        task = _lock_task(namespace=namespace, task_id=task_id)
+        task = lock_task(namespace=namespace, task_id=task_id)
         check_lease(task, lease_epoch)
         replay = _find_replay(task, drafts, digests)
         if replay is not None:
@@ -231,7 +242,7 @@ def event_append_batch(
                 f"expected_seq {expected_seq} but the task is at {task.last_seq}",
                 {"last_seq": task.last_seq, "expected_seq": expected_seq},
             )
-        events = _write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
+        events = write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
     return AppendOutcome(events=events, replayed=False)
 
 
@@ -245,6 +256,8 @@ def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
             et.validate_client_event(draft.type, draft.payload)
             digest = draft.request_digest()
             _reject_nul(draft.payload, "payload")
+            for item in draft.outbox:
+                _reject_nul(item.payload, "outbox")
         except InvalidInput as exc:
             raise InvalidInput(exc.message, {prefix + k: v for k, v in exc.details.items()}) from None
         except CanonicalizationError as exc:
@@ -264,8 +277,12 @@ def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
     return digests
 
 
-def _lock_task(*, namespace: str, task_id: uuid.UUID) -> Task:
-    task = Task.objects.select_for_update().filter(pk=task_id, namespace=namespace).first()
+def lock_task(*, namespace: str | None, task_id: uuid.UUID) -> Task:
+    """Lock a task row for the rest of the transaction. ``namespace=None``: staff, any namespace."""
+    tasks = Task.objects.select_for_update().filter(pk=task_id)
+    if namespace is not None:
+        tasks = tasks.filter(namespace=namespace)
+    task = tasks.first()
     if task is None:
         raise NotFound("task not found", {"task_id": str(task_id)})
     return task
@@ -312,21 +329,25 @@ def _find_replay(task: Task, drafts: Sequence[EventDraft], digests: list[str | N
     return [found[d.idempotency_key] for d in drafts if d.idempotency_key]
 
 
-def _write_events(
+def write_events(
     task: Task,
     drafts: Sequence[EventDraft],
     *,
     agent: str | None,
     now: datetime,
     digests: Sequence[str | None] | None = None,
+    allow_closed: bool = False,
 ) -> list[Event]:
     """Number, clock, hash and insert events on a locked task, and update its projection.
 
-    The caller holds the task's row lock and has done every check; nothing here refuses.
+    The caller holds the task's row lock and has done every check but one: an event
+    after the task closed (e.g. the second half of a batch) is refused here, unless the
+    backplane itself records something that arrived late (``allow_closed``).
     """
+    was_open = not task.is_closed
     events: list[Event] = []
     for index, draft in enumerate(drafts):
-        if task.is_closed:
+        if task.is_closed and not allow_closed:
             raise TaskClosed(f"task is {task.status}", {"status": task.status})
         seq = task.last_seq + 1
         lamport = max(task.lamport, draft.lamport or 0) + 1
@@ -366,6 +387,20 @@ def _write_events(
         task.head_hash = event.hash
         _apply_to_projection(task, event)
     Event.objects.bulk_create(events)
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(
+            topic=item.topic,
+            key=item.key or str(task.pk),
+            payload=item.payload,
+            headers=outbox_headers(task, event, now),
+            task=task,
+            event_position=event.position,
+            next_attempt_at=now,
+            created_at=now,
+        )
+        for draft, event in zip(drafts, events, strict=True)
+        for item in draft.outbox
+    )
     task.last_event_at = now
     task.updated_at = now
     task.save(
@@ -383,7 +418,59 @@ def _write_events(
             "lease_expires_at",
         ]
     )
+    if was_open and task.status in REPORTED_TO_PARENT and task.parent_id is not None:
+        _report_to_parent(task, now=now)
     return events
+
+
+# A child task in one of these has a result its parent must hear about.
+REPORTED_TO_PARENT = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED})
+
+
+def _report_to_parent(child: Task, *, now: datetime) -> None:
+    """Two-phase hand-off, second phase: the child's result enters the parent's log in the
+    transaction that ends the child, so it cannot be lost between the two.
+
+    Lock order is always child, then parent (claims and completions); a dispatch locks
+    only the parent and creates the child, which nobody else can hold yet.
+    """
+    assert child.parent_id is not None
+    parent = Task.objects.select_for_update().get(pk=child.parent_id)
+    write_events(
+        parent,
+        [
+            EventDraft(
+                type=et.SUB_AGENT_RESULT_RECEIVED,
+                payload={
+                    "child_task_id": str(child.pk),
+                    "dispatch_key": child.dispatch_key,
+                    "kind": child.kind,
+                    "status": child.status,
+                    "output": child.output,
+                    "error": child.error,
+                },
+                causation_id=f"{child.pk}:{child.last_seq}",
+            )
+        ],
+        agent=None,
+        now=now,
+        # A parent that already finished still gets the record: nothing is dropped.
+        allow_closed=True,
+    )
+
+
+def outbox_headers(task: Task, event: Event, now: datetime) -> dict[str, Any]:
+    headers: dict[str, Any] = {
+        "task_id": str(task.pk),
+        "seq": event.seq,
+        "event_hash": event.hash,
+        "agent": event.agent,
+        "created_at": format_timestamp(now),
+    }
+    if event.trace_id and len(event.trace_id) == 32:
+        # W3C trace context; the parent span is not known here, so a fresh one is minted.
+        headers["traceparent"] = f"00-{event.trace_id}-{secrets.token_hex(8)}-01"
+    return headers
 
 
 def _release_lease(task: Task) -> None:

@@ -65,6 +65,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "backplane.api.middleware.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -180,12 +181,23 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "purge-expired-tool-calls": {"task": "recovery.tasks.purge_expired_tool_calls", "schedule": 300.0},
+}
 CELERY_TIMEZONE = "UTC"
 
 # --- REST framework ------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "backplane.api.authentication.AgentTokenAuthentication",
+        "backplane.api.authentication.StaffSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["backplane.api.throttling.PrincipalRateThrottle"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "backplane.api.errors.api_exception_handler",
     "DATETIME_FORMAT": "%Y-%m-%dT%H:%M:%S.%fZ",
     "UNAUTHENTICATED_USER": None,
 }
@@ -197,6 +209,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "backplane.api.schema.forbid_unknown_request_fields",
+    ],
 }
 
 # --- Backplane tunables --------------------------------------------------------------------
@@ -206,6 +223,8 @@ BACKPLANE_PAYLOAD_LIMIT_BYTES = env_int("BACKPLANE_PAYLOAD_LIMIT_BYTES", 256 * 1
 BACKPLANE_BATCH_MAX_EVENTS = env_int("BACKPLANE_BATCH_MAX_EVENTS", 1000, minimum=1)
 BACKPLANE_OUTBOX_MAX_ATTEMPTS = env_int("BACKPLANE_OUTBOX_MAX_ATTEMPTS", 5, minimum=1)
 BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
+# Per agent token, DRF's "<count>/<s|m|h|d>" syntax.
+BACKPLANE_RATE_LIMIT = env_str("BACKPLANE_RATE_LIMIT", "600/s")
 # Django refuses bodies above this before any view runs; keep it in step with the payload limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = BACKPLANE_PAYLOAD_LIMIT_BYTES
 

@@ -1,0 +1,97 @@
+"""Who is calling: an agent with a bearer token, or a staff user with a session.
+
+Either way the view gets a ``Principal`` as ``request.user``; its ``namespace`` scopes
+every query (``None`` for staff, who operate across namespaces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from backplane.models import Agent, hash_token
+
+REVIEW_PERMISSION = "backplane.review_deadletter"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    namespace: str | None
+    agent: Agent | None = None
+    user: AbstractBaseUser | None = None
+
+    is_authenticated = True
+    is_anonymous = False
+
+    @property
+    def pk(self) -> str:  # DRF's throttles key on request.user.pk
+        return f"agent:{self.agent.pk}" if self.agent else f"user:{self.user.pk if self.user else ''}"
+
+    @property
+    def is_staff(self) -> bool:
+        return self.agent is None and self.user is not None
+
+    def can_review(self) -> bool:
+        return self.user is not None and bool(getattr(self.user, "is_staff", False)) and self.user.has_perm(
+            REVIEW_PERMISSION
+        )
+
+
+class AgentTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <token>``; the token's SHA-256 is looked up, never the token."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[Principal, str] | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
+        try:
+            token = header[1].decode()
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("invalid token") from None
+        agent = Agent.objects.select_related("user").filter(token_hash=hash_token(token), is_active=True).first()
+        # The lookup is by hash; the comparison below is constant-time all the same.
+        if agent is None or not agent.token_matches(token):
+            raise exceptions.AuthenticationFailed("invalid or inactive token")
+        return Principal(name=agent.name, namespace=agent.namespace, agent=agent, user=agent.user), token
+
+    def authenticate_header(self, request: Request) -> str:
+        return f'{self.keyword} realm="api"'
+
+
+class StaffSessionAuthentication(authentication.SessionAuthentication):
+    """Logged-in staff may use the API with their session (CSRF enforced on writes)."""
+
+    def authenticate(self, request: Request) -> tuple[Principal, None] | None:
+        result = super().authenticate(request)
+        if result is None:
+            return None
+        user = result[0]
+        if not user.is_staff:
+            return None
+        return Principal(name=f"user:{user.get_username()}", namespace=None, user=user), None
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "backplane.api.authentication.AgentTokenAuthentication"
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "Agent token from `manage.py create_agent`"}
+
+
+class StaffSessionScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "backplane.api.authentication.StaffSessionAuthentication"
+    name = "staffSession"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "apiKey", "in": "cookie", "name": "sessionid"}

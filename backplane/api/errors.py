@@ -1,0 +1,105 @@
+"""One exception handler: every error leaves the API as {"error": {"code", "message", "details"}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from backplane.errors import BackplaneError
+
+logger = logging.getLogger(__name__)
+
+UNAVAILABLE_RETRY_AFTER = "5"
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def flatten_details(detail: Any, prefix: str = "") -> dict[str, str]:
+    """DRF's nested ``{"events": [{"payload": ["..."]}]}`` as ``{"events[0].payload": "..."}``."""
+    if isinstance(detail, dict):
+        flat: dict[str, str] = {}
+        for key, value in detail.items():
+            name = "" if key in ("non_field_errors",) and not prefix else key
+            flat.update(flatten_details(value, f"{prefix}.{name}" if prefix and name else prefix or name))
+        return flat
+    if isinstance(detail, list):
+        if all(not isinstance(item, dict | list) for item in detail):
+            return {prefix or "body": " ".join(str(item) for item in detail)}
+        flat = {}
+        for index, item in enumerate(detail):
+            if item:
+                flat.update(flatten_details(item, f"{prefix}[{index}]"))
+        return flat
+    return {prefix or "body": str(detail)}
+
+
+_DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
+    (exceptions.NotAuthenticated, "not_authenticated"),
+    (exceptions.AuthenticationFailed, "not_authenticated"),
+    (exceptions.PermissionDenied, "permission_denied"),
+    (exceptions.NotFound, "not_found"),
+    (exceptions.MethodNotAllowed, "method_not_allowed"),
+    (exceptions.NotAcceptable, "not_acceptable"),
+    (exceptions.UnsupportedMediaType, "unsupported_media_type"),
+    (exceptions.Throttled, "rate_limited"),
+    (exceptions.ParseError, "validation_error"),
+    (exceptions.ValidationError, "validation_error"),
+]
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, BackplaneError):
+        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+    if isinstance(exc, Http404):
+        return Response(error_body("not_found", "not found"), status=404)
+    if isinstance(exc, DjangoPermissionDenied):
+        return Response(error_body("permission_denied", "permission denied"), status=403)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(error_body("payload_too_large", "request body is over the limit"), status=413)
+    if isinstance(exc, OperationalError | InterfaceError):
+        logger.warning("database unavailable: %s", exc)
+        return Response(
+            error_body("unavailable", "the database is unavailable; retry later"),
+            status=503,
+            headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
+        )
+    if isinstance(exc, DatabaseError):
+        # Anything else from the database is our bug, but the client still gets the contract's shape.
+        logger.exception("database error")
+        return Response(error_body("internal_error", "internal error"), status=500)
+    if isinstance(exc, exceptions.APIException):
+        code = next((c for cls, c in _DRF_CODES if isinstance(exc, cls)), "error")
+        headers = {}
+        if isinstance(exc, exceptions.Throttled):
+            headers["Retry-After"] = str(max(1, int(exc.wait or 1)))
+            message = "rate limit exceeded"
+            details: dict[str, Any] = {"retry_after": int(headers["Retry-After"])}
+        elif isinstance(exc, exceptions.ValidationError):
+            message = "invalid request"
+            details = flatten_details(exc.detail)
+        else:
+            message = str(exc.detail)
+            details = {}
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
+        status_code = exc.status_code
+        if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+            status_code = status.HTTP_401_UNAUTHORIZED
+        return Response(error_body(code, message, details), status=status_code, headers=headers)
+    return None
+
+
+def json_error(code: str, message: str, status_code: int, **headers: str) -> JsonResponse:
+    response = JsonResponse(error_body(code, message), status=status_code)
+    for name, value in headers.items():
+        response[name.replace("_", "-")] = value
+    return response

@@ -1,0 +1,228 @@
+"""Request and response shapes of API.md. Input serializers only check types and sizes;
+the rules of the domain live in the services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from backplane.chain import event_as_api_dict, format_timestamp
+from backplane.models import Event, Task
+
+# --- strict fields: JSON types are not coerced ("5" is not an integer, 1 is not a string) ---
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return bool(data)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.Field):
+    default_error_messages = {"invalid": "Must be a JSON object."}
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, so a client cannot believe it set seq, namespace or status."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+def name_field(**kwargs: Any) -> StrictCharField:
+    return StrictCharField(max_length=100, min_length=1, **kwargs)
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+
+class LeaseOut(serializers.Serializer):
+    agent = serializers.CharField()
+    epoch = serializers.IntegerField()
+    expires_at = serializers.CharField(allow_null=True)
+
+
+class TaskOut(serializers.Serializer):
+    """The Task object of API.md."""
+
+    task_id = serializers.UUIDField()
+    namespace = serializers.CharField()
+    kind = serializers.CharField()
+    status = serializers.ChoiceField(
+        choices=["pending", "running", "completed", "failed", "dead_lettered", "compensating", "compensated"]
+    )
+    input = JSONObjectField()
+    output = JSONObjectField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    parent_task_id = serializers.UUIDField(allow_null=True)
+    attempts = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    lease = LeaseOut(allow_null=True)
+    last_seq = serializers.IntegerField()
+    head_hash = serializers.CharField()
+    created_at = serializers.CharField()
+    updated_at = serializers.CharField()
+    last_event_at = serializers.CharField(allow_null=True)
+
+    def to_representation(self, task: Task) -> dict[str, Any]:
+        return task_as_api_dict(task)
+
+
+def _time(value: Any) -> str | None:
+    return format_timestamp(value) if value is not None else None
+
+
+def task_as_api_dict(task: Task) -> dict[str, Any]:
+    lease = None
+    if task.lease_holder is not None:
+        lease = {"agent": task.lease_holder, "epoch": task.lease_epoch, "expires_at": _time(task.lease_expires_at)}
+    return {
+        "task_id": str(task.pk),
+        "namespace": task.namespace,
+        "kind": task.kind,
+        "status": task.status,
+        "input": task.input,
+        "output": task.output,
+        "error": task.error,
+        "parent_task_id": str(task.parent_id) if task.parent_id else None,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "lease": lease,
+        "last_seq": task.last_seq,
+        "head_hash": task.head_hash,
+        "created_at": _time(task.created_at),
+        "updated_at": _time(task.updated_at),
+        "last_event_at": _time(task.last_event_at),
+    }
+
+
+class TaskCreateIn(StrictSerializer):
+    kind = name_field()
+    input = JSONObjectField()
+    task_id = serializers.UUIDField(required=False)
+    parent_task_id = serializers.UUIDField(required=False, allow_null=True)
+    max_attempts = StrictIntegerField(required=False, min_value=1, max_value=100)
+    metadata = JSONObjectField(required=False)
+
+
+class TaskListOut(serializers.Serializer):
+    results = TaskOut(many=True)
+    next = serializers.URLField(allow_null=True)
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+class EventOut(serializers.Serializer):
+    """The Event object of API.md; ``hash`` covers every field but itself and ``position``."""
+
+    task_id = serializers.UUIDField()
+    seq = serializers.IntegerField()
+    position = serializers.IntegerField()
+    type = serializers.CharField()
+    payload = JSONObjectField()
+    agent = serializers.CharField(allow_null=True)
+    idempotency_key = serializers.CharField(allow_null=True)
+    lamport = serializers.IntegerField()
+    causation_id = serializers.CharField(allow_null=True)
+    correlation_id = serializers.CharField(allow_null=True)
+    trace_id = serializers.CharField(allow_null=True)
+    recorded_at = serializers.CharField()
+    prev_hash = serializers.CharField()
+    hash = serializers.CharField()
+
+    def to_representation(self, event: Event) -> dict[str, Any]:
+        return event_as_api_dict(event)
+
+
+class OutboxItemIn(StrictSerializer):
+    topic = StrictCharField(max_length=255, min_length=1)
+    payload = JSONObjectField()
+    key = StrictCharField(max_length=255, min_length=1, required=False)
+
+
+class EventFieldsIn(StrictSerializer):
+    """One event as a client writes it."""
+
+    type = StrictCharField(max_length=64, min_length=1)
+    payload = JSONObjectField(required=False, default=dict)
+    idempotency_key = StrictCharField(max_length=255, min_length=1, required=False, allow_null=True)
+    lamport = StrictIntegerField(required=False, min_value=0, max_value=2**62)
+    causation_id = StrictCharField(max_length=255, required=False, allow_null=True)
+    correlation_id = StrictCharField(max_length=255, required=False, allow_null=True)
+    trace_id = StrictCharField(max_length=255, required=False, allow_null=True)
+    outbox = OutboxItemIn(many=True, required=False)
+
+
+class EventAppendIn(EventFieldsIn):
+    expected_seq = StrictIntegerField(required=False, min_value=0)
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+
+
+class EventBatchIn(StrictSerializer):
+    expected_seq = StrictIntegerField(required=False, min_value=0)
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+    events = EventFieldsIn(many=True, allow_empty=False, max_length=1000)
+
+
+class EventListOut(serializers.Serializer):
+    results = EventOut(many=True)
+    next_after_seq = serializers.IntegerField(allow_null=True)
+
+
+class EventBatchOut(serializers.Serializer):
+    results = EventOut(many=True)
+
+
+class ChainVerifyOut(serializers.Serializer):
+    valid = serializers.BooleanField()
+    checked = serializers.IntegerField()
+    head_hash = serializers.CharField()
+    first_invalid_seq = serializers.IntegerField(allow_null=True)
+
+
+class ErrorDetail(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.DictField()
+
+
+class ErrorOut(serializers.Serializer):
+    error = ErrorDetail()
+
+
+@extend_schema_field(OpenApiTypes.OBJECT)
+class AnyObject(serializers.Field):
+    def to_representation(self, value: Any) -> Any:
+        return value

@@ -1,0 +1,24 @@
+from django.urls import path
+
+from backplane.api import views
+from recovery import api as recovery_api
+
+urlpatterns = [
+    path("tasks/", views.TasksView.as_view(), name="tasks"),
+    path("tasks/<uuid:task_id>/", views.TaskDetailView.as_view(), name="task-detail"),
+    path("tasks/<uuid:task_id>/events/", views.TaskEventsView.as_view(), name="task-events"),
+    path("tasks/<uuid:task_id>/events/batch/", views.TaskEventsBatchView.as_view(), name="task-events-batch"),
+    path("tasks/<uuid:task_id>/verify/", views.TaskVerifyView.as_view(), name="task-verify"),
+    path("leases/", recovery_api.LeasesView.as_view(), name="leases"),
+    path("tasks/<uuid:task_id>/heartbeat/", recovery_api.HeartbeatView.as_view(), name="task-heartbeat"),
+    path("tasks/<uuid:task_id>/release/", recovery_api.ReleaseView.as_view(), name="task-release"),
+    path(
+        "tasks/<uuid:task_id>/recovery-context/",
+        recovery_api.RecoveryContextView.as_view(),
+        name="task-recovery-context",
+    ),
+    path("tasks/<uuid:task_id>/tool-calls/", recovery_api.ToolCallDispatchView.as_view(), name="task-tool-calls"),
+    path("tool-calls/<str:key>/", recovery_api.ToolCallDetailView.as_view(), name="tool-call-detail"),
+    path("tool-calls/<str:key>/result/", recovery_api.ToolCallResultView.as_view(), name="tool-call-result"),
+    path("tasks/<uuid:task_id>/subtasks/", recovery_api.SubtasksView.as_view(), name="task-subtasks"),
+]

@@ -1,0 +1,310 @@
+"""Leases, the tool-call proxy and sub-agent hand-off over REST (API.md)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from backplane.api.serializers import (
+    JSONObjectField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    TaskOut,
+    name_field,
+    task_as_api_dict,
+)
+from backplane.api.views import REPLAY_HEADER, ApiView, errors, principal_of, validated
+from backplane.chain import format_timestamp
+from backplane.models import Agent
+from recovery import selectors, services
+from recovery.models import ToolCall, ToolCallStatus
+
+# --- shapes --------------------------------------------------------------------------------
+
+
+class LeaseClaimIn(StrictSerializer):
+    kinds = serializers.ListField(child=name_field(), required=False, allow_empty=False, max_length=100)
+    lease_seconds = StrictIntegerField(required=False, min_value=1, max_value=3600)
+
+
+class LeaseClaimOut(serializers.Serializer):
+    task = TaskOut()
+    lease_epoch = serializers.IntegerField()
+    expires_at = serializers.CharField()
+    recovered = serializers.BooleanField()
+
+
+class LeaseEpochIn(StrictSerializer):
+    lease_epoch = StrictIntegerField(min_value=0)
+
+
+class HeartbeatOut(serializers.Serializer):
+    expires_at = serializers.CharField()
+
+
+class CompensationIn(StrictSerializer):
+    tool = StrictCharField(max_length=200, min_length=1)
+    input = JSONObjectField()
+
+
+class ToolCallDispatchIn(StrictSerializer):
+    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
+    tool = StrictCharField(max_length=200, min_length=1)
+    input = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+    compensation = CompensationIn(required=False, allow_null=True)
+
+
+class ToolCallDispatchOut(serializers.Serializer):
+    idempotency_key = serializers.CharField()
+    status = serializers.ChoiceField(choices=["dispatched", "in_flight", "succeeded", "failed"])
+    dispatched_at = serializers.CharField(required=False)
+    result = JSONObjectField(required=False, allow_null=True)
+    replayed = serializers.BooleanField()
+
+
+class ToolCallResultIn(StrictSerializer):
+    status = serializers.ChoiceField(choices=[ToolCallStatus.SUCCEEDED.value, ToolCallStatus.FAILED.value])
+    result = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+
+
+class ToolCallOut(serializers.Serializer):
+    idempotency_key = serializers.CharField()
+    task_id = serializers.UUIDField()
+    step = serializers.IntegerField()
+    tool = serializers.CharField()
+    input = JSONObjectField()
+    compensation = JSONObjectField(allow_null=True)
+    status = serializers.ChoiceField(choices=["in_flight", "succeeded", "failed"])
+    result = JSONObjectField(allow_null=True)
+    dispatched_at = serializers.CharField()
+    completed_at = serializers.CharField(allow_null=True)
+    expires_at = serializers.CharField()
+    replayed = serializers.BooleanField(required=False)
+
+
+class SubtaskIn(StrictSerializer):
+    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
+    kind = name_field()
+    input = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+
+
+class SubtaskOut(serializers.Serializer):
+    task = TaskOut()
+    dispatch_key = serializers.CharField()
+
+
+def _time(value: Any) -> str | None:
+    return format_timestamp(value) if value is not None else None
+
+
+def _public_status(call: ToolCall) -> str:
+    # Stored as "dispatched"; the contract calls an unanswered replayed call "in_flight".
+    return "in_flight" if call.status == ToolCallStatus.DISPATCHED else call.status
+
+
+def tool_call_as_api_dict(call: ToolCall) -> dict[str, Any]:
+    return {
+        "idempotency_key": call.idempotency_key,
+        "task_id": str(call.task_id),
+        "step": call.step,
+        "tool": call.tool,
+        "input": call.input,
+        "compensation": call.compensation,
+        "status": _public_status(call),
+        "result": call.result,
+        "dispatched_at": _time(call.dispatched_at),
+        "completed_at": _time(call.completed_at),
+        "expires_at": _time(call.expires_at),
+    }
+
+
+def calling_agent(request: Request) -> Agent:
+    agent = principal_of(request).agent
+    if agent is None:
+        raise PermissionDenied("only agents hold leases; use an agent token")
+    return agent
+
+
+# --- leases --------------------------------------------------------------------------------
+
+
+class LeasesView(ApiView):
+    @extend_schema(
+        operation_id="leases_claim",
+        summary="Claim the oldest pending task of some kinds under a lease",
+        request=LeaseClaimIn,
+        responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"), **errors(403)},
+    )
+    def post(self, request: Request) -> Response:
+        agent = calling_agent(request)
+        data = validated(LeaseClaimIn, request.data)
+        claim = services.lease_claim(
+            agent=agent,
+            kinds=data.get("kinds"),
+            lease_seconds=data.get("lease_seconds", 30),
+        )
+        if claim is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(
+            {
+                "task": task_as_api_dict(claim.task),
+                "lease_epoch": claim.lease_epoch,
+                "expires_at": format_timestamp(claim.expires_at),
+                "recovered": claim.recovered,
+            }
+        )
+
+
+class HeartbeatView(ApiView):
+    @extend_schema(
+        operation_id="tasks_heartbeat",
+        summary="Extend the lease",
+        request=LeaseEpochIn,
+        responses={200: HeartbeatOut, **errors(404, 409)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        data = validated(LeaseEpochIn, request.data)
+        task = services.lease_heartbeat(
+            namespace=principal_of(request).namespace, task_id=task_id, lease_epoch=data["lease_epoch"]
+        )
+        return Response({"expires_at": _time(task.lease_expires_at)})
+
+
+class ReleaseView(ApiView):
+    @extend_schema(
+        operation_id="tasks_release",
+        summary="Give the task back to pending without counting an attempt",
+        request=LeaseEpochIn,
+        responses={200: TaskOut, **errors(404, 409)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        data = validated(LeaseEpochIn, request.data)
+        task = services.lease_release(
+            namespace=principal_of(request).namespace, task_id=task_id, lease_epoch=data["lease_epoch"]
+        )
+        return Response(task_as_api_dict(task))
+
+
+# --- tool calls ----------------------------------------------------------------------------
+
+
+class ToolCallDispatchView(ApiView):
+    @extend_schema(
+        operation_id="tasks_tool_calls_dispatch",
+        summary="Record a tool call before making it; a repeat answers from the record",
+        request=ToolCallDispatchIn,
+        responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut, **errors(404, 409, 422)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        principal = principal_of(request)
+        data = validated(ToolCallDispatchIn, request.data)
+        outcome = services.tool_call_dispatch(
+            namespace=principal.namespace,
+            task_id=task_id,
+            step=data["step"],
+            tool=data["tool"],
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+            compensation=dict(data["compensation"]) if data.get("compensation") else None,
+        )
+        call = outcome.call
+        if not outcome.replayed:
+            body = {
+                "idempotency_key": call.idempotency_key,
+                "status": "dispatched",
+                "dispatched_at": _time(call.dispatched_at),
+                "replayed": False,
+            }
+            return Response(body, status=status.HTTP_201_CREATED)
+        if call.status == ToolCallStatus.DISPATCHED:
+            body = {
+                "idempotency_key": call.idempotency_key,
+                "status": "in_flight",
+                "dispatched_at": _time(call.dispatched_at),
+                "replayed": True,
+            }
+        else:
+            body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
+                    "replayed": True}
+        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+
+
+class ToolCallResultView(ApiView):
+    @extend_schema(
+        operation_id="tool_calls_result",
+        summary="Record a tool call's answer once",
+        request=ToolCallResultIn,
+        responses={201: ToolCallOut, 200: ToolCallOut, **errors(404, 409, 422)},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        principal = principal_of(request)
+        data = validated(ToolCallResultIn, request.data)
+        outcome = services.tool_call_record_result(
+            namespace=principal.namespace,
+            key=key,
+            status=data["status"],
+            result=data["result"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+        )
+        body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
+        if outcome.replayed:
+            return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class ToolCallDetailView(ApiView):
+    @extend_schema(operation_id="tool_calls_retrieve", responses={200: ToolCallOut, **errors(404)})
+    def get(self, request: Request, key: str) -> Response:
+        call = selectors.tool_call_visible(namespace=principal_of(request).namespace, key=key)
+        return Response(tool_call_as_api_dict(call))
+
+
+# --- sub-agents ----------------------------------------------------------------------------
+
+
+class SubtasksView(ApiView):
+    @extend_schema(
+        operation_id="tasks_subtasks_dispatch",
+        summary="Hand work to a sub-agent: a child task and SubAgentDispatched in the parent",
+        request=SubtaskIn,
+        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        principal = principal_of(request)
+        data = validated(SubtaskIn, request.data)
+        outcome = services.subtask_dispatch(
+            namespace=principal.namespace,
+            parent_task_id=task_id,
+            step=data["step"],
+            kind=data["kind"],
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+        )
+        body = {"task": task_as_api_dict(outcome.child), "dispatch_key": outcome.dispatch_key}
+        if outcome.created:
+            return Response(body, status=status.HTTP_201_CREATED)
+        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+
+
+class RecoveryContextView(ApiView):
+    @extend_schema(
+        operation_id="tasks_recovery_context",
+        summary="What a recovering agent needs to resume (built from the event log)",
+        responses={200: OpenApiResponse(description="recovery context"), **errors(404, 501)},
+    )
+    def get(self, request: Request, task_id: uuid.UUID) -> Response:
+        context = selectors.recovery_context(namespace=principal_of(request).namespace, task_id=task_id)
+        return Response(context)

@@ -1,0 +1,133 @@
+"""Reads for recovery: tool-call records and the recovery context rebuilt from the log."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from backplane import event_types as et
+from backplane.chain import format_timestamp
+from backplane.errors import NotFound
+from backplane.models import Event
+from backplane.selectors import task_visible
+from recovery.models import ToolCall
+
+
+def tool_call_visible(*, namespace: str | None, key: str) -> ToolCall:
+    calls = ToolCall.objects.filter(pk=key)
+    if namespace is not None:
+        calls = calls.filter(task__namespace=namespace)
+    call = calls.first()
+    if call is None:
+        raise NotFound("tool call not found", {"idempotency_key": key})
+    return call
+
+
+def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, Any]:
+    """Replay the task's log into what a new holder needs to continue without redoing work.
+
+    Only the event log is read (not the tool-call records, which expire), so the answer
+    is the same for as long as the log exists.
+    """
+    task = task_visible(namespace=namespace, task_id=task_id)
+    calls: dict[str, dict[str, Any]] = {}
+    subtasks: dict[str, dict[str, Any]] = {}
+    completed_steps: list[dict[str, Any]] = []
+    last_reasoning: dict[str, Any] | None = None
+
+    for event in Event.objects.filter(task=task).order_by("seq").iterator(chunk_size=2000):
+        payload = event.payload
+        if event.type == et.REASONING_STEP_COMPLETED:
+            entry = {"seq": event.seq, "step": payload.get("step"), "payload": payload}
+            completed_steps.append(entry)
+            last_reasoning = entry
+        elif event.type == et.TOOL_CALL_DISPATCHED:
+            calls[payload["idempotency_key"]] = {
+                "idempotency_key": payload["idempotency_key"],
+                "step": payload["step"],
+                "tool": payload["tool"],
+                "input": payload["input"],
+                "status": "in_flight",
+                "result": None,
+                "dispatched_seq": event.seq,
+                "dispatched_at": format_timestamp(event.recorded_at),
+                "result_seq": None,
+            }
+        elif event.type == et.TOOL_CALL_RESULT_RECEIVED and payload["idempotency_key"] in calls:
+            calls[payload["idempotency_key"]].update(
+                status=payload["status"], result=payload["result"], result_seq=event.seq
+            )
+        elif event.type == et.SUB_AGENT_DISPATCHED:
+            subtasks[payload["child_task_id"]] = {
+                "child_task_id": payload["child_task_id"],
+                "dispatch_key": payload["dispatch_key"],
+                "step": payload["step"],
+                "kind": payload["kind"],
+                "status": "dispatched",
+                "output": None,
+                "error": None,
+            }
+        elif event.type == et.SUB_AGENT_ACCEPTED and payload["child_task_id"] in subtasks:
+            subtasks[payload["child_task_id"]]["status"] = "accepted"
+        elif event.type == et.SUB_AGENT_RESULT_RECEIVED:
+            entry = subtasks.setdefault(payload["child_task_id"], {"child_task_id": payload["child_task_id"],
+                                                                   "dispatch_key": payload.get("dispatch_key"),
+                                                                   "step": None, "kind": payload.get("kind")})
+            entry.update(status=payload["status"], output=payload.get("output"), error=payload.get("error"))
+
+    in_flight = [c for c in calls.values() if c["status"] == "in_flight"]
+    # Everything before the first unanswered call is confirmed; with none, the whole log is.
+    recovery_point = min((c["dispatched_seq"] for c in in_flight), default=task.last_seq + 1) - 1
+    tool_calls = sorted(calls.values(), key=lambda c: c["dispatched_seq"])
+    context = {
+        "task_id": str(task.pk),
+        "attempt": task.attempts + 1,
+        "recovery_point_seq": recovery_point,
+        "completed_steps": completed_steps,
+        "tool_calls": tool_calls,
+        "in_flight_tool_calls": in_flight,
+        "subtasks": list(subtasks.values()),
+        "last_reasoning": last_reasoning,
+    }
+    context["resume_prompt"] = resume_prompt(task_kind=task.kind, task_input=task.input, context=context)
+    return context
+
+
+def _compact(value: Any, limit: int = 400) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def resume_prompt(*, task_kind: str, task_input: dict[str, Any], context: dict[str, Any]) -> str:
+    """Plain text that puts an LLM back at the exact decision point."""
+    lines = [
+        f"You are resuming task {context['task_id']} ({task_kind}), attempt {context['attempt']}.",
+        f"Task input: {_compact(task_input)}",
+        f"Everything up to event {context['recovery_point_seq']} is confirmed; do not redo it.",
+    ]
+    if context["completed_steps"]:
+        steps = ", ".join(str(s["step"]) for s in context["completed_steps"])
+        lines.append(f"Completed reasoning steps: {steps}.")
+    done = [c for c in context["tool_calls"] if c["status"] != "in_flight"]
+    for call in done:
+        lines.append(
+            f"Tool call step {call['step']} {call['tool']} already {call['status']}: {_compact(call['result'], 300)}"
+            " (use this result; do not call it again)."
+        )
+    for call in context["in_flight_tool_calls"]:
+        lines.append(
+            f"Tool call step {call['step']} {call['tool']} was dispatched but never answered. Re-dispatch it with"
+            f" the same step and tool (idempotency key {call['idempotency_key']}); the backplane answers from"
+            " its record if the first call completed."
+        )
+    for sub in context["subtasks"]:
+        lines.append(
+            f"Sub-agent {sub['kind']} (task {sub['child_task_id']}) is {sub['status']}"
+            + (f" with output {_compact(sub['output'], 300)}" if sub.get("output") is not None else "")
+            + "."
+        )
+    if context["last_reasoning"] is not None:
+        lines.append(f"Your last recorded reasoning: {_compact(context['last_reasoning']['payload'], 600)}")
+    lines.append("Continue from the next undecided step.")
+    return "\n".join(lines)

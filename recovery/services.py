@@ -1,0 +1,321 @@
+"""Leases, the tool-call idempotency proxy and sub-agent hand-off. One transaction each."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from backplane import event_types as et
+from backplane.errors import IdempotencyMismatch, InvalidInput, StaleLease, TaskClosed
+from backplane.models import Agent, Task, TaskStatus
+from backplane.services import EventDraft, task_create_in_transaction, check_lease, lock_task, write_events
+from recovery.models import ToolCall, ToolCallStatus
+from recovery.selectors import tool_call_visible
+
+# --- leases --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    task: Task
+    lease_epoch: int
+    expires_at: datetime
+    recovered: bool
+
+
+def lease_claim(*, agent: Agent, kinds: Sequence[str] | None, lease_seconds: int) -> Claim | None:
+    """Give ``agent`` the oldest pending task of ``kinds`` under a new lease, or None.
+
+    ``SKIP LOCKED`` makes concurrent claimers pass over rows another claimer is taking
+    instead of queueing behind it, so two agents never win the same task and neither waits.
+    """
+    allowed = list(kinds) if kinds else list(agent.kinds)
+    if agent.kinds and not set(allowed) <= set(agent.kinds):
+        raise InvalidInput(
+            "this agent may not claim some of these kinds",
+            {"kinds": f"allowed: {sorted(agent.kinds)}"},
+        )
+    with transaction.atomic(durable=True):
+        candidates = Task.objects.select_for_update(skip_locked=True, of=("self",)).filter(
+            namespace=agent.namespace, status=TaskStatus.PENDING
+        )
+        if allowed:
+            candidates = candidates.filter(kind__in=allowed)
+        task = candidates.order_by("created_at", "id").first()
+        if task is None:
+            return None
+        now = timezone.now()
+        # An attempt is counted when one stalls or fails, so any counted attempt means
+        # this claimer picks up work an earlier holder left unfinished.
+        recovered = task.attempts > 0
+        task.lease_epoch += 1
+        task.lease_holder = agent.name
+        task.lease_seconds = lease_seconds
+        task.lease_expires_at = now + timedelta(seconds=lease_seconds)
+        task.status = TaskStatus.RUNNING
+        task.save(update_fields=["lease_epoch", "lease_holder", "lease_seconds", "lease_expires_at", "status"])
+        write_events(
+            task,
+            [
+                EventDraft(
+                    type=et.TASK_CLAIMED,
+                    payload={
+                        "agent": agent.name,
+                        "lease_epoch": task.lease_epoch,
+                        "expires_at": task.lease_expires_at.isoformat(),
+                        "attempt": task.attempts + 1,
+                        "recovered": recovered,
+                    },
+                )
+            ],
+            agent=agent.name,
+            now=now,
+        )
+        if task.parent_id is not None and task.lease_epoch == 1:
+            parent = Task.objects.select_for_update().get(pk=task.parent_id)
+            write_events(
+                parent,
+                [
+                    EventDraft(
+                        type=et.SUB_AGENT_ACCEPTED,
+                        payload={"child_task_id": str(task.pk), "dispatch_key": task.dispatch_key, "agent": agent.name},
+                    )
+                ],
+                agent=agent.name,
+                now=now,
+                allow_closed=True,
+            )
+    return Claim(task=task, lease_epoch=task.lease_epoch, expires_at=task.lease_expires_at, recovered=recovered)
+
+
+def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+    task = lock_task(namespace=namespace, task_id=task_id)
+    if not task.is_leased or task.lease_epoch != lease_epoch:
+        raise StaleLease("lease epoch is not the task's current lease", {"lease_epoch": lease_epoch})
+    return task
+
+
+def lease_heartbeat(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+    """Extend the current lease by its length. Holds the row lock, so the stall detector
+    (which expires leases under the same lock) sees either the old or the new expiry."""
+    with transaction.atomic(durable=True):
+        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch)
+        task.lease_expires_at = timezone.now() + timedelta(seconds=task.lease_seconds)
+        task.save(update_fields=["lease_expires_at"])
+    return task
+
+
+def lease_release(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+    """Hand the task back to pending without counting an attempt."""
+    with transaction.atomic(durable=True):
+        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch)
+        task.lease_holder = None
+        task.lease_expires_at = None
+        task.status = TaskStatus.PENDING
+        task.updated_at = timezone.now()
+        task.save(update_fields=["lease_holder", "lease_expires_at", "status", "updated_at"])
+    return task
+
+
+# --- the tool-call idempotency proxy --------------------------------------------------------
+
+
+def tool_call_key(*, task_id: uuid.UUID, step: int, tool: str) -> str:
+    """Stable, never random: a retry of the same step of the same tool finds the same record."""
+    return hashlib.sha256(f"{task_id}:{step}:{tool}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ToolCallOutcome:
+    call: ToolCall
+    replayed: bool
+
+
+def tool_call_dispatch(
+    *,
+    namespace: str | None,
+    task_id: uuid.UUID,
+    step: int,
+    tool: str,
+    input: dict[str, Any],
+    agent: str | None,
+    lease_epoch: int | None,
+    compensation: dict[str, Any] | None = None,
+) -> ToolCallOutcome:
+    """Record a tool call before the agent makes it (write before you act)."""
+    key = tool_call_key(task_id=task_id, step=step, tool=tool)
+    with transaction.atomic(durable=True):
+        task = lock_task(namespace=namespace, task_id=task_id)
+        check_lease(task, lease_epoch)
+        existing = ToolCall.objects.filter(pk=key).first()
+        if existing is not None:
+            if existing.input != input or existing.compensation != compensation:
+                raise IdempotencyMismatch(
+                    "this step and tool were dispatched with a different input",
+                    {"idempotency_key": key, "step": step, "tool": tool},
+                )
+            return ToolCallOutcome(call=existing, replayed=True)
+        if task.is_closed:
+            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+        now = timezone.now()
+        call = ToolCall.objects.create(
+            idempotency_key=key,
+            task=task,
+            step=step,
+            tool=tool,
+            input=input,
+            compensation=compensation,
+            dispatched_by=agent,
+            dispatched_at=now,
+            expires_at=now + timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TTL_SECONDS),
+        )
+        write_events(
+            task,
+            [
+                EventDraft(
+                    type=et.TOOL_CALL_DISPATCHED,
+                    payload={
+                        "idempotency_key": key,
+                        "step": step,
+                        "tool": tool,
+                        "input": input,
+                        "compensation": compensation,
+                    },
+                )
+            ],
+            agent=agent,
+            now=now,
+        )
+    return ToolCallOutcome(call=call, replayed=False)
+
+
+def tool_call_record_result(
+    *,
+    namespace: str | None,
+    key: str,
+    status: str,
+    result: dict[str, Any],
+    agent: str | None,
+    lease_epoch: int | None,
+) -> ToolCallOutcome:
+    """Record a tool's answer once (acknowledge before you advance); an identical repeat is a replay."""
+    if status not in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
+        raise InvalidInput("status must be succeeded or failed", {"status": "must be succeeded or failed"})
+    with transaction.atomic(durable=True):
+        call = tool_call_visible(namespace=namespace, key=key)
+        task = lock_task(namespace=namespace, task_id=call.task_id)
+        check_lease(task, lease_epoch)
+        call = ToolCall.objects.select_for_update().get(pk=key)
+        if call.status != ToolCallStatus.DISPATCHED:
+            if call.status == status and call.result == result:
+                return ToolCallOutcome(call=call, replayed=True)
+            raise IdempotencyMismatch(
+                "this tool call was already answered differently",
+                {"idempotency_key": key, "status": call.status},
+            )
+        if task.is_closed:
+            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+        now = timezone.now()
+        call.status = status
+        call.result = result
+        call.completed_at = now
+        call.save(update_fields=["status", "result", "completed_at"])
+        write_events(
+            task,
+            [
+                EventDraft(
+                    type=et.TOOL_CALL_RESULT_RECEIVED,
+                    payload={"idempotency_key": key, "step": call.step, "tool": call.tool, "status": status,
+                             "result": result},
+                )
+            ],
+            agent=agent,
+            now=now,
+        )
+    return ToolCallOutcome(call=call, replayed=False)
+
+
+def tool_call_purge_expired(*, now: datetime | None = None, batch_size: int = 1000) -> int:
+    """Delete one batch of records past their TTL; returns how many went (0: nothing left)."""
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        keys = list(
+            ToolCall.objects.filter(expires_at__lte=now)
+            .order_by("expires_at")
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)[:batch_size]
+        )
+        if not keys:
+            return 0
+        deleted, _ = ToolCall.objects.filter(pk__in=keys).delete()
+    return deleted
+
+
+# --- sub-agents ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubtaskOutcome:
+    child: Task
+    dispatch_key: str
+    created: bool
+
+
+def subtask_dispatch(
+    *,
+    namespace: str | None,
+    parent_task_id: uuid.UUID,
+    step: int,
+    kind: str,
+    input: dict[str, Any],
+    agent: str | None,
+    lease_epoch: int | None,
+) -> SubtaskOutcome:
+    """First phase of the hand-off: the child task and ``SubAgentDispatched`` in the parent, together."""
+    dispatch_key = hashlib.sha256(f"{parent_task_id}:{step}:subagent:{kind}".encode()).hexdigest()
+    with transaction.atomic(durable=True):
+        parent = lock_task(namespace=namespace, task_id=parent_task_id)
+        check_lease(parent, lease_epoch)
+        existing = Task.objects.filter(dispatch_key=dispatch_key).first()
+        if existing is not None:
+            if existing.input != input:
+                raise IdempotencyMismatch(
+                    "this step already dispatched a sub-agent of this kind with another input",
+                    {"dispatch_key": dispatch_key, "child_task_id": str(existing.pk)},
+                )
+            return SubtaskOutcome(child=existing, dispatch_key=dispatch_key, created=False)
+        if parent.is_closed:
+            raise TaskClosed(f"task is {parent.status}", {"status": parent.status})
+        child = task_create_in_transaction(
+            namespace=parent.namespace,
+            kind=kind,
+            input=input,
+            agent=agent,
+            task_id=uuid.uuid4(),
+            parent_task_id=parent.pk,
+            max_attempts=settings.BACKPLANE_MAX_ATTEMPTS,
+            metadata={"dispatch_key": dispatch_key, "step": step},
+        ).task
+        Task.objects.filter(pk=child.pk).update(dispatch_key=dispatch_key)
+        child.dispatch_key = dispatch_key
+        write_events(
+            parent,
+            [
+                EventDraft(
+                    type=et.SUB_AGENT_DISPATCHED,
+                    payload={"child_task_id": str(child.pk), "dispatch_key": dispatch_key, "step": step,
+                             "kind": kind, "input": input},
+                )
+            ],
+            agent=agent,
+            now=timezone.now(),
+        )
+    return SubtaskOutcome(child=child, dispatch_key=dispatch_key, created=True)

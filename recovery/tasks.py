@@ -1,0 +1,22 @@
+"""Periodic recovery work. Thin: each task loops over a service step until it reports no work."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from recovery import services
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(autoretry_for=(Exception,), retry_backoff=True, max_retries=5)
+def purge_expired_tool_calls() -> int:
+    """Delete tool-call records past their TTL, a batch at a time."""
+    total = 0
+    while deleted := services.tool_call_purge_expired():
+        total += deleted
+    if total:
+        logger.info("purged %d expired tool-call records", total)
+    return total
