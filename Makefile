@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench lint clean-db
+.PHONY: run test venv bench fuzz lint clean-db
 
 run: $(STAMP)
 	$(PY) -m backplane.launcher
@@ -22,6 +22,10 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
+
+# Schemathesis against the API with fresh randomness and more examples than the suite's run.
+fuzz: $(STAMP)
+	BACKPLANE_FUZZ_RANDOM=1 BACKPLANE_FUZZ_EXAMPLES=300 $(PY) -m pytest tests/api/test_schemathesis.py
 
 bench: $(STAMP)
 	$(PY) bench/append.py

@@ -108,8 +108,8 @@ def task_create(
     metadata: dict[str, Any] | None = None,
 ) -> TaskCreateOutcome:
     """Create a task with ``TaskStarted`` as event 1. Idempotent on ``task_id``."""
-    _ensure_canonical(input, "input")
-    _ensure_canonical(metadata or {}, "metadata")
+    ensure_storable_json(input, "input")
+    ensure_storable_json(metadata or {}, "metadata")
     with transaction.atomic(durable=True):
         return task_create_in_transaction(
             namespace=namespace,
@@ -494,7 +494,8 @@ def _apply_to_projection(task: Task, event: Event) -> None:
         _release_lease(task)
 
 
-def _ensure_canonical(value: dict[str, Any], name: str) -> None:
+def ensure_storable_json(value: Any, name: str) -> None:
+    """Refuse JSON we could neither hash canonically nor store in JSONB, as bad input."""
     try:
         canonical_sha256(value)
     except CanonicalizationError as exc:

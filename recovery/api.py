@@ -30,7 +30,7 @@ from recovery.models import ToolCall, ToolCallStatus
 
 
 class LeaseClaimIn(StrictSerializer):
-    kinds = serializers.ListField(child=name_field(), required=False, allow_empty=False, max_length=100)
+    kinds = serializers.ListField(child=name_field(), required=False, min_length=1, max_length=100)
     lease_seconds = StrictIntegerField(required=False, min_value=1, max_value=3600)
 
 

@@ -16,7 +16,14 @@ from django.utils import timezone
 from backplane import event_types as et
 from backplane.errors import IdempotencyMismatch, InvalidInput, StaleLease, TaskClosed
 from backplane.models import Agent, Task, TaskStatus
-from backplane.services import EventDraft, task_create_in_transaction, check_lease, lock_task, write_events
+from backplane.services import (
+    EventDraft,
+    check_lease,
+    ensure_storable_json,
+    lock_task,
+    task_create_in_transaction,
+    write_events,
+)
 from recovery.models import ToolCall, ToolCallStatus
 from recovery.selectors import tool_call_visible
 
@@ -151,6 +158,8 @@ def tool_call_dispatch(
     compensation: dict[str, Any] | None = None,
 ) -> ToolCallOutcome:
     """Record a tool call before the agent makes it (write before you act)."""
+    ensure_storable_json(input, "input")
+    ensure_storable_json(compensation, "compensation")
     key = tool_call_key(task_id=task_id, step=step, tool=tool)
     with transaction.atomic(durable=True):
         task = lock_task(namespace=namespace, task_id=task_id)
@@ -209,6 +218,7 @@ def tool_call_record_result(
     """Record a tool's answer once (acknowledge before you advance); an identical repeat is a replay."""
     if status not in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
         raise InvalidInput("status must be succeeded or failed", {"status": "must be succeeded or failed"})
+    ensure_storable_json(result, "result")
     with transaction.atomic(durable=True):
         call = tool_call_visible(namespace=namespace, key=key)
         task = lock_task(namespace=namespace, task_id=call.task_id)
@@ -280,6 +290,7 @@ def subtask_dispatch(
     lease_epoch: int | None,
 ) -> SubtaskOutcome:
     """First phase of the hand-off: the child task and ``SubAgentDispatched`` in the parent, together."""
+    ensure_storable_json(input, "input")
     dispatch_key = hashlib.sha256(f"{parent_task_id}:{step}:subagent:{kind}".encode()).hexdigest()
     with transaction.atomic(durable=True):
         parent = lock_task(namespace=namespace, task_id=parent_task_id)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.validators import RegexValidator
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from backplane.chain import event_as_api_dict, format_timestamp
+from backplane.event_types import CLIENT_TYPE_PATTERN
 from backplane.models import Event, Task
 
 # --- strict fields: JSON types are not coerced ("5" is not an integer, 1 is not a string) ---
@@ -175,7 +177,8 @@ class OutboxItemIn(StrictSerializer):
 class EventFieldsIn(StrictSerializer):
     """One event as a client writes it."""
 
-    type = StrictCharField(max_length=64, min_length=1)
+    # The pattern is checked again, with the reserved names, in the service.
+    type = StrictCharField(max_length=64, min_length=3, validators=[RegexValidator(CLIENT_TYPE_PATTERN)])
     payload = JSONObjectField(required=False, default=dict)
     idempotency_key = StrictCharField(max_length=255, min_length=1, required=False, allow_null=True)
     lamport = StrictIntegerField(required=False, min_value=0, max_value=2**62)

@@ -76,7 +76,7 @@ def draft_from(data: dict[str, Any]) -> EventDraft:
 
 def query_int(request: Request, name: str, *, default: int, minimum: int, maximum: int | None = None) -> int:
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -101,7 +101,7 @@ class TasksView(ApiView):
         responses={200: TaskListOut, **errors()},
     )
     def get(self, request: Request) -> Response:
-        status_filter = request.query_params.get("status") or None
+        status_filter = request.query_params.get("status")
         if status_filter is not None and status_filter not in TaskStatus.values:
             raise InvalidInput("unknown status", {"status": f"one of {', '.join(TaskStatus.values)}"})
         page = selectors.task_list(
