@@ -112,6 +112,15 @@ DATABASES = {"default": database_from_url(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("BACKPLANE_CONN_MAX_AGE", 0, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TIME_ZONE"] = None
+# Under ASGI every request may run on another thread, so Django's persistent connections
+# do not help; psycopg's pool does (Django 5.1+). Off in tests, which manage connections.
+if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": env_int("BACKPLANE_DB_POOL_MIN", 2, minimum=0),
+        "max_size": env_int("BACKPLANE_DB_POOL_MAX", 20, minimum=1),
+        "timeout": env_int("BACKPLANE_DB_POOL_TIMEOUT", 10, minimum=1),
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -129,11 +138,11 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
-# Serve straight from the finders in development and tests so no collectstatic step is needed.
+# Straight from the finders in development and tests, so no collectstatic step is needed.
 WHITENOISE_USE_FINDERS = IS_LOCAL
+WHITENOISE_AUTOREFRESH = DEBUG
 if IS_LOCAL:
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGIN_URL = "/admin/login/"
 

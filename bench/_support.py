@@ -37,6 +37,9 @@ def bench_database() -> Iterator[str]:
         from django.core.management import call_command
 
         django.setup()
+        import logging
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         call_command("migrate", verbosity=0)
         yield url
     finally:
