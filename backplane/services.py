@@ -454,26 +454,52 @@ def _report_to_parent(child: Task, *, now: datetime) -> None:
     )
 
 
+# Two spellings of one statement. A single event goes in as one VALUES row (the cheapest
+# to plan). A batch goes in as arrays through unnest(), so the text stays the same for any
+# batch size and psycopg parses it once: a VALUES list with 14 placeholders per event cost
+# 16 ms of query splitting per 100-event batch, while unnest() costs a single event ~1 ms more.
+_UPDATE_PROJECTION_SQL = """
+projection AS (
+    UPDATE backplane_task SET last_seq = %s, lamport = %s, head_hash = %s, last_event_at = %s, updated_at = %s,
+           status = %s, output = %s::jsonb, error = %s, attempts = %s, lease_holder = %s, lease_expires_at = %s
+    WHERE id = %s
+)
+SELECT position FROM inserted ORDER BY seq
+"""
+_INSERT_ONE_EVENT_SQL = """
+WITH inserted AS (
+    INSERT INTO backplane_event (task_id, seq, type, payload, agent, idempotency_key, request_digest, lamport,
+                                 causation_id, correlation_id, trace_id, recorded_at, prev_hash, hash)
+    VALUES (%s::uuid, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    RETURNING position, seq
+),""" + _UPDATE_PROJECTION_SQL
+_INSERT_EVENT_BATCH_SQL = """
+WITH inserted AS (
+    INSERT INTO backplane_event (task_id, seq, type, payload, agent, idempotency_key, request_digest, lamport,
+                                 causation_id, correlation_id, trace_id, recorded_at, prev_hash, hash)
+    SELECT %s::uuid, e.seq, e.type, e.payload::jsonb, e.agent, e.idempotency_key, e.request_digest, e.lamport,
+           e.causation_id, e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash, e.hash
+    FROM unnest(%s::int[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[],
+                %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::text[], %s::text[])
+         AS e(seq, type, payload, agent, idempotency_key, request_digest, lamport, causation_id, correlation_id,
+              trace_id, recorded_at, prev_hash, hash)
+    RETURNING position, seq
+),""" + _UPDATE_PROJECTION_SQL
+
+
 def _insert_events_and_update_projection(task: Task, events: list[Event]) -> None:
     """One round trip: insert the events and write the projection, returning the positions."""
-    event_columns = (
-        "task_id, seq, type, payload, agent, idempotency_key, request_digest, lamport, causation_id,"
-        " correlation_id, trace_id, recorded_at, prev_hash, hash"
-    )
-    rows = ", ".join(["(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(events))
-    sql = (
-        f"WITH inserted AS (INSERT INTO backplane_event ({event_columns}) VALUES {rows} RETURNING position, seq),"
-        " projection AS (UPDATE backplane_task SET last_seq = %s, lamport = %s, head_hash = %s,"
-        " last_event_at = %s, updated_at = %s, status = %s, output = %s::jsonb, error = %s, attempts = %s,"
-        " lease_holder = %s, lease_expires_at = %s WHERE id = %s)"
-        " SELECT position FROM inserted ORDER BY seq"
-    )
-    params: list[Any] = []
-    for e in events:
-        params += [
-            task.pk, e.seq, e.type, json.dumps(e.payload), e.agent, e.idempotency_key, e.request_digest, e.lamport,
+    rows = [
+        (
+            e.seq, e.type, json.dumps(e.payload), e.agent, e.idempotency_key, e.request_digest, e.lamport,
             e.causation_id, e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash, e.hash,
-        ]
+        )
+        for e in events
+    ]
+    if len(rows) == 1:
+        sql, params = _INSERT_ONE_EVENT_SQL, [task.pk, *rows[0]]
+    else:
+        sql, params = _INSERT_EVENT_BATCH_SQL, [task.pk, *(list(column) for column in zip(*rows, strict=True))]
     params += [
         task.last_seq, task.lamport, task.head_hash, task.last_event_at, task.updated_at, task.status,
         None if task.output is None else json.dumps(task.output), task.error, task.attempts, task.lease_holder,
