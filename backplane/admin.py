@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from backplane import services
-from backplane.models import Agent, Event, Task
+from backplane.models import Agent, DeadLetter, Event, OutboxMessage, Task, WebhookSubscription
 
 
 @admin.register(Agent)
@@ -69,3 +69,31 @@ class EventAdmin(ReadOnlyAdmin):
     list_select_related = False
     ordering = ("-position",)
     show_full_result_count = False
+
+
+@admin.register(WebhookSubscription)
+class WebhookSubscriptionAdmin(admin.ModelAdmin):
+    list_display = ("name", "topic_pattern", "url", "timeout_seconds", "is_active", "created_at")
+    list_filter = ("is_active",)
+    search_fields = ("name", "topic_pattern", "url")
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(ReadOnlyAdmin):
+    """Delivery state is the relay's; people act on failures through dead letters."""
+
+    list_display = ("id", "topic", "key", "destination", "status", "attempts", "next_attempt_at", "delivered_at")
+    list_filter = ("status", "destination")
+    search_fields = ("=message_id", "topic", "=key")
+    ordering = ("-id",)
+    show_full_result_count = False
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    """Decisions go through the dashboard or the API, which record them; this is for looking."""
+
+    list_display = ("id", "source", "reference", "topic", "status", "attempts", "created_at", "decided_by")
+    list_filter = ("status", "source")
+    search_fields = ("reference", "topic", "=task__id")
+    ordering = ("-id",)

@@ -48,3 +48,13 @@ class TaskExists(BackplaneError):
 class IdempotencyMismatch(BackplaneError):
     status = 422
     code = "idempotency_mismatch"
+
+
+class AlreadyDecided(BackplaneError):
+    status = 409
+    code = "already_decided"
+
+
+class PermissionDeniedError(BackplaneError):
+    status = 403
+    code = "permission_denied"

@@ -35,7 +35,8 @@ from backplane.errors import (
     TaskClosed,
     TaskExists,
 )
-from backplane.models import Agent, Event, OutboxMessage, Task, TaskStatus, hash_token
+from backplane.models import Agent, Event, Task, TaskStatus, hash_token
+from backplane.outbox import enqueue_lifecycle, outbox_enqueue
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,7 @@ def task_create_in_transaction(
         agent=agent,
         now=now,
     )
+    enqueue_lifecycle(task=task, previous_status=None, seq=task.last_seq, event_hash=task.head_hash, now=now)
     return TaskCreateOutcome(task=task, created=True)
 
 
@@ -353,6 +355,7 @@ def write_events(
     backplane itself records something that arrived late (``allow_closed``).
     """
     was_open = not task.is_closed
+    previous_status = task.status
     events: list[Event] = []
     for index, draft in enumerate(drafts):
         if task.is_closed and not allow_closed:
@@ -397,22 +400,18 @@ def write_events(
     task.last_event_at = now
     task.updated_at = now
     _insert_events_and_update_projection(task, events)
-    outbox = [
-        OutboxMessage(
-            topic=item.topic,
-            key=item.key or str(task.pk),
-            payload=item.payload,
-            headers=outbox_headers(task, event, now),
-            task=task,
-            event_position=event.position,
-            next_attempt_at=now,
-            created_at=now,
-        )
-        for draft, event in zip(drafts, events, strict=True)
-        for item in draft.outbox
-    ]
-    if outbox:
-        OutboxMessage.objects.bulk_create(outbox)
+    for draft, event in zip(drafts, events, strict=True):
+        for item in draft.outbox:
+            outbox_enqueue(
+                topic=item.topic,
+                key=item.key or str(task.pk),
+                payload=item.payload,
+                headers=outbox_headers(task, event, now),
+                now=now,
+                task=task,
+                event_position=event.position,
+            )
+    enqueue_lifecycle(task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now)
     if was_open and task.status in REPORTED_TO_PARENT and task.parent_id is not None:
         _report_to_parent(task, now=now)
     return events

@@ -185,6 +185,9 @@ else:
     }
     INSTALLED_APPS.append("channels_postgres")
 
+# Where the relay publishes outbox messages (a kombu URL); by default the Celery broker.
+BACKPLANE_OUTBOX_BROKER_URL = env_str("BACKPLANE_OUTBOX_BROKER_URL", "") or CELERY_BROKER_URL
+
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -192,6 +195,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "purge-expired-tool-calls": {"task": "recovery.tasks.purge_expired_tool_calls", "schedule": 300.0},
+    "relay-outbox": {"task": "backplane.tasks.relay_outbox", "schedule": 1.0, "options": {"expires": 5}},
+    "prune-delivered-outbox": {"task": "backplane.tasks.prune_delivered_outbox", "schedule": 600.0},
 }
 CELERY_TIMEZONE = "UTC"
 
@@ -231,6 +236,11 @@ BACKPLANE_MAX_ATTEMPTS = env_int("BACKPLANE_MAX_ATTEMPTS", 3, minimum=1, maximum
 BACKPLANE_PAYLOAD_LIMIT_BYTES = env_int("BACKPLANE_PAYLOAD_LIMIT_BYTES", 256 * 1024, minimum=1024)
 BACKPLANE_BATCH_MAX_EVENTS = env_int("BACKPLANE_BATCH_MAX_EVENTS", 1000, minimum=1)
 BACKPLANE_OUTBOX_MAX_ATTEMPTS = env_int("BACKPLANE_OUTBOX_MAX_ATTEMPTS", 5, minimum=1)
+BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS = env_int("BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS", 2, minimum=0)
+BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS = env_int("BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS", 300, minimum=1)
+BACKPLANE_OUTBOX_RETENTION_SECONDS = env_int("BACKPLANE_OUTBOX_RETENTION_SECONDS", 24 * 3600, minimum=0)
+BACKPLANE_OUTBOX_BATCH_SIZE = env_int("BACKPLANE_OUTBOX_BATCH_SIZE", 100, minimum=1)
+BACKPLANE_OUTBOX_EXCHANGE = env_str("BACKPLANE_OUTBOX_EXCHANGE", "backplane")
 BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
 # Per agent token, DRF's "<count>/<s|m|h|d>" syntax.
 BACKPLANE_RATE_LIMIT = env_str("BACKPLANE_RATE_LIMIT", "600/s")

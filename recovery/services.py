@@ -16,6 +16,7 @@ from django.utils import timezone
 from backplane import event_types as et
 from backplane.errors import IdempotencyMismatch, InvalidInput, StaleLease, TaskClosed
 from backplane.models import Agent, Task, TaskStatus
+from backplane.outbox import enqueue_lifecycle
 from backplane.services import (
     EventDraft,
     check_lease,
@@ -124,11 +125,16 @@ def lease_release(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int
     """Hand the task back to pending without counting an attempt."""
     with transaction.atomic(durable=True):
         task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch)
+        previous_status = task.status
         task.lease_holder = None
         task.lease_expires_at = None
         task.status = TaskStatus.PENDING
         task.updated_at = timezone.now()
         task.save(update_fields=["lease_holder", "lease_expires_at", "status", "updated_at"])
+        enqueue_lifecycle(
+            task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash,
+            now=task.updated_at,
+        )
     return task
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from backplane.api import views
+from backplane.api import dead_letters, views
 from recovery import api as recovery_api
 
 urlpatterns = [
@@ -21,4 +21,15 @@ urlpatterns = [
     path("tool-calls/<str:key>/", recovery_api.ToolCallDetailView.as_view(), name="tool-call-detail"),
     path("tool-calls/<str:key>/result/", recovery_api.ToolCallResultView.as_view(), name="tool-call-result"),
     path("tasks/<uuid:task_id>/subtasks/", recovery_api.SubtasksView.as_view(), name="task-subtasks"),
+    path("dead-letters/", dead_letters.DeadLettersView.as_view(), name="dead-letters"),
+    path(
+        "dead-letters/<int:dead_letter_id>/requeue/",
+        dead_letters.DeadLetterRequeueView.as_view(),
+        name="dead-letter-requeue",
+    ),
+    path(
+        "dead-letters/<int:dead_letter_id>/discard/",
+        dead_letters.DeadLetterDiscardView.as_view(),
+        name="dead-letter-discard",
+    ),
 ]

@@ -164,7 +164,7 @@ def test_outbox_messages_commit_with_the_event(alice) -> None:  # type: ignore[n
                                              "outbox": [{"topic": "leads.scored", "payload": {"score": 3}}]},
                           format="json")
     event = response.json()
-    (message,) = OutboxMessage.objects.all()
+    (message,) = OutboxMessage.objects.filter(topic="leads.scored")
     assert (message.topic, message.key, message.payload, message.status) == (
         "leads.scored", task["task_id"], {"score": 3}, "pending")
     assert message.headers["event_hash"] == event["hash"] and message.headers["seq"] == event["seq"]

@@ -1,0 +1,123 @@
+"""/api/v1/dead-letters/: reviewers requeue or discard what automation gave up on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from backplane import dead_letters, selectors
+from backplane.api.serializers import JSONObjectField, StrictCharField, StrictSerializer
+from backplane.api.views import ApiView, errors, principal_of, query_int, validated
+from backplane.chain import format_timestamp
+from backplane.errors import InvalidInput
+from backplane.models import DeadLetter, DeadLetterStatus
+
+
+class DeadLetterOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    source = serializers.CharField()
+    task_id = serializers.UUIDField(allow_null=True)
+    topic = serializers.CharField()
+    payload = JSONObjectField()
+    error = serializers.CharField()
+    attempts = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=DeadLetterStatus.values)
+    created_at = serializers.CharField()
+    decided_by = serializers.CharField(allow_null=True)
+    decided_at = serializers.CharField(allow_null=True)
+    reason = serializers.CharField()
+
+
+class DeadLetterListOut(serializers.Serializer):
+    results = DeadLetterOut(many=True)
+    next = serializers.URLField(allow_null=True)
+
+
+class RequeueIn(StrictSerializer):
+    reason = StrictCharField(max_length=2000, min_length=1)
+    payload = JSONObjectField(required=False)
+
+
+class DiscardIn(StrictSerializer):
+    reason = StrictCharField(max_length=2000, min_length=1)
+
+
+def dead_letter_as_api_dict(item: DeadLetter) -> dict[str, Any]:
+    return {
+        "id": item.pk,
+        "source": item.source,
+        "task_id": str(item.task_id) if item.task_id else None,
+        "topic": item.topic,
+        "payload": item.payload,
+        "error": item.error,
+        "attempts": item.attempts,
+        "status": item.status,
+        "created_at": format_timestamp(item.created_at),
+        "decided_by": item.decided_by,
+        "decided_at": format_timestamp(item.decided_at) if item.decided_at else None,
+        "reason": item.reason,
+    }
+
+
+def reviewer_name(request: Request) -> str:
+    principal = principal_of(request)
+    if not principal.can_review():
+        raise PermissionDenied("reviewing dead letters needs a staff user with the review_deadletter permission")
+    return principal.name
+
+
+class DeadLettersView(ApiView):
+    @extend_schema(
+        operation_id="dead_letters_list",
+        parameters=[
+            OpenApiParameter("status", str, enum=DeadLetterStatus.values),
+            OpenApiParameter("limit", int, description="1-1000, default 100"),
+            OpenApiParameter("cursor", int, description="the `next` link's cursor"),
+        ],
+        responses={200: DeadLetterListOut, **errors(403)},
+    )
+    def get(self, request: Request) -> Response:
+        reviewer_name(request)
+        status_filter = request.query_params.get("status")
+        if status_filter is not None and status_filter not in DeadLetterStatus.values:
+            raise InvalidInput("unknown status", {"status": f"one of {', '.join(DeadLetterStatus.values)}"})
+        page = selectors.dead_letter_list(
+            status=status_filter,
+            limit=query_int(request, "limit", default=100, minimum=1, maximum=1000),
+            after_id=query_int(request, "cursor", default=0, minimum=0),
+        )
+        next_url = None
+        if page.next_cursor is not None:
+            query = request.query_params.copy()
+            query["cursor"] = str(page.next_cursor)
+            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return Response({"results": [dead_letter_as_api_dict(d) for d in page.items], "next": next_url})
+
+
+class DeadLetterRequeueView(ApiView):
+    @extend_schema(operation_id="dead_letters_requeue", request=RequeueIn,
+                   responses={200: DeadLetterOut, **errors(403, 404, 409)})
+    def post(self, request: Request, dead_letter_id: int) -> Response:
+        decided_by = reviewer_name(request)
+        data = validated(RequeueIn, request.data)
+        item = dead_letters.dead_letter_requeue(
+            dead_letter_id=dead_letter_id, decided_by=decided_by, reason=data["reason"], payload=data.get("payload")
+        )
+        return Response(dead_letter_as_api_dict(item))
+
+
+class DeadLetterDiscardView(ApiView):
+    @extend_schema(operation_id="dead_letters_discard", request=DiscardIn,
+                   responses={200: DeadLetterOut, **errors(403, 404, 409)})
+    def post(self, request: Request, dead_letter_id: int) -> Response:
+        decided_by = reviewer_name(request)
+        data = validated(DiscardIn, request.data)
+        item = dead_letters.dead_letter_discard(
+            dead_letter_id=dead_letter_id, decided_by=decided_by, reason=data["reason"]
+        )
+        return Response(dead_letter_as_api_dict(item))

@@ -1,0 +1,79 @@
+"""A long-running outbox relay that wakes on PostgreSQL NOTIFY, for low latency.
+
+It survives the database going away (a restart, a failover): the error is logged, the
+connections are dropped and the loop tries again after a pause, without exiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+from backplane import outbox
+from backplane.sinks import Sinks
+
+logger = logging.getLogger("backplane.relay")
+
+CHANNEL = "backplane_outbox"
+
+
+class Command(BaseCommand):
+    help = "Relay outbox messages continuously, woken by NOTIFY (the beat task does the same once a second)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--batch-size", type=int, default=settings.BACKPLANE_OUTBOX_BATCH_SIZE)
+        parser.add_argument("--poll-seconds", type=float, default=1.0,
+                            help="wake at least this often, for retries whose backoff has run out")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        sinks = Sinks()
+        listener: psycopg.Connection[Any] | None = None
+        logger.info("relay started")
+        try:
+            while not self.stopping:
+                try:
+                    if listener is None or listener.closed:
+                        listener = self._listen()
+                    step = outbox.outbox_relay_once(publish=sinks, batch_size=options["batch_size"])
+                    if step.claimed and step.delivered:
+                        continue  # more may be due right away
+                    self._wait(listener, options["poll_seconds"])
+                except (OperationalError, InterfaceError, DatabaseError, psycopg.Error) as exc:
+                    logger.warning("database unavailable (%s); retrying in 1 s", exc.__class__.__name__)
+                    connection.close()
+                    if listener is not None:
+                        listener.close()
+                    listener = None
+                    time.sleep(1)
+        finally:
+            sinks.close()
+            if listener is not None:
+                listener.close()
+            logger.info("relay stopped")
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        conninfo = connection.get_connection_params()
+        conninfo.pop("cursor_factory", None)
+        conninfo.pop("context", None)
+        listener = psycopg.connect(**conninfo, autocommit=True)
+        listener.execute(f"LISTEN {CHANNEL}")
+        return listener
+
+    def _wait(self, listener: psycopg.Connection[Any], seconds: float) -> None:
+        """Sleep until a NOTIFY arrives or ``seconds`` pass, whichever is first."""
+        for _ in listener.notifies(timeout=seconds, stop_after=1):
+            pass
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
