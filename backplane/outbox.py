@@ -235,7 +235,9 @@ def _record_failure(message: OutboxMessage, error: str, *, now: datetime) -> boo
         )
         logger.warning("outbox message %s dead after %d attempts: %s", message.message_id, message.attempts, error)
         return True
-    message.next_attempt_at = now + timedelta(seconds=backoff_seconds(message.attempts))
+    # From the moment of failure, not the batch's start: a slow failure (a connect timeout)
+    # must not eat the backoff.
+    message.next_attempt_at = timezone.now() + timedelta(seconds=backoff_seconds(message.attempts))
     message.save(update_fields=["attempts", "last_error", "next_attempt_at"])
     return False
 

@@ -42,7 +42,8 @@ class KombuSink:
         if self._producer is None:
             options = settings.CELERY_BROKER_TRANSPORT_OPTIONS if self.url == settings.CELERY_BROKER_URL else {}
             self._connection = Connection(self.url, transport_options=options, connect_timeout=3)
-            self._connection.ensure_connection(max_retries=1, timeout=3)
+            # No retries here: the relay's backoff is the retry policy.
+            self._connection.ensure_connection(max_retries=0, timeout=3)
             self._producer = self._connection.Producer(serializer="json")
             self.exchange(self._producer.channel).declare()
         return self._producer
