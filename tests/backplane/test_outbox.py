@@ -20,7 +20,7 @@ from kombu import Connection, Exchange, Queue
 from backplane import outbox, selectors, services
 from backplane.models import DeadLetter, OutboxMessage, OutboxStatus, WebhookSubscription
 from backplane.services import EventDraft, OutboxDraft
-from backplane.sinks import KombuSink, Sinks, WebhookSink
+from backplane.sinks import KombuSink, Sinks
 
 UNREACHABLE_BROKER = "redis://127.0.0.1:1/0"
 
