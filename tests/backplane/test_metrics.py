@@ -1,0 +1,22 @@
+"""/metrics speaks Prometheus and reports delivery and task figures from the database."""
+
+from __future__ import annotations
+
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def test_it_reports_outbox_and_task_figures(client: Client, make_task) -> None:  # type: ignore[no-untyped-def]
+    make_task()
+    make_task()
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
+    assert samples[("backplane_outbox_messages", (("state", "pending"),))] == 2
+    assert samples[("backplane_tasks", (("status", "pending"),))] == 2
+    assert samples[("backplane_dead_letters_pending", ())] == 0
+    assert ("backplane_outbox_lag_seconds", ()) in samples
