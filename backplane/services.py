@@ -460,7 +460,8 @@ def _report_to_parent(child: Task, *, now: datetime) -> None:
 _UPDATE_PROJECTION_SQL = """
 projection AS (
     UPDATE backplane_task SET last_seq = %s, lamport = %s, head_hash = %s, last_event_at = %s, updated_at = %s,
-           status = %s, output = %s::jsonb, error = %s, attempts = %s, lease_holder = %s, lease_expires_at = %s
+           status = %s, output = %s::jsonb, error = %s, attempts = %s, lease_holder = %s, lease_expires_at = %s,
+           lease_epoch = %s
     WHERE id = %s
 )
 SELECT position FROM inserted ORDER BY seq
@@ -502,7 +503,7 @@ def _insert_events_and_update_projection(task: Task, events: list[Event]) -> Non
     params += [
         task.last_seq, task.lamport, task.head_hash, task.last_event_at, task.updated_at, task.status,
         None if task.output is None else json.dumps(task.output), task.error, task.attempts, task.lease_holder,
-        task.lease_expires_at, task.pk,
+        task.lease_expires_at, task.lease_epoch, task.pk,
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -534,7 +535,17 @@ def _release_lease(task: Task) -> None:
 
 def _apply_to_projection(task: Task, event: Event) -> None:
     """What an event does to the task's status and results."""
-    if event.type == et.TASK_COMPLETED:
+    if event.type == et.TASK_STALLED:
+        # Fencing: the next lease gets a new epoch anyway, but bumping it now makes the old
+        # holder's writes fail at once instead of landing on an unleased task.
+        task.lease_epoch += 1
+        task.attempts += 1
+        task.status = TaskStatus.PENDING
+        _release_lease(task)
+    elif event.type == et.TASK_DEAD_LETTERED:
+        task.status = TaskStatus.DEAD_LETTERED
+        _release_lease(task)
+    elif event.type == et.TASK_COMPLETED:
         task.status = TaskStatus.COMPLETED
         task.output = event.payload["output"]
         task.error = None

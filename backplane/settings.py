@@ -195,6 +195,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "purge-expired-tool-calls": {"task": "recovery.tasks.purge_expired_tool_calls", "schedule": 300.0},
+    "detect-stalls": {"task": "recovery.tasks.detect_stalls", "schedule": 2.0, "options": {"expires": 10}},
     "relay-outbox": {"task": "backplane.tasks.relay_outbox", "schedule": 1.0, "options": {"expires": 5}},
     "prune-delivered-outbox": {"task": "backplane.tasks.prune_delivered_outbox", "schedule": 600.0},
 }

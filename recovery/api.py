@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
@@ -151,7 +152,7 @@ class LeasesView(ApiView):
         claim = services.lease_claim(
             agent=agent,
             kinds=data.get("kinds"),
-            lease_seconds=data.get("lease_seconds", 30),
+            lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS),
         )
         if claim is None:
             return Response(status=status.HTTP_204_NO_CONTENT)

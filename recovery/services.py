@@ -14,8 +14,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from backplane import event_types as et
+from backplane.chain import format_timestamp
 from backplane.errors import IdempotencyMismatch, InvalidInput, StaleLease, TaskClosed
-from backplane.models import Agent, Task, TaskStatus
+from backplane.models import Agent, DeadLetter, DeadLetterSource, Task, TaskStatus
 from backplane.outbox import enqueue_lifecycle
 from backplane.services import (
     EventDraft,
@@ -336,3 +337,72 @@ def subtask_dispatch(
             now=timezone.now(),
         )
     return SubtaskOutcome(child=child, dispatch_key=dispatch_key, created=True)
+
+
+# --- the stall detector --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StallSweep:
+    expired: int
+    requeued: int
+    dead_lettered: int
+
+
+def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) -> StallSweep:
+    """Expire one batch of leases that ran out: fence the holder off and hand the task on.
+
+    Races, and why they are safe:
+    - a heartbeat and this sweep both lock the row. If the heartbeat holds it, SKIP LOCKED
+      passes the row over this round; if it committed a moment ago, PostgreSQL re-checks
+      the WHERE clause against the new row version and the extended lease no longer
+      matches. Either way a renewed lease is never expired;
+    - two sweeps at once (several workers) lock disjoint rows, so nothing is counted twice.
+    """
+    now = now or timezone.now()
+    requeued = dead_lettered = 0
+    with transaction.atomic(durable=True):
+        stalled = list(
+            Task.objects.select_for_update(skip_locked=True)
+            .filter(status=TaskStatus.RUNNING, lease_holder__isnull=False, lease_expires_at__lt=now)
+            .order_by("lease_expires_at")[:batch_size]
+        )
+        for task in stalled:
+            exhausted = task.attempts + 1 >= task.max_attempts
+            quiet_for = (now - (task.last_event_at or task.created_at)).total_seconds()
+            drafts = [
+                EventDraft(
+                    type=et.TASK_STALLED,
+                    payload={
+                        "holder": task.lease_holder,
+                        "lease_epoch": task.lease_epoch,
+                        "lease_expired_at": format_timestamp(task.lease_expires_at),
+                        "seconds_since_last_event": round(quiet_for, 3),
+                        "attempt": task.attempts + 1,
+                        "max_attempts": task.max_attempts,
+                    },
+                )
+            ]
+            if exhausted:
+                drafts.append(
+                    EventDraft(type=et.TASK_DEAD_LETTERED, payload={"reason": "attempts exhausted"})
+                )
+            # The events drive the projection: TaskStalled fences the holder off (epoch + 1),
+            # counts the attempt and frees the task; TaskDeadLettered parks it for review.
+            holder = task.lease_holder
+            write_events(task, drafts, agent=None, now=now)
+            if exhausted:
+                DeadLetter.objects.create(
+                    source=DeadLetterSource.TASK,
+                    reference=str(task.pk),
+                    task=task,
+                    topic=f"backplane.tasks.{task.kind}",
+                    payload={"task_id": str(task.pk), "kind": task.kind, "input": task.input},
+                    error=f"lease held by {holder} expired; attempts exhausted ({task.attempts}/{task.max_attempts})",
+                    attempts=task.attempts,
+                    created_at=now,
+                )
+                dead_lettered += 1
+            else:
+                requeued += 1
+    return StallSweep(expired=len(stalled), requeued=requeued, dead_lettered=dead_lettered)

@@ -20,3 +20,14 @@ def purge_expired_tool_calls() -> int:
     if total:
         logger.info("purged %d expired tool-call records", total)
     return total
+
+
+@shared_task(ignore_result=True)
+def detect_stalls() -> int:
+    """Expire run-out leases in batches until none is left (several workers may run this at once)."""
+    total = 0
+    while (sweep := services.lease_expire_stalled()).expired:
+        total += sweep.expired
+        if sweep.dead_lettered:
+            logger.warning("stall detector: %d task(s) dead-lettered after their last attempt", sweep.dead_lettered)
+    return total

@@ -1,0 +1,129 @@
+"""The stall detector: expired leases are fenced off and handed on; renewals and parallel
+detectors never double-expire."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from backplane import dead_letters, services
+from backplane.errors import StaleLease
+from backplane.models import Agent, DeadLetter, Event, OutboxMessage, Task
+from backplane.services import EventDraft
+from recovery import services as recovery
+
+
+def claimed_task(max_attempts: int = 3, lease_seconds: int = 30) -> tuple[Task, int]:
+    agent = Agent.objects.filter(name="worker").first() or services.agent_create(name="worker", namespace="acme").agent
+    services.task_create(namespace="acme", kind="k", input={"n": 1}, agent="planner", max_attempts=max_attempts)
+    claim = recovery.lease_claim(agent=agent, kinds=None, lease_seconds=lease_seconds)
+    assert claim is not None
+    return claim.task, claim.lease_epoch
+
+
+def expire(task: Task) -> None:
+    Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_an_expired_lease_is_fenced_off_and_the_task_goes_back_to_pending(db) -> None:  # type: ignore[no-untyped-def]
+    task, epoch = claimed_task()
+    expire(task)
+    sweep = recovery.lease_expire_stalled()
+    assert (sweep.expired, sweep.requeued, sweep.dead_lettered) == (1, 1, 0)
+    task.refresh_from_db()
+    assert (task.status, task.attempts, task.lease_holder, task.lease_epoch) == ("pending", 1, None, epoch + 1)
+    stalled = Event.objects.get(task=task, type="TaskStalled")
+    assert stalled.payload["holder"] == "worker" and stalled.payload["lease_epoch"] == epoch
+    with pytest.raises(StaleLease):  # the old holder is fenced off
+        services.event_append(namespace="acme", task_id=task.pk, agent="worker", lease_epoch=epoch,
+                              draft=EventDraft(type="Noted"))
+    assert OutboxMessage.objects.filter(key=str(task.pk), payload__status="pending").count() == 2
+    again = recovery.lease_claim(agent=Agent.objects.get(name="worker"), kinds=None, lease_seconds=30)
+    assert again is not None and again.recovered and again.lease_epoch == epoch + 2
+
+
+def test_a_live_lease_is_left_alone(db) -> None:  # type: ignore[no-untyped-def]
+    task, epoch = claimed_task()
+    assert recovery.lease_expire_stalled().expired == 0
+    task.refresh_from_db()
+    assert (task.status, task.lease_epoch) == ("running", epoch)
+
+
+def test_the_last_attempt_dead_letters_the_task_for_review(db) -> None:  # type: ignore[no-untyped-def]
+    task, _ = claimed_task(max_attempts=1)
+    expire(task)
+    assert recovery.lease_expire_stalled().dead_lettered == 1
+    task.refresh_from_db()
+    assert task.status == "dead_lettered" and task.attempts == 1
+    types = list(Event.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+    assert types[-2:] == ["TaskStalled", "TaskDeadLettered"]
+    dead_letter = DeadLetter.objects.get(source="task", task=task)
+    dead_letters.dead_letter_requeue(dead_letter_id=dead_letter.pk, decided_by="user:op", reason="retry once more")
+    task.refresh_from_db()
+    assert (task.status, task.attempts) == ("pending", 0)
+    assert Event.objects.filter(task=task, type="DeadLetterRequeued").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_renewed_while_the_detector_runs_is_never_expired(committed_db) -> None:  # type: ignore[no-untyped-def]
+    task, epoch = claimed_task(lease_seconds=1)
+    expire(task)
+    renewing = threading.Event()
+    done = threading.Event()
+
+    # A heartbeat that holds the row lock across the detector's run, then commits a new expiry.
+    def slow_heartbeat() -> None:
+        with transaction.atomic():
+            locked = Task.objects.select_for_update().get(pk=task.pk)
+            renewing.set()
+            time.sleep(0.5)
+            locked.lease_expires_at = timezone.now() + timedelta(seconds=60)
+            locked.save(update_fields=["lease_expires_at"])
+        done.set()
+        connection.close()
+
+    thread = threading.Thread(target=slow_heartbeat)
+    thread.start()
+    assert renewing.wait(5)
+    during = recovery.lease_expire_stalled()
+    thread.join()
+    after = recovery.lease_expire_stalled()
+    assert (during.expired, after.expired) == (0, 0)
+    task.refresh_from_db()
+    assert (task.status, task.lease_epoch, task.attempts) == ("running", epoch, 0)
+    assert not Event.objects.filter(task=task, type="TaskStalled").exists()
+    # And the real heartbeat path renews an already run-out lease that was not yet expired.
+    expire(task)
+    recovery.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch)
+    assert recovery.lease_expire_stalled().expired == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_detectors_running_at_once_expire_each_lease_once(committed_db) -> None:  # type: ignore[no-untyped-def]
+    tasks = [claimed_task()[0] for _ in range(40)]
+    Task.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    counts: list[int] = []
+    barrier = threading.Barrier(4)
+
+    def sweep() -> None:
+        barrier.wait()
+        total = 0
+        while (step := recovery.lease_expire_stalled(batch_size=5)).expired:
+            total += step.expired
+        counts.append(total)
+        connection.close()
+
+    threads = [threading.Thread(target=sweep) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(counts) == 40
+    assert Event.objects.filter(type="TaskStalled").count() == 40
+    assert set(Task.objects.values_list("attempts", flat=True)) == {1}
+    assert all(t.pk for t in tasks)
