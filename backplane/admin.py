@@ -8,18 +8,28 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from backplane import services
-from backplane.models import Agent, DeadLetter, Event, OutboxMessage, Task, WebhookSubscription
+from backplane import breakers, services
+from backplane.models import (
+    Agent,
+    BreakerTransition,
+    DeadLetter,
+    Event,
+    OutboxMessage,
+    Task,
+    WebhookSubscription,
+)
 
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
-    list_display = ("name", "namespace", "kinds", "user", "is_active", "created_at")
-    list_filter = ("namespace", "is_active")
+    list_filter = ("namespace", "is_active", "breaker_state")
     search_fields = ("name", "namespace")
-    readonly_fields = ("created_at",)
-    fields = ("name", "namespace", "kinds", "user", "is_active", "created_at")
-    actions = ("rotate_tokens",)
+    readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "breaker_opened_at")
+    fields = ("name", "namespace", "kinds", "user", "is_active", "created_at", "breaker_state", "consecutive_failures",
+              "breaker_opened_at")
+    list_display = ("name", "namespace", "kinds", "user", "is_active", "breaker_state", "consecutive_failures",
+                    "created_at")
+    actions = ("rotate_tokens", "reset_breakers")
 
     def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
         token = None
@@ -29,6 +39,12 @@ class AgentAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if token:
             messages.warning(request, f"Token for {obj} (shown once, store it now): {token}")
+
+    @admin.action(description="Close the circuit breaker of the selected agents")
+    def reset_breakers(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        for agent in queryset:
+            breakers.breaker_reset(agent_id=agent.pk, decided_by=f"user:{request.user.get_username()}")
+        messages.info(request, f"Breakers closed for {queryset.count()} agent(s).")
 
     @admin.action(description="Rotate the token of the selected agents (shows the new tokens once)")
     def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
@@ -97,3 +113,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     list_filter = ("status", "source")
     search_fields = ("reference", "topic", "=task__id")
     ordering = ("-id",)
+
+
+@admin.register(BreakerTransition)
+class BreakerTransitionAdmin(ReadOnlyAdmin):
+    list_display = ("at", "agent", "from_state", "to_state", "reason", "task_id", "decided_by")
+    list_filter = ("to_state",)
+    search_fields = ("agent__name", "reason")
+    ordering = ("-at",)

@@ -8,6 +8,8 @@ from typing import Any
 class BackplaneError(Exception):
     status = 400
     code = "validation_error"
+    # Seconds for a Retry-After header (503 and 429 answers); None: no header.
+    retry_after: int | None = None
 
     def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -58,3 +60,14 @@ class AlreadyDecided(BackplaneError):
 class PermissionDeniedError(BackplaneError):
     status = 403
     code = "permission_denied"
+
+
+class CircuitOpen(BackplaneError):
+    """A circuit breaker (an agent's or a tool's) is open; try again after ``retry_after`` seconds."""
+
+    status = 503
+    code = "circuit_open"
+
+    def __init__(self, message: str, *, retry_after: int, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self.retry_after = retry_after

@@ -41,6 +41,13 @@ class Agent(models.Model):
     )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Circuit breaker (backplane/breakers.py): consecutive failures open it, claims are refused
+    # while open, a cool-down half-opens it for one trial claim, a success closes it.
+    breaker_state = models.CharField(
+        max_length=10, choices=[("closed", "closed"), ("open", "open"), ("half_open", "half open")], default="closed"
+    )
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    breaker_opened_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -55,6 +62,24 @@ class Agent(models.Model):
 
     def may_claim(self, kind: str) -> bool:
         return not self.kinds or kind in self.kinds
+
+
+class BreakerTransition(models.Model):
+    """Every change of an agent's circuit breaker, for the people who watch the fleet."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="breaker_transitions")
+    from_state = models.CharField(max_length=10)
+    to_state = models.CharField(max_length=10)
+    reason = models.CharField(max_length=255)
+    task_id = models.UUIDField(null=True, blank=True)
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["agent", "-at"], name="breaker_transition_agent_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.agent}: {self.from_state} -> {self.to_state} ({self.reason})"
 
 
 class TaskStatus(models.TextChoices):

@@ -24,6 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from backplane import event_types as et
+from backplane.breakers import breaker_record_failure, breaker_record_success
 from backplane.canonical import CanonicalizationError, canonical_sha256
 from backplane.chain import compute_hash, format_timestamp, hashed_fields
 from backplane.errors import (
@@ -412,9 +413,23 @@ def write_events(
                 event_position=event.position,
             )
     enqueue_lifecycle(task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now)
+    _feed_breakers(task, events, now=now)
     if was_open and task.status in REPORTED_TO_PARENT and task.parent_id is not None:
         _report_to_parent(task, now=now)
     return events
+
+
+def _feed_breakers(task: Task, events: list[Event], *, now: datetime) -> None:
+    """Completions and failures count towards the circuit breaker of the agent behind them."""
+    for event in events:
+        if event.type == et.TASK_COMPLETED:
+            breaker_record_success(namespace=task.namespace, agent_name=event.agent, task_id=task.pk, now=now)
+        elif event.type == et.TASK_FAILED:
+            breaker_record_failure(namespace=task.namespace, agent_name=event.agent, task_id=task.pk, now=now,
+                                   reason=f"TaskFailed: {event.payload['error'][:200]}")
+        elif event.type == et.TASK_STALLED:
+            breaker_record_failure(namespace=task.namespace, agent_name=event.payload.get("holder"),
+                                   task_id=task.pk, now=now, reason="lease expired")
 
 
 # A child task in one of these has a result its parent must hear about.

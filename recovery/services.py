@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from backplane import event_types as et
+from backplane.breakers import breaker_gate_claim, breaker_trial_unused
 from backplane.chain import format_timestamp
 from backplane.errors import IdempotencyMismatch, InvalidInput, StaleLease, TaskClosed
 from backplane.models import Agent, DeadLetter, DeadLetterSource, Task, TaskStatus
@@ -52,12 +53,21 @@ def lease_claim(*, agent: Agent, kinds: Sequence[str] | None, lease_seconds: int
             "this agent may not claim some of these kinds",
             {"kinds": f"allowed: {sorted(agent.kinds)}"},
         )
+    # Before the claim's own transaction: see backplane/breakers.py on lock order.
+    gate = breaker_gate_claim(agent_id=agent.pk)
+    claim = _claim_oldest_pending(agent=agent, kinds=allowed, lease_seconds=lease_seconds)
+    if claim is None and gate.trial:
+        breaker_trial_unused(agent_id=agent.pk)
+    return claim
+
+
+def _claim_oldest_pending(*, agent: Agent, kinds: list[str], lease_seconds: int) -> Claim | None:
     with transaction.atomic(durable=True):
         candidates = Task.objects.select_for_update(skip_locked=True, of=("self",)).filter(
             namespace=agent.namespace, status=TaskStatus.PENDING
         )
-        if allowed:
-            candidates = candidates.filter(kind__in=allowed)
+        if kinds:
+            candidates = candidates.filter(kind__in=kinds)
         task = candidates.order_by("created_at", "id").first()
         if task is None:
             return None

@@ -58,7 +58,8 @@ _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BackplaneError):
-        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=headers)
     if isinstance(exc, Http404):
         return Response(error_body("not_found", "not found"), status=404)
     if isinstance(exc, DjangoPermissionDenied):
