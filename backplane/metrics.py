@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from backplane import selectors
 from backplane.models import Task
+from recovery import selectors as recovery_selectors
 
 
 class BackplaneCollector:
@@ -31,6 +32,11 @@ class BackplaneCollector:
         yield messages
         yield GaugeMetricFamily("backplane_dead_letters_pending", "Dead letters waiting for a decision",
                                 value=stats.dead_letters_pending)
+        yield GaugeMetricFamily("backplane_tasks_without_progress",
+                                "Running tasks that heartbeat but have written no event for too long",
+                                value=len(recovery_selectors.tasks_without_progress()))
+        yield GaugeMetricFamily("backplane_tool_calls_overdue", "Tool calls in flight longer than their timeout",
+                                value=len(recovery_selectors.tool_calls_overdue()))
         tasks = GaugeMetricFamily("backplane_tasks", "Tasks by status", labels=["status"])
         for status, count in Task.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"):
             tasks.add_metric([status], count)

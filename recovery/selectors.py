@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
 
 from backplane import event_types as et
 from backplane.chain import format_timestamp
 from backplane.errors import NotFound
-from backplane.models import Event
+from backplane.models import Event, Task
 from backplane.selectors import task_visible
 from recovery.models import ToolCall
 
@@ -131,3 +135,25 @@ def resume_prompt(*, task_kind: str, task_input: dict[str, Any], context: dict[s
         lines.append(f"Your last recorded reasoning: {_compact(context['last_reasoning']['payload'], 600)}")
     lines.append("Continue from the next undecided step.")
     return "\n".join(lines)
+
+
+def tasks_without_progress(*, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Running tasks whose holder keeps the lease alive but has written nothing for longer than
+    BACKPLANE_NO_PROGRESS_FLAG_SECONDS (past BACKPLANE_NO_PROGRESS_STALL_SECONDS the stall
+    detector takes them back)."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=settings.BACKPLANE_NO_PROGRESS_FLAG_SECONDS)
+    rows = Task.objects.filter(status="running", lease_holder__isnull=False, last_event_at__lt=since).values(
+        "id", "namespace", "kind", "lease_holder", "last_event_at"
+    )
+    return [{**row, "silent_seconds": (now - row["last_event_at"]).total_seconds()} for row in rows]
+
+
+def tool_calls_overdue(*, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Tool calls dispatched and never answered for longer than BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS)
+    rows = ToolCall.objects.filter(status="dispatched", dispatched_at__lt=since).values(
+        "idempotency_key", "task_id", "step", "tool", "dispatched_at"
+    )
+    return [{**row, "age_seconds": (now - row["dispatched_at"]).total_seconds()} for row in rows]

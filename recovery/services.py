@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from backplane import event_types as et
@@ -173,8 +174,12 @@ def tool_call_dispatch(
     agent: str | None,
     lease_epoch: int | None,
     compensation: dict[str, Any] | None = None,
+    ttl_seconds: int | None = None,
 ) -> ToolCallOutcome:
-    """Record a tool call before the agent makes it (write before you act)."""
+    """Record a tool call before the agent makes it (write before you act).
+
+    ``ttl_seconds``: how long the record (the cached answer) is kept; default the global TTL.
+    """
     ensure_storable_json(input, "input")
     ensure_storable_json(compensation, "compensation")
     key = tool_call_key(task_id=task_id, step=step, tool=tool)
@@ -201,7 +206,7 @@ def tool_call_dispatch(
             compensation=compensation,
             dispatched_by=agent,
             dispatched_at=now,
-            expires_at=now + timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TTL_SECONDS),
+            expires_at=now + timedelta(seconds=ttl_seconds or settings.BACKPLANE_TOOL_CALL_TTL_SECONDS),
         )
         write_events(
             task,
@@ -231,15 +236,22 @@ def tool_call_record_result(
     result: dict[str, Any],
     agent: str | None,
     lease_epoch: int | None,
+    fenced: bool = True,
 ) -> ToolCallOutcome:
-    """Record a tool's answer once (acknowledge before you advance); an identical repeat is a replay."""
+    """Record a tool's answer once (acknowledge before you advance); an identical repeat is a replay.
+
+    ``fenced=False``: the backplane records what a tool it called itself answered. That answer
+    is a fact whichever lease is current by now; refusing it would make the next holder call
+    the tool again.
+    """
     if status not in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
         raise InvalidInput("status must be succeeded or failed", {"status": "must be succeeded or failed"})
     ensure_storable_json(result, "result")
     with transaction.atomic(durable=True):
         call = tool_call_visible(namespace=namespace, key=key)
         task = lock_task(namespace=namespace, task_id=call.task_id)
-        check_lease(task, lease_epoch)
+        if fenced:
+            check_lease(task, lease_epoch)
         call = ToolCall.objects.select_for_update().get(pk=key)
         if call.status != ToolCallStatus.DISPATCHED:
             if call.status == status and call.result == result:
@@ -372,18 +384,23 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
     now = now or timezone.now()
     requeued = dead_lettered = 0
     with transaction.atomic(durable=True):
+        silent_since = now - timedelta(seconds=settings.BACKPLANE_NO_PROGRESS_STALL_SECONDS)
         stalled = list(
             Task.objects.select_for_update(skip_locked=True)
-            .filter(status=TaskStatus.RUNNING, lease_holder__isnull=False, lease_expires_at__lt=now)
+            .filter(status=TaskStatus.RUNNING, lease_holder__isnull=False)
+            # A lease that ran out, or one kept alive by heartbeats while nothing was written.
+            .filter(Q(lease_expires_at__lt=now) | Q(last_event_at__lt=silent_since))
             .order_by("lease_expires_at")[:batch_size]
         )
         for task in stalled:
+            reason = "lease expired" if task.lease_expires_at < now else "no progress"
             exhausted = task.attempts + 1 >= task.max_attempts
             quiet_for = (now - (task.last_event_at or task.created_at)).total_seconds()
             drafts = [
                 EventDraft(
                     type=et.TASK_STALLED,
                     payload={
+                        "reason": reason,
                         "holder": task.lease_holder,
                         "lease_epoch": task.lease_epoch,
                         "lease_expired_at": format_timestamp(task.lease_expires_at),
@@ -408,7 +425,7 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
                     task=task,
                     topic=f"backplane.tasks.{task.kind}",
                     payload={"task_id": str(task.pk), "kind": task.kind, "input": task.input},
-                    error=f"lease held by {holder} expired; attempts exhausted ({task.attempts}/{task.max_attempts})",
+                    error=f"{reason} (holder {holder}); attempts exhausted ({task.attempts}/{task.max_attempts})",
                     attempts=task.attempts,
                     created_at=now,
                 )

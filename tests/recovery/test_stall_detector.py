@@ -127,3 +127,33 @@ def test_detectors_running_at_once_expire_each_lease_once(committed_db) -> None:
     assert Event.objects.filter(type="TaskStalled").count() == 40
     assert set(Task.objects.values_list("attempts", flat=True)) == {1}
     assert all(t.pk for t in tasks)
+
+
+def test_a_heartbeating_task_without_progress_is_flagged_then_stalled(db, settings) -> None:  # type: ignore[no-untyped-def]
+    from recovery import selectors
+
+    task, epoch = claimed_task(lease_seconds=600)
+    Task.objects.filter(pk=task.pk).update(last_event_at=timezone.now() - timedelta(minutes=10))
+    (flagged,) = selectors.tasks_without_progress()
+    assert flagged["id"] == task.pk and flagged["silent_seconds"] >= 600
+    assert recovery.lease_expire_stalled().expired == 0  # flagged, not yet taken back
+    Task.objects.filter(pk=task.pk).update(
+        last_event_at=timezone.now() - timedelta(seconds=settings.BACKPLANE_NO_PROGRESS_STALL_SECONDS + 1))
+    assert recovery.lease_expire_stalled().expired == 1
+    stalled = Event.objects.get(task=task, type="TaskStalled")
+    assert stalled.payload["reason"] == "no progress"
+    task.refresh_from_db()
+    assert (task.status, task.lease_epoch) == ("pending", epoch + 1)
+
+
+def test_tool_calls_in_flight_past_their_timeout_are_flagged_with_their_age(db) -> None:  # type: ignore[no-untyped-def]
+    from recovery import selectors
+    from recovery.models import ToolCall
+
+    task, epoch = claimed_task()
+    recovery.tool_call_dispatch(namespace="acme", task_id=task.pk, step=1, tool="crm", input={}, agent="worker",
+                                lease_epoch=epoch)
+    assert selectors.tool_calls_overdue() == []
+    ToolCall.objects.update(dispatched_at=timezone.now() - timedelta(hours=1))
+    (overdue,) = selectors.tool_calls_overdue()
+    assert overdue["tool"] == "crm" and overdue["age_seconds"] >= 3600
