@@ -46,14 +46,14 @@ def _locked_agent(namespace: str, name: str | None) -> Agent | None:
 
 
 def breaker_record_failure(*, namespace: str, agent_name: str | None, reason: str, task_id: object,
-                           now: datetime) -> None:
-    """Count a failure; opens the breaker at the threshold, re-opens it after a failed trial.
+                           now: datetime, failures: int = 1) -> None:
+    """Count ``failures``; opens the breaker at the threshold, re-opens it after a failed trial.
 
     Runs inside the caller's transaction (the one that records the failure)."""
     agent = _locked_agent(namespace, agent_name)
     if agent is None:
         return
-    agent.consecutive_failures += 1
+    agent.consecutive_failures += failures
     if agent.breaker_state == HALF_OPEN:
         _transition(agent, OPEN, reason=f"trial failed: {reason}", now=now, task_id=task_id)
     elif agent.breaker_state == CLOSED and agent.consecutive_failures >= settings.BACKPLANE_BREAKER_THRESHOLD:

@@ -96,6 +96,9 @@ def dead_letter_requeue(
                 raise InvalidInput("the task is no longer dead-lettered", {"status": task.status})
             if payload is not None:
                 raise InvalidInput("a task is requeued as it is", {"payload": "not allowed for task dead letters"})
+        elif dead_letter.source == DeadLetterSource.COMPENSATION:
+            if payload is not None:
+                raise InvalidInput("a compensation is retried as declared", {"payload": "not allowed here"})
         else:
             raise InvalidInput(
                 f"requeueing {dead_letter.source} dead letters is not supported",
@@ -112,6 +115,12 @@ def dead_letter_requeue(
                             extra={"edited_payload": payload is not None})
         if dead_letter.source == DeadLetterSource.TASK:
             _requeue_task(dead_letter.task_id, now=now)
+        elif dead_letter.source == DeadLetterSource.COMPENSATION:
+            # Imported here: sagas live with recovery, which builds on this package.
+            from recovery.sagas import saga_retry_compensation
+
+            task = Task.objects.select_for_update().get(pk=dead_letter.task_id)
+            saga_retry_compensation(task, dead_letter.reference, now=now)
     return dead_letter
 
 
@@ -127,15 +136,32 @@ def _requeue_task(task_id: Any, *, now: Any) -> None:
     enqueue_lifecycle(task=task, previous_status=previous, seq=task.last_seq, event_hash=task.head_hash, now=now)
 
 
-def dead_letter_discard(*, dead_letter_id: int, decided_by: str, reason: str) -> DeadLetter:
-    """Give up on the work for good, with the reason on record."""
+def dead_letter_discard(*, dead_letter_id: int, decided_by: str, reason: str, compensate: bool = False) -> DeadLetter:
+    """Give up on the work for good, with the reason on record.
+
+    ``compensate`` (task dead letters only): the task fails for good, so the compensations
+    its succeeded tool calls declared are run (a saga)."""
     reason = _require_reason(reason)
     with transaction.atomic(durable=True):
         dead_letter = _lock_pending(dead_letter_id)
+        if compensate and dead_letter.source != DeadLetterSource.TASK:
+            raise InvalidInput("only a task's dead letter can be compensated", {"compensate": "task dead letters only"})
         dead_letter.status = DeadLetterStatus.DISCARDED
         dead_letter.decided_by = decided_by
         dead_letter.decided_at = timezone.now()
         dead_letter.reason = reason
         dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason"])
-        _record_in_task_log(dead_letter, et.DEAD_LETTER_DISCARDED, decided_by=decided_by, reason=reason)
+        _record_in_task_log(dead_letter, et.DEAD_LETTER_DISCARDED, decided_by=decided_by, reason=reason,
+                            extra={"compensate": compensate})
+        if compensate:
+            _fail_and_compensate(dead_letter.task_id, now=dead_letter.decided_at)
     return dead_letter
+
+
+def _fail_and_compensate(task_id: Any, *, now: Any) -> None:
+    from recovery.sagas import saga_start_if_due
+
+    task = Task.objects.select_for_update().get(pk=task_id)
+    task.status = TaskStatus.FAILED
+    task.save(update_fields=["status"])
+    saga_start_if_due(task, now=now)

@@ -71,3 +71,19 @@ class CircuitOpen(BackplaneError):
     def __init__(self, message: str, *, retry_after: int, details: dict[str, Any] | None = None) -> None:
         super().__init__(message, details)
         self.retry_after = retry_after
+
+
+class RateLimited(BackplaneError):
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self.retry_after = retry_after
+
+
+class ToolUnavailable(BackplaneError):
+    """A tool did not answer usably (transport error, timeout, 5xx); its call stays in flight."""
+
+    status = 502
+    code = "tool_unavailable"

@@ -414,22 +414,31 @@ def write_events(
             )
     enqueue_lifecycle(task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now)
     _feed_breakers(task, events, now=now)
+    if previous_status != TaskStatus.FAILED and task.status == TaskStatus.FAILED:
+        _start_saga(task, now=now)
     if was_open and task.status in REPORTED_TO_PARENT and task.parent_id is not None:
         _report_to_parent(task, now=now)
     return events
 
 
+def _start_saga(task: Task, *, now: datetime) -> None:
+    # Imported here: sagas live with recovery, which builds on this module.
+    from recovery.sagas import saga_start_if_due
+
+    saga_start_if_due(task, now=now)
+
+
 def _feed_breakers(task: Task, events: list[Event], *, now: datetime) -> None:
-    """Completions and failures count towards the circuit breaker of the agent behind them."""
+    """Completions and failures count towards the circuit breaker of the agent behind them.
+
+    Expired leases count too, but the stall detector records those itself, once per agent
+    per sweep and in name order, so concurrent sweeps cannot deadlock on agent rows."""
     for event in events:
         if event.type == et.TASK_COMPLETED:
             breaker_record_success(namespace=task.namespace, agent_name=event.agent, task_id=task.pk, now=now)
         elif event.type == et.TASK_FAILED:
             breaker_record_failure(namespace=task.namespace, agent_name=event.agent, task_id=task.pk, now=now,
                                    reason=f"TaskFailed: {event.payload['error'][:200]}")
-        elif event.type == et.TASK_STALLED:
-            breaker_record_failure(namespace=task.namespace, agent_name=event.payload.get("holder"),
-                                   task_id=task.pk, now=now, reason="lease expired")
 
 
 # A child task in one of these has a result its parent must hear about.

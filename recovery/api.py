@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -24,7 +24,7 @@ from backplane.api.serializers import (
 from backplane.api.views import REPLAY_HEADER, ApiView, errors, principal_of, validated
 from backplane.chain import format_timestamp
 from backplane.models import Agent
-from recovery import selectors, services
+from recovery import gateway, selectors, services
 from recovery.models import ToolCall, ToolCallStatus
 
 # --- shapes --------------------------------------------------------------------------------
@@ -309,3 +309,64 @@ class RecoveryContextView(ApiView):
     def get(self, request: Request, task_id: uuid.UUID) -> Response:
         context = selectors.recovery_context(namespace=principal_of(request).namespace, task_id=task_id)
         return Response(context)
+
+
+# --- the tool gateway ----------------------------------------------------------------------
+
+
+class ToolInvokeIn(StrictSerializer):
+    task_id = serializers.UUIDField()
+    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
+    input = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+
+
+# A pattern, not an enum: drf-spectacular names enums by field, and a second "status" enum
+# with ToolCallResultIn's choices would rename that one's component (ENUM_NAME_OVERRIDES
+# in settings would be the other way out).
+@extend_schema_field({"type": "string", "pattern": "^(succeeded|failed)$", "description": "succeeded or failed"})
+class AnswerStatusField(serializers.CharField):
+    pass
+
+
+class ToolInvokeOut(serializers.Serializer):
+    idempotency_key = serializers.CharField()
+    status = AnswerStatusField()
+    result = JSONObjectField()
+    replayed = serializers.BooleanField()
+
+
+class ToolInvokeView(ApiView):
+    @extend_schema(
+        operation_id="tools_invoke",
+        summary="The backplane calls a registered tool with an Idempotency-Key, or answers from the record",
+        description=(
+            "The key is the tool call's: sha256(\"{task_id}:{step}:{name}\"). `ToolCallDispatched` is committed "
+            "before the tool is called and `ToolCallResultReceived` when it answers; the answer is kept for the "
+            "tool's TTL and a repeat gets it with `replayed: true` without calling the tool. A 2xx answer is "
+            "`succeeded` (a body that is not a JSON object comes as `{\"value\": ...}`), a 4xx refusal is "
+            "`failed` with `{\"status_code\", \"body\"}`. No usable answer (transport error, timeout, 5xx, 408, "
+            "429) is `502 tool_unavailable`: the call stays in flight and a retry sends the same key. "
+            "`503 circuit_open` while the tool's breaker is open and `429 rate_limited` beyond its per-minute "
+            "limit, both with `Retry-After`, without calling the tool."
+        ),
+        request=ToolInvokeIn,
+        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502)},
+    )
+    def post(self, request: Request, name: str) -> Response:
+        principal = principal_of(request)
+        data = validated(ToolInvokeIn, request.data)
+        outcome = gateway.tool_invoke(
+            namespace=principal.namespace,
+            task_id=data["task_id"],
+            step=data["step"],
+            tool_name=name,
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+        )
+        call = outcome.call
+        body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
+                "replayed": outcome.replayed}
+        headers = {REPLAY_HEADER: "true"} if outcome.replayed else None
+        return Response(body, status=status.HTTP_200_OK, headers=headers)

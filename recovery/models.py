@@ -28,6 +28,8 @@ class ToolCall(models.Model):
     tool = models.CharField(max_length=200)
     input = models.JSONField(default=dict)
     compensation = models.JSONField(null=True, blank=True)
+    # Set on a compensation (recovery/sagas.py): the key of the call it undoes.
+    compensation_of = models.CharField(max_length=64, null=True, blank=True, db_index=True)
     status = models.CharField(max_length=20, choices=ToolCallStatus.choices, default=ToolCallStatus.DISPATCHED)
     result = models.JSONField(null=True, blank=True)
     dispatched_by = models.CharField(max_length=100, null=True, blank=True)
@@ -46,3 +48,50 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} step {self.step} of {self.task_id} ({self.status})"
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Tool(models.Model):
+    """An external tool the backplane calls itself (``POST /api/v1/tools/{name}/invoke/``).
+
+    Registered by administrators. The row also holds what must hold across web processes:
+    the circuit breaker and the per-minute rate-limit window, both changed only by
+    conditional UPDATEs or under the row lock (recovery/gateway.py).
+    """
+
+    name = models.SlugField(max_length=200, unique=True)
+    url = models.URLField(max_length=1000)
+    timeout_seconds = models.PositiveIntegerField(default=10, help_text="Per call; a timeout counts as a failure.")
+    rate_limit_per_minute = models.PositiveIntegerField(default=0, help_text="Calls per minute; 0 means unlimited.")
+    ttl_seconds = models.PositiveIntegerField(
+        default=24 * 3600, help_text="How long an answer is kept and replayed instead of calling the tool again."
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    # The circuit breaker: consecutive failures open it, a cool-down later one probe goes.
+    breaker_state = models.CharField(max_length=20, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    probe_started_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    # The rate limit: a fixed one-minute window and the calls counted in it.
+    rate_window_start = models.DateTimeField(null=True, blank=True)
+    rate_window_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(timeout_seconds__gte=1), name="tool_timeout_at_least_1s"),
+            # A record must outlive the call it caches, or the answer would have nowhere to go.
+            models.CheckConstraint(condition=Q(ttl_seconds__gte=models.F("timeout_seconds")),
+                                   name="tool_ttl_covers_timeout"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backplane import event_types as et
-from backplane.breakers import breaker_gate_claim, breaker_trial_unused
+from backplane.breakers import breaker_gate_claim, breaker_record_failure, breaker_trial_unused
 from backplane.chain import format_timestamp
 from backplane.errors import IdempotencyMismatch, InvalidInput, StaleLease, TaskClosed
 from backplane.models import Agent, DeadLetter, DeadLetterSource, Task, TaskStatus
@@ -29,6 +29,7 @@ from backplane.services import (
     write_events,
 )
 from recovery.models import ToolCall, ToolCallStatus
+from recovery.sagas import saga_record_compensation_result
 from recovery.selectors import tool_call_visible
 
 # --- leases --------------------------------------------------------------------------------
@@ -267,6 +268,9 @@ def tool_call_record_result(
         call.result = result
         call.completed_at = now
         call.save(update_fields=["status", "result", "completed_at"])
+        if call.compensation_of is not None:
+            saga_record_compensation_result(task, call, agent=agent, now=now)
+            return ToolCallOutcome(call=call, replayed=False)
         write_events(
             task,
             [
@@ -392,6 +396,8 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
             .filter(Q(lease_expires_at__lt=now) | Q(last_event_at__lt=silent_since))
             .order_by("lease_expires_at")[:batch_size]
         )
+        failed_holders: dict[tuple[str, str | None], int] = {}
+        last_task_of: dict[tuple[str, str | None], uuid.UUID] = {}
         for task in stalled:
             reason = "lease expired" if task.lease_expires_at < now else "no progress"
             exhausted = task.attempts + 1 >= task.max_attempts
@@ -417,6 +423,8 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
             # The events drive the projection: TaskStalled fences the holder off (epoch + 1),
             # counts the attempt and frees the task; TaskDeadLettered parks it for review.
             holder = task.lease_holder
+            failed_holders[(task.namespace, holder)] = failed_holders.get((task.namespace, holder), 0) + 1
+            last_task_of[(task.namespace, holder)] = task.pk
             write_events(task, drafts, agent=None, now=now)
             if exhausted:
                 DeadLetter.objects.create(
@@ -432,4 +440,10 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
                 dead_lettered += 1
             else:
                 requeued += 1
+        # Breakers last, one update per agent, in a fixed order: two sweeps running at once
+        # lock agent rows in the same order and cannot deadlock (each locks only its own tasks).
+        in_lock_order = sorted(failed_holders.items(), key=lambda item: (item[0][0], item[0][1] or ""))
+        for (namespace, holder), count in in_lock_order:
+            breaker_record_failure(namespace=namespace, agent_name=holder, reason="lease expired",
+                                   task_id=last_task_of[(namespace, holder)], now=now, failures=count)
     return StallSweep(expired=len(stalled), requeued=requeued, dead_lettered=dead_lettered)

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backplane import dead_letters, selectors
-from backplane.api.serializers import JSONObjectField, StrictCharField, StrictSerializer
+from backplane.api.serializers import JSONObjectField, StrictBooleanField, StrictCharField, StrictSerializer
 from backplane.api.views import ApiView, errors, principal_of, query_int, validated
 from backplane.chain import format_timestamp
 from backplane.errors import InvalidInput
@@ -45,6 +45,10 @@ class RequeueIn(StrictSerializer):
 
 class DiscardIn(StrictSerializer):
     reason = StrictCharField(max_length=2000, min_length=1)
+    compensate = StrictBooleanField(
+        required=False, default=False,
+        help_text="task dead letters: fail the task for good and run its declared compensations",
+    )
 
 
 def dead_letter_as_api_dict(item: DeadLetter) -> dict[str, Any]:
@@ -118,6 +122,6 @@ class DeadLetterDiscardView(ApiView):
         decided_by = reviewer_name(request)
         data = validated(DiscardIn, request.data)
         item = dead_letters.dead_letter_discard(
-            dead_letter_id=dead_letter_id, decided_by=decided_by, reason=data["reason"]
+            dead_letter_id=dead_letter_id, decided_by=decided_by, reason=data["reason"], compensate=data["compensate"]
         )
         return Response(dead_letter_as_api_dict(item))

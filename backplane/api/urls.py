@@ -21,6 +21,7 @@ urlpatterns = [
     path("tool-calls/<str:key>/", recovery_api.ToolCallDetailView.as_view(), name="tool-call-detail"),
     path("tool-calls/<str:key>/result/", recovery_api.ToolCallResultView.as_view(), name="tool-call-result"),
     path("tasks/<uuid:task_id>/subtasks/", recovery_api.SubtasksView.as_view(), name="task-subtasks"),
+    path("tools/<slug:name>/invoke/", recovery_api.ToolInvokeView.as_view(), name="tool-invoke"),
     path("dead-letters/", dead_letters.DeadLettersView.as_view(), name="dead-letters"),
     path(
         "dead-letters/<int:dead_letter_id>/requeue/",

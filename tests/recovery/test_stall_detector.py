@@ -157,3 +157,36 @@ def test_tool_calls_in_flight_past_their_timeout_are_flagged_with_their_age(db) 
     ToolCall.objects.update(dispatched_at=timezone.now() - timedelta(hours=1))
     (overdue,) = selectors.tool_calls_overdue()
     assert overdue["tool"] == "crm" and overdue["age_seconds"] >= 3600
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_sweeps_over_leases_of_many_agents_do_not_deadlock(committed_db) -> None:  # type: ignore[no-untyped-def]
+    # Found by bench/detector.py: sweeps used to lock the holders' breaker rows in task order.
+    agents = [services.agent_create(name=f"holder-{n}", namespace="acme").agent for n in range(5)]
+    for n in range(60):
+        services.task_create(namespace="acme", kind="k", input={"n": n}, agent="planner", max_attempts=5)
+        recovery.lease_claim(agent=agents[(n * 7) % 5], kinds=None, lease_seconds=30)
+    # Expiry order interleaves the holders differently in every batch.
+    for position, task in enumerate(Task.objects.order_by("?")):
+        Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=100 - position))
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def sweep() -> None:
+        try:
+            barrier.wait()
+            while recovery.lease_expire_stalled(batch_size=7).expired:
+                pass
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=sweep) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert Event.objects.filter(type="TaskStalled").count() == 60
+    assert sum(Agent.objects.filter(name__startswith="holder-").values_list("consecutive_failures", flat=True)) == 60

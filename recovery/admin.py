@@ -1,0 +1,46 @@
+"""Admin for administrators: registered tools (the gateway's); tool-call records to look at, not edit."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db import models
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from backplane.admin import ReadOnlyAdmin
+from recovery import gateway
+from recovery.models import Tool, ToolCall
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    list_display = ("name", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active",
+                    "breaker_state", "consecutive_failures", "opened_at")
+    list_filter = ("is_active", "breaker_state")
+    search_fields = ("name", "url")
+    # The breaker and the rate window change only through the gateway's conditional updates.
+    readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "opened_at", "probe_started_at",
+                       "last_error", "rate_window_start", "rate_window_count")
+    fields = ("name", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active", "created_at",
+              *readonly_fields[1:])
+    actions = ("reset_breakers",)
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+
+    @admin.action(description="Close the circuit breaker of the selected tools")
+    def reset_breakers(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:
+        for tool in queryset:
+            gateway.tool_breaker_reset(tool_id=tool.pk, decided_by=f"user:{request.user.get_username()}")
+        messages.info(request, f"Breakers closed for {queryset.count()} tool(s).")
+
+
+@admin.register(ToolCall)
+class ToolCallAdmin(ReadOnlyAdmin):
+    """Written before the call and answered once by the services; never edited by hand."""
+
+    list_display = ("idempotency_key", "tool", "step", "task_id", "status", "dispatched_at", "completed_at",
+                    "expires_at")
+    list_filter = ("status", "tool")
+    search_fields = ("=idempotency_key", "=task__id", "tool")
+    ordering = ("-dispatched_at",)
+    list_select_related = False
+    show_full_result_count = False

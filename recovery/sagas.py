@@ -1,0 +1,148 @@
+"""Sagas: undoing a failed task's side effects, last step first.
+
+A tool call may declare a compensation (``{"tool", "input"}``) when it is dispatched. When
+its task fails for good, every call that succeeded and declared one is compensated in
+reverse step order, one at a time:
+
+1. ``CompensationRequested`` in the task's log, a compensation record (a ToolCall whose
+   ``compensation_of`` names the original) and an outbox message on
+   ``backplane.compensations.<tool>`` for the compensating agent, all in one transaction;
+2. the compensating agent reports through the usual ``POST /tool-calls/{key}/result/``
+   with the compensation's key, which writes ``CompensationCompleted`` and requests the
+   next one, or, after the last, moves the task from ``compensating`` to ``compensated``;
+3. a failed compensation becomes a dead letter (source ``compensation``); requeueing it
+   requests the same compensation again.
+
+Everything here runs inside the caller's transaction, with the task row locked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from backplane import event_types as et
+from backplane.chain import format_timestamp
+from backplane.models import DeadLetter, DeadLetterSource, Task, TaskStatus
+from backplane.outbox import outbox_enqueue
+from backplane.services import EventDraft, write_events
+from recovery.models import ToolCall, ToolCallStatus
+
+COMPENSATION_TOPIC = "backplane.compensations.{tool}"
+
+
+def compensation_key(original: ToolCall) -> str:
+    """Stable, like every tool-call key: a retried request finds the same record."""
+    tool = (original.compensation or {}).get("tool", "")
+    return hashlib.sha256(f"{original.task_id}:{original.step}:{tool}:compensates:{original.pk}".encode()).hexdigest()
+
+
+def _next_to_compensate(task: Task) -> ToolCall | None:
+    """The latest-step succeeded call with a compensation that has not been compensated yet."""
+    done = set(
+        ToolCall.objects.filter(task=task, compensation_of__isnull=False, status=ToolCallStatus.SUCCEEDED)
+        .values_list("compensation_of", flat=True)
+    )
+    candidates = (
+        ToolCall.objects.filter(task=task, compensation_of__isnull=True, status=ToolCallStatus.SUCCEEDED,
+                                compensation__isnull=False)
+        .exclude(pk__in=done)
+        .order_by("-step", "-dispatched_at")
+    )
+    return candidates.first()
+
+
+def saga_start_if_due(task: Task, *, now: datetime) -> bool:
+    """Called when a task has just failed for good: start compensating if anything needs it."""
+    original = _next_to_compensate(task)
+    if original is None:
+        return False
+    task.status = TaskStatus.COMPENSATING
+    task.save(update_fields=["status"])
+    _request(task, original, now=now)
+    return True
+
+
+def _request(task: Task, original: ToolCall, *, now: datetime) -> ToolCall:
+    compensation = original.compensation or {}
+    key = compensation_key(original)
+    record, _ = ToolCall.objects.update_or_create(
+        pk=key,
+        defaults={
+            "task": task,
+            "step": original.step,
+            "tool": compensation["tool"],
+            "input": compensation.get("input", {}),
+            "compensation_of": original.pk,
+            "status": ToolCallStatus.DISPATCHED,
+            "result": None,
+            "completed_at": None,
+            "dispatched_at": now,
+            "expires_at": now + timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TTL_SECONDS),
+        },
+    )
+    payload = {
+        "compensation_key": key,
+        "compensates": original.pk,
+        "step": original.step,
+        "tool": record.tool,
+        "input": record.input,
+        "original_tool": original.tool,
+        "original_result": original.result,
+    }
+    (event,) = write_events(task, [EventDraft(type=et.COMPENSATION_REQUESTED, payload=payload)], agent=None, now=now)
+    outbox_enqueue(
+        topic=COMPENSATION_TOPIC.format(tool=record.tool),
+        key=str(task.pk),
+        payload={"task_id": str(task.pk), **payload},
+        headers={"task_id": str(task.pk), "seq": event.seq, "event_hash": event.hash,
+                 "created_at": format_timestamp(now)},
+        now=now,
+        task=task,
+        event_position=event.position,
+    )
+    return record
+
+
+def saga_record_compensation_result(task: Task, record: ToolCall, *, agent: str | None, now: datetime) -> None:
+    """The compensating agent answered (``record`` already holds status and result)."""
+    write_events(
+        task,
+        [
+            EventDraft(
+                type=et.COMPENSATION_COMPLETED,
+                payload={"compensation_key": record.pk, "compensates": record.compensation_of, "step": record.step,
+                         "tool": record.tool, "status": record.status, "result": record.result},
+            )
+        ],
+        agent=agent,
+        now=now,
+    )
+    if record.status != ToolCallStatus.SUCCEEDED:
+        DeadLetter.objects.create(
+            source=DeadLetterSource.COMPENSATION,
+            reference=record.pk,
+            task=task,
+            topic=COMPENSATION_TOPIC.format(tool=record.tool),
+            payload={"compensation_key": record.pk, "tool": record.tool, "input": record.input,
+                     "result": record.result},
+            error=f"compensation {record.tool} of step {record.step} failed",
+            attempts=1,
+            created_at=now,
+        )
+        return
+    following = _next_to_compensate(task)
+    if following is not None:
+        _request(task, following, now=now)
+        return
+    task.status = TaskStatus.COMPENSATED
+    task.save(update_fields=["status"])
+
+
+def saga_retry_compensation(task: Task, compensation_key_: str, *, now: datetime) -> None:
+    """A reviewer requeued a failed compensation: ask for the same compensation again."""
+    record = ToolCall.objects.get(pk=compensation_key_)
+    original = ToolCall.objects.get(pk=record.compensation_of)
+    _request(task, original, now=now)
