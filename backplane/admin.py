@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from backplane import breakers, services
+from backplane import breakers, integrity, services
+from backplane.errors import AlreadyDecided
 from backplane.models import (
     Agent,
     BreakerTransition,
     DeadLetter,
     Event,
+    IntegrityAlert,
     OutboxMessage,
     Task,
+    VerificationRun,
+    VerifiedHead,
     WebhookSubscription,
 )
 
@@ -121,3 +127,60 @@ class BreakerTransitionAdmin(ReadOnlyAdmin):
     list_filter = ("to_state",)
     search_fields = ("agent__name", "reason")
     ordering = ("-at",)
+
+
+@admin.register(VerificationRun)
+class VerificationRunAdmin(ReadOnlyAdmin):
+    list_display = ("id", "mode", "started_at", "finished_at", "tasks_checked", "events_checked", "failures")
+    list_filter = ("mode",)
+    ordering = ("-started_at",)
+    show_full_result_count = False
+
+
+@admin.register(VerifiedHead)
+class VerifiedHeadAdmin(ReadOnlyAdmin):
+    """Where the incremental verifier continues from, per task; written only by the verifier."""
+
+    list_display = ("task_id", "verified_seq", "verified_hash", "verified_at")
+    search_fields = ("=task__id",)
+    ordering = ("-verified_at",)
+    show_full_result_count = False
+
+
+class IntegrityAlertActionForm(ActionForm):
+    """The changelist's action bar, with the note an acknowledgement records."""
+
+    note = forms.CharField(required=False, label="Note", widget=forms.TextInput(attrs={"size": 50}))
+
+
+@admin.register(IntegrityAlert)
+class IntegrityAlertAdmin(ReadOnlyAdmin):
+    """Raised by the chain verifier; the only change people make is to acknowledge one."""
+
+    list_display = ("id", "task", "first_invalid_seq", "problem", "created_at", "acknowledged_by", "acknowledged_at")
+    list_filter = (("acknowledged_at", admin.EmptyFieldListFilter),)
+    list_select_related = ("task",)
+    search_fields = ("=task__id", "problem")
+    ordering = ("-created_at",)
+    action_form = IntegrityAlertActionForm
+    actions = ("acknowledge",)
+
+    def has_acknowledge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("backplane.acknowledge_integrityalert")
+
+    @admin.action(description="Acknowledge the selected alerts (with the note)", permissions=["acknowledge"])
+    def acknowledge(self, request: HttpRequest, queryset: QuerySet[IntegrityAlert]) -> None:
+        note = request.POST.get("note", "").strip()
+        if not note:
+            messages.error(request, "Write a note saying what was done about the alert(s); nothing was acknowledged.")
+            return
+        done, already = 0, 0
+        for alert_id in queryset.values_list("pk", flat=True):
+            try:
+                integrity.integrity_alert_acknowledge(
+                    alert_id=alert_id, by=f"user:{request.user.get_username()}", note=note
+                )
+                done += 1
+            except AlreadyDecided:
+                already += 1
+        messages.info(request, f"Acknowledged {done} alert(s); {already} were already acknowledged.")

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from backplane import selectors
+from backplane import integrity, selectors
 from backplane.models import Task
 from recovery import selectors as recovery_selectors
 
@@ -41,6 +41,9 @@ class BackplaneCollector:
         for status, count in Task.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"):
             tasks.add_metric([status], count)
         yield tasks
+        yield GaugeMetricFamily("backplane_integrity_alerts_unacknowledged",
+                                "Broken hash chains found by the verifier that nobody has acknowledged yet",
+                                value=integrity.integrity_summary(alert_limit=0).open_alert_count)
 
 
 _registry = CollectorRegistry(auto_describe=False)

@@ -304,3 +304,104 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} {self.reference} ({self.status})"
+
+
+# --- Integrity: periodic chain verification (backplane/integrity.py) ----------------------------
+
+
+class VerificationMode(models.TextChoices):
+    INCREMENTAL = "incremental"
+    FULL = "full"
+
+
+class VerificationRun(models.Model):
+    """One pass of the chain verifier. ``finished_at`` stays empty if the run died part-way."""
+
+    mode = models.CharField(max_length=20, choices=VerificationMode.choices)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    tasks_checked = models.PositiveIntegerField(default=0)
+    events_checked = models.PositiveBigIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0, help_text="Tasks whose chain was found broken.")
+
+    class Meta:
+        indexes = [models.Index(fields=["mode", "-finished_at"], name="verification_run_mode_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.mode} run {self.pk} at {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class VerifiedHead(models.Model):
+    """How far a task's chain has been verified: the next incremental run continues from here.
+
+    ``verified_hash`` also pins the verified history: if the event at ``verified_seq`` no
+    longer carries it, something before it was rewritten.
+    """
+
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="verified_head")
+    verified_seq = models.PositiveIntegerField(default=0)
+    verified_hash = models.CharField(max_length=64, default=GENESIS_HASH)
+    verified_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.task_id} verified through seq {self.verified_seq}"
+
+
+class IntegrityAlert(models.Model):
+    """A broken chain found by a verification run, waiting for a person to acknowledge it.
+
+    Raised once per break (task, first bad seq): later runs that find the same break count
+    it in their ``failures`` but do not raise it again, acknowledged or not.
+    """
+
+    run = models.ForeignKey(VerificationRun, on_delete=models.PROTECT, related_name="alerts")
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="integrity_alerts")
+    first_invalid_seq = models.PositiveIntegerField()
+    problem = models.TextField()
+    created_at = models.DateTimeField()
+    acknowledged_by = models.CharField(max_length=150, null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True, default="")
+
+    class Meta:
+        permissions = [("acknowledge_integrityalert", "Can acknowledge integrity alerts")]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "first_invalid_seq"], name="integrity_alert_one_per_break"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["created_at"], name="integrity_alert_open_idx", condition=Q(acknowledged_at__isnull=True)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "acknowledged" if self.acknowledged_at else "open"
+        return f"{self.task_id} broken at seq {self.first_invalid_seq} ({state})"
+
+
+class MerkleLeaf(models.Model):
+    """An event's place in the sealed Merkle tree (backplane/sealing.py). Append-only, like events."""
+
+    leaf_index = models.BigIntegerField(primary_key=True)
+    event = models.OneToOneField(Event, on_delete=models.PROTECT, related_name="leaf", db_column="event_id")
+    # The event's hash as it was when sealed; verification recomputes it from the event's content.
+    event_hash = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"leaf {self.leaf_index} = event {self.event_id}"
+
+
+class SignedTreeHead(models.Model):
+    """A signed checkpoint of the tree: size, root, time, Ed25519 signature (API.md, Integrity)."""
+
+    tree_size = models.BigIntegerField(primary_key=True)
+    root_hash = models.CharField(max_length=64)
+    # Kept as the exact string that was signed, so the signature verifies byte for byte.
+    signed_at = models.CharField(max_length=40)
+    signature = models.CharField(max_length=128)
+    public_key = models.CharField(max_length=64)
+    # The compact range (perfect-subtree roots) the next run continues from.
+    frontier = models.JSONField(default=list)
+
+    def __str__(self) -> str:
+        return f"tree head {self.tree_size} {self.root_hash[:12]}"

@@ -193,11 +193,28 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Chain verification (backplane/integrity.py): an incremental run checks what is new since the
+# last one, a full run re-verifies every chain from seq 1; both walk the tasks in batches.
+BACKPLANE_VERIFY_INCREMENTAL_SECONDS = env_int("BACKPLANE_VERIFY_INCREMENTAL_SECONDS", 60, minimum=1)
+BACKPLANE_VERIFY_FULL_SECONDS = env_int("BACKPLANE_VERIFY_FULL_SECONDS", 6 * 3600, minimum=60)
+BACKPLANE_VERIFY_BATCH_SIZE = env_int("BACKPLANE_VERIFY_BATCH_SIZE", 200, minimum=1, maximum=10000)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "purge-expired-tool-calls": {"task": "recovery.tasks.purge_expired_tool_calls", "schedule": 300.0},
     "detect-stalls": {"task": "recovery.tasks.detect_stalls", "schedule": 2.0, "options": {"expires": 10}},
+    "seal-events": {"task": "backplane.tasks.seal_events", "schedule": 10.0, "options": {"expires": 30}},
     "relay-outbox": {"task": "backplane.tasks.relay_outbox", "schedule": 1.0, "options": {"expires": 5}},
     "prune-delivered-outbox": {"task": "backplane.tasks.prune_delivered_outbox", "schedule": 600.0},
+    # A run still queued when the next one is due is dropped rather than run twice.
+    "verify-chains-incremental": {
+        "task": "backplane.tasks.verify_chains_incremental",
+        "schedule": float(BACKPLANE_VERIFY_INCREMENTAL_SECONDS),
+        "options": {"expires": BACKPLANE_VERIFY_INCREMENTAL_SECONDS},
+    },
+    "verify-chains-full": {
+        "task": "backplane.tasks.verify_chains_full",
+        "schedule": float(BACKPLANE_VERIFY_FULL_SECONDS),
+        "options": {"expires": BACKPLANE_VERIFY_FULL_SECONDS},
+    },
 }
 CELERY_TIMEZONE = "UTC"
 
@@ -246,6 +263,8 @@ BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 
 BACKPLANE_NO_PROGRESS_FLAG_SECONDS = env_int("BACKPLANE_NO_PROGRESS_FLAG_SECONDS", 300, minimum=1)
 BACKPLANE_NO_PROGRESS_STALL_SECONDS = env_int("BACKPLANE_NO_PROGRESS_STALL_SECONDS", 1800, minimum=1)
 BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS = env_int("BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS", 300, minimum=1)
+# Ed25519 seed (64 hex digits) that signs Merkle tree heads; development generates one under var/.
+BACKPLANE_SIGNING_KEY = env_str("BACKPLANE_SIGNING_KEY", "")
 BACKPLANE_BREAKER_THRESHOLD = env_int("BACKPLANE_BREAKER_THRESHOLD", 3, minimum=1)
 BACKPLANE_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_BREAKER_COOLDOWN_SECONDS", 60, minimum=1)
 # Per agent token, DRF's "<count>/<s|m|h|d>" syntax.

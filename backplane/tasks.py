@@ -7,7 +7,8 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
-from backplane import outbox
+from backplane import integrity, outbox
+from backplane.models import VerificationMode
 from backplane.sinks import Sinks
 
 logger = logging.getLogger(__name__)
@@ -40,4 +41,49 @@ def prune_delivered_outbox() -> int:
     total = 0
     while deleted := outbox.outbox_prune_delivered():
         total += deleted
+    return total
+
+
+def _verify_chains(mode: str) -> dict[str, int]:
+    run = integrity.verification_run_start(mode=mode)
+    after = None
+    raised = 0
+    while (
+        step := integrity.verification_run_batch(
+            run=run, after_task_id=after, batch_size=settings.BACKPLANE_VERIFY_BATCH_SIZE
+        )
+    ).tasks_checked:
+        after = step.last_task_id
+        raised += step.alerts_raised
+    run = integrity.verification_run_finish(run_id=run.pk)
+    if run.failures:
+        logger.warning(
+            "chain verification (%s run %d): %d broken chain(s) of %d task(s), %d new alert(s)",
+            mode, run.pk, run.failures, run.tasks_checked, raised,
+        )
+    return {"run": run.pk, "tasks": run.tasks_checked, "events": run.events_checked, "failures": run.failures,
+            "alerts_raised": raised}
+
+
+# Beat fires this every minute. An overlapping run only repeats work: verified heads it writes
+# are true either way, and an alert is raised once per break.
+@shared_task(ignore_result=True)
+def verify_chains_incremental() -> dict[str, int]:
+    return _verify_chains(VerificationMode.INCREMENTAL)
+
+
+# A run that dies part-way stays on record with no finished_at; a retry starts a new run.
+@shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=True, max_retries=3)
+def verify_chains_full() -> dict[str, int]:
+    return _verify_chains(VerificationMode.FULL)
+
+
+@shared_task(ignore_result=True)
+def seal_events() -> int:
+    """Seal new events into the Merkle tree and sign the head (one sealer at a time cluster-wide)."""
+    from backplane import sealing
+
+    total = 0
+    while (step := sealing.seal_new_events()).sealed:
+        total += step.sealed
     return total

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from backplane.api import dead_letters, views
+from backplane.api import dead_letters, integrity, views
 from recovery import api as recovery_api
 
 urlpatterns = [
@@ -22,6 +22,9 @@ urlpatterns = [
     path("tool-calls/<str:key>/result/", recovery_api.ToolCallResultView.as_view(), name="tool-call-result"),
     path("tasks/<uuid:task_id>/subtasks/", recovery_api.SubtasksView.as_view(), name="task-subtasks"),
     path("tools/<slug:name>/invoke/", recovery_api.ToolInvokeView.as_view(), name="tool-invoke"),
+    path("seals/latest/", integrity.SealLatestView.as_view(), name="seal-latest"),
+    path("seals/consistency/", integrity.SealConsistencyView.as_view(), name="seal-consistency"),
+    path("events/<int:position>/proof/", integrity.EventProofView.as_view(), name="event-proof"),
     path("dead-letters/", dead_letters.DeadLettersView.as_view(), name="dead-letters"),
     path(
         "dead-letters/<int:dead_letter_id>/requeue/",

@@ -1,0 +1,369 @@
+"""Periodic chain verification: every task's hash chain re-checked, each run recorded, each
+break raised as an alert that a person acknowledges (DESIGN.md, "Integrity and audit").
+
+Two modes:
+
+- **incremental** (every minute): a task's chain is checked only from where the previous
+  run left it (its ``VerifiedHead``) up to the task's current head. The history behind the
+  head is pinned by one indexed lookup per task: the event at ``verified_seq`` must still
+  carry ``verified_hash``, or something at or before it was rewritten.
+- **full** (every few hours): every chain from seq 1 with ``chain_verify``. This also catches
+  an edit behind the head that left the stored hashes alone, which only recomputing shows.
+
+A run is one ``VerificationRun`` row and a loop of batches of tasks (``verification_run_batch``);
+each batch writes what it found (verified heads, alerts, the run's counters) in one transaction.
+A broken chain never moves its task's verified head, so every later run finds the break again;
+the alert is raised once per break (task, first bad seq), and later runs only count it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F, OuterRef, Subquery
+from django.utils import timezone
+
+from backplane.chain import GENESIS_HASH, compute_hash, hashed_fields
+from backplane.errors import AlreadyDecided, InvalidInput, NotFound
+from backplane.models import (
+    Event,
+    IntegrityAlert,
+    Task,
+    VerificationMode,
+    VerificationRun,
+    VerifiedHead,
+)
+from backplane.selectors import ChainVerification, chain_verify
+
+logger = logging.getLogger(__name__)
+
+_VERIFY_COLUMNS = (
+    "seq",
+    "type",
+    "payload",
+    "agent",
+    "idempotency_key",
+    "lamport",
+    "causation_id",
+    "correlation_id",
+    "trace_id",
+    "recorded_at",
+    "prev_hash",
+    "hash",
+)
+
+
+def chain_verify_range(
+    *,
+    task_id: uuid.UUID,
+    after_seq: int,
+    after_hash: str,
+    through_seq: int,
+    through_hash: str,
+    chunk_size: int = 5000,
+) -> ChainVerification:
+    """Check the events ``after_seq + 1 .. through_seq`` of a task, continuing from a verified
+    ``(after_seq, after_hash)``: numbering, links and recomputed hashes, as ``chain_verify`` does.
+
+    ``through_seq`` and ``through_hash`` are the task's ``last_seq`` and ``head_hash`` read
+    together from its row. Every event up to there committed with that row, so the bound
+    makes an append racing this check invisible rather than a log longer than the task says.
+    """
+    task_key = str(task_id)
+    expected_seq = after_seq + 1
+    prev_hash = after_hash
+    checked = 0
+    rows = (
+        Event.objects.filter(task_id=task_id, seq__gt=after_seq, seq__lte=through_seq)
+        .order_by("seq")
+        .values_list(*_VERIFY_COLUMNS)
+        .iterator(chunk_size)
+    )
+
+    def broken(seq: int, problem: str) -> ChainVerification:
+        return ChainVerification(task_id, False, checked, prev_hash, seq, problem)
+
+    for seq, type_, payload, agent, key, lamport, causation, correlation, trace, recorded_at, link, stored in rows:
+        if seq != expected_seq:
+            return broken(expected_seq, f"seq {expected_seq} is missing (next stored is {seq})")
+        if link != prev_hash:
+            return broken(seq, "prev_hash does not match the previous event's hash")
+        fields = hashed_fields(
+            task_id=task_key,
+            seq=seq,
+            type=type_,
+            payload=payload,
+            agent=agent,
+            idempotency_key=key,
+            lamport=lamport,
+            causation_id=causation,
+            correlation_id=correlation,
+            trace_id=trace,
+            recorded_at=recorded_at,
+            prev_hash=link,
+        )
+        if compute_hash(fields) != stored:
+            return broken(seq, "hash does not match the event's content")
+        checked += 1
+        prev_hash = stored
+        expected_seq += 1
+
+    if expected_seq <= through_seq:
+        return broken(expected_seq, f"the task records {through_seq} events but the log ends at seq {expected_seq - 1}")
+    if prev_hash != through_hash:
+        return broken(through_seq, "the task's head_hash differs from the last event's hash")
+    return ChainVerification(task_id, True, checked, prev_hash, None)
+
+
+# --- one run: start, batches, finish -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Head:
+    """A task's row as a batch sees it, with its verified head and the hash now stored there."""
+
+    task_id: uuid.UUID
+    last_seq: int
+    head_hash: str
+    verified_seq: int
+    verified_hash: str
+    pinned_hash: str | None  # the hash the event at verified_seq carries now (None: it is gone)
+
+    @property
+    def history_changed(self) -> bool:
+        return self.verified_seq > 0 and self.pinned_hash != self.verified_hash
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    task_id: uuid.UUID
+    events_checked: int
+    verified: tuple[int, str] | None = None  # the new verified head (seq, hash), if it moves
+    broken: tuple[int, str] | None = None  # (first bad seq, problem)
+
+
+@dataclass(frozen=True)
+class VerifyStep:
+    tasks_checked: int
+    events_checked: int
+    failures: int
+    alerts_raised: int
+    last_task_id: uuid.UUID | None  # where the next batch starts; None when there was nothing left
+
+
+def verification_run_start(*, mode: str) -> VerificationRun:
+    if mode not in VerificationMode.values:
+        raise InvalidInput(f"unknown verification mode {mode!r}", {"mode": "incremental or full"})
+    return VerificationRun.objects.create(mode=mode, started_at=timezone.now())
+
+
+def verification_run_batch(
+    *, run: VerificationRun, after_task_id: uuid.UUID | None, batch_size: int
+) -> VerifyStep:
+    """Verify the next ``batch_size`` tasks (in id order, after ``after_task_id``) and record
+    what was found in one transaction. Returns an empty step when no task is left."""
+    heads = _heads_after(after_task_id=after_task_id, batch_size=batch_size)
+    if not heads:
+        return VerifyStep(0, 0, 0, 0, None)
+    if run.mode == VerificationMode.FULL:
+        tasks = Task.objects.in_bulk([head.task_id for head in heads])
+        outcomes = [_verify_full(head, tasks[head.task_id]) for head in heads]
+    else:
+        outcomes = [_verify_incremental(head) for head in heads]
+
+    now = timezone.now()
+    broken = [outcome for outcome in outcomes if outcome.broken]
+    raised: list[IntegrityAlert] = []
+    with transaction.atomic(durable=True):
+        # Two runs may overlap (a slow incremental run and the next, or a full pass): each
+        # head they write is a true (seq, hash) of the chain, so if the older one commits
+        # last the head only moves back, and the next run re-checks those events.
+        moved = [
+            VerifiedHead(
+                task_id=o.task_id, verified_seq=o.verified[0], verified_hash=o.verified[1], verified_at=now
+            )
+            for o in outcomes
+            if o.verified
+        ]
+        VerifiedHead.objects.bulk_create(
+            moved,
+            update_conflicts=True,
+            unique_fields=["task"],
+            update_fields=["verified_seq", "verified_hash", "verified_at"],
+        )
+        for outcome in outcomes:
+            if outcome.broken is None:
+                continue
+            seq, problem = outcome.broken
+            # The unique constraint on (task, first_invalid_seq) settles a race between two
+            # overlapping runs: get_or_create falls back to the row the other one inserted.
+            alert, created = IntegrityAlert.objects.get_or_create(
+                task_id=outcome.task_id,
+                first_invalid_seq=seq,
+                defaults={"run": run, "problem": problem, "created_at": now},
+            )
+            if created:
+                raised.append(alert)
+        events_checked = sum(outcome.events_checked for outcome in outcomes)
+        VerificationRun.objects.filter(pk=run.pk).update(
+            tasks_checked=F("tasks_checked") + len(outcomes),
+            events_checked=F("events_checked") + events_checked,
+            failures=F("failures") + len(broken),
+        )
+    for alert in raised:
+        logger.warning(
+            "integrity alert %d: task %s chain broken at seq %d (%s)",
+            alert.pk, alert.task_id, alert.first_invalid_seq, alert.problem,
+        )
+    return VerifyStep(len(outcomes), events_checked, len(broken), len(raised), heads[-1].task_id)
+
+
+def verification_run_finish(*, run_id: int) -> VerificationRun:
+    VerificationRun.objects.filter(pk=run_id).update(finished_at=timezone.now())
+    return VerificationRun.objects.get(pk=run_id)
+
+
+def _heads_after(*, after_task_id: uuid.UUID | None, batch_size: int) -> list[_Head]:
+    """One query: the tasks, their verified heads and the hash stored at each head now
+    (an index lookup on (task, seq) per task)."""
+    pinned = Event.objects.filter(task_id=OuterRef("pk"), seq=OuterRef("verified_head__verified_seq")).values("hash")
+    tasks = Task.objects.order_by("pk")
+    if after_task_id is not None:
+        tasks = tasks.filter(pk__gt=after_task_id)
+    rows = tasks.annotate(pinned_hash=Subquery(pinned[:1])).values_list(
+        "pk", "last_seq", "head_hash", "verified_head__verified_seq", "verified_head__verified_hash", "pinned_hash"
+    )[:batch_size]
+    return [
+        _Head(task_id, last_seq, head_hash, verified_seq or 0, verified_hash or GENESIS_HASH, pinned_hash)
+        for task_id, last_seq, head_hash, verified_seq, verified_hash, pinned_hash in rows
+    ]
+
+
+def _verify_incremental(head: _Head) -> _Outcome:
+    if head.history_changed:
+        found = chain_verify(task=Task.objects.get(pk=head.task_id))
+        return _Outcome(head.task_id, found.checked, broken=_rewrite_break(head, found))
+    if head.last_seq < head.verified_seq:
+        return _Outcome(
+            head.task_id,
+            0,
+            broken=(
+                head.last_seq + 1,
+                f"the task records {head.last_seq} events but {head.verified_seq} were verified before",
+            ),
+        )
+    if head.last_seq == head.verified_seq:
+        if head.head_hash != head.verified_hash:
+            return _Outcome(
+                head.task_id, 0, broken=(head.last_seq, "the task's head_hash differs from the last verified hash")
+            )
+        return _Outcome(head.task_id, 0)
+    result = chain_verify_range(
+        task_id=head.task_id,
+        after_seq=head.verified_seq,
+        after_hash=head.verified_hash,
+        through_seq=head.last_seq,
+        through_hash=head.head_hash,
+    )
+    if not result.valid:
+        return _Outcome(head.task_id, result.checked, broken=_reported(result))
+    return _Outcome(head.task_id, result.checked, verified=(head.last_seq, head.head_hash))
+
+
+def _verify_full(head: _Head, task: Task) -> _Outcome:
+    result = _chain_verify_confirmed(task)
+    # A rewrite that was re-hashed all the way to the head (task row included) is a valid
+    # chain: only the head pinned by an earlier run shows it, and overwriting that head
+    # with the new hash would launder the rewrite.
+    if head.history_changed:
+        return _Outcome(head.task_id, result.checked, broken=_rewrite_break(head, result))
+    if not result.valid:
+        return _Outcome(head.task_id, result.checked, broken=_reported(result))
+    return _Outcome(head.task_id, result.checked, verified=(result.checked, result.head_hash))
+
+
+def _reported(result: ChainVerification) -> tuple[int, str]:
+    """(first bad seq, problem) of a failed verification; both are set whenever valid is False."""
+    return result.first_invalid_seq or 0, result.problem or ""
+
+
+def _chain_verify_confirmed(task: Task) -> ChainVerification:
+    result = chain_verify(task=task)
+    if result.valid:
+        return result
+    # chain_verify reads the log after the task row was read: an append committed in between
+    # looks like a log longer than the task records. Before calling the chain broken, check
+    # again with the row locked, so no append can slip in (they wait for this lock).
+    with transaction.atomic(durable=True):
+        return chain_verify(task=Task.objects.select_for_update().get(pk=task.pk))
+
+
+def _rewrite_break(head: _Head, found: ChainVerification) -> tuple[int, str]:
+    """Where to report a change behind the verified head.
+
+    chain_verify names the first bad seq when it finds one at or before the pinned seq.
+    Otherwise the history was rewritten and re-hashed consistently up to there (a
+    problem chain_verify reports further on, say a stale task row, changes nothing),
+    and the pinned seq is the first one that can be proved bad.
+    """
+    pinned = head.verified_seq
+    prefix = f"history verified through seq {pinned} has changed"
+    if not found.valid and found.first_invalid_seq is not None and found.first_invalid_seq <= pinned:
+        return found.first_invalid_seq, f"{prefix}: {found.problem}"
+    what = "is missing" if head.pinned_hash is None else "no longer carries the verified hash"
+    return pinned, f"{prefix}: the event at seq {pinned} {what} (rewritten and re-hashed at or before it)"
+
+
+# --- people and the dashboard -------------------------------------------------------------------
+
+
+def integrity_alert_acknowledge(*, alert_id: int, by: str, note: str) -> IntegrityAlert:
+    """Record that a person has seen a broken chain and what they did about it. Once only:
+    the row lock and the check make a second, concurrent acknowledgement fail."""
+    note = (note or "").strip()
+    if not note:
+        raise InvalidInput("a note is required", {"note": "required"})
+    with transaction.atomic(durable=True):
+        alert = IntegrityAlert.objects.select_for_update().filter(pk=alert_id).first()
+        if alert is None:
+            raise NotFound("integrity alert not found", {"id": alert_id})
+        if alert.acknowledged_at is not None:
+            raise AlreadyDecided(
+                "this alert was already acknowledged",
+                {"acknowledged_by": alert.acknowledged_by, "acknowledged_at": alert.acknowledged_at.isoformat()},
+            )
+        alert.acknowledged_by = by
+        alert.acknowledged_at = timezone.now()
+        alert.note = note
+        alert.save(update_fields=["acknowledged_by", "acknowledged_at", "note"])
+    return alert
+
+
+@dataclass(frozen=True)
+class IntegritySummary:
+    """What the dashboard's integrity page and /metrics show.
+
+    The last runs are the last *finished* ones: a verifier that died or hangs shows as a
+    last run older than its schedule.
+    """
+
+    last_incremental: VerificationRun | None
+    last_full: VerificationRun | None
+    open_alert_count: int
+    open_alerts: list[IntegrityAlert]  # newest first, at most ``alert_limit``
+
+
+def integrity_summary(*, alert_limit: int = 50) -> IntegritySummary:
+    finished = VerificationRun.objects.filter(finished_at__isnull=False).order_by("-finished_at", "-pk")
+    open_alerts = IntegrityAlert.objects.filter(acknowledged_at__isnull=True)
+    return IntegritySummary(
+        last_incremental=finished.filter(mode=VerificationMode.INCREMENTAL).first(),
+        last_full=finished.filter(mode=VerificationMode.FULL).first(),
+        open_alert_count=open_alerts.count(),
+        open_alerts=list(open_alerts.select_related("task").order_by("-created_at", "-pk")[:alert_limit])
+        if alert_limit
+        else [],
+    )

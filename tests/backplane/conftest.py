@@ -1,0 +1,3 @@
+"""The API fixtures (agents with real tokens) are shared with the event log's tests."""
+
+from tests.api.conftest import alice, counts, make_agent, mallory  # noqa: F401 - pytest fixtures
