@@ -4,6 +4,11 @@ import os
 
 from celery import Celery
 
+from backplane import kombu_filesystem
+
+# Before any connection is made: the embedded broker's URL names this transport.
+kombu_filesystem.register()
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
 
 app = Celery("backplane")

@@ -160,7 +160,8 @@ if REDIS_URL:
         }
     }
 else:
-    CELERY_BROKER_URL = "filesystem://"
+    # kombu's filesystem transport with atomic writes (backplane/kombu_filesystem.py).
+    CELERY_BROKER_URL = "bpfilesystem://"
     for _folder in ("queue", "control", "processed"):
         (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
