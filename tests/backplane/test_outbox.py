@@ -33,6 +33,8 @@ def broker_queue():  # type: ignore[no-untyped-def]
     with conn.SimpleQueue(queue) as simple:
         simple.clear()
         yield simple
+    # Unbind, or every later publish in the session also writes a file for this queue.
+    queue.bind(conn.default_channel).delete()
     conn.release()
 
 
