@@ -122,10 +122,10 @@ def start_relay_and_kill_it_mid_run(consumer: BrokerConsumer, start_relay: Start
     seen_before, pending_before = consumer.delivery_count(), pending_count()
     relay = start_relay(batch_size=batch_size)
     wait_until(lambda: consumer.delivery_count() > seen_before or not relay.is_running(),
-               timeout=30, what="the relay publishes", interval=0.001, on_timeout=relay_logs(relay))
+               timeout=60, what="the relay publishes", interval=0.001, on_timeout=relay_logs(relay))
     if after_a_commit:
         wait_until(lambda: pending_count() < pending_before or not relay.is_running(),
-                   timeout=30, what="the relay commits a batch", interval=0.001, on_timeout=relay_logs(relay))
+                   timeout=60, what="the relay commits a batch", interval=0.001, on_timeout=relay_logs(relay))
     assert relay.is_running(), relay.log()
     assert relay.kill() == -signal.SIGKILL
     return consumer.delivery_count() - seen_before
@@ -148,7 +148,7 @@ def test_killing_the_relay_mid_publish_20_times_loses_nothing(
     assert 0 < left < len(expected_ids), f"{left} left; deliveries per killed run: {new_per_run}"
 
     final = start_relay(batch_size=25)
-    wait_until(lambda: pending_count() == 0, timeout=60, what="the last relay delivers everything",
+    wait_until(lambda: pending_count() == 0, timeout=120, what="the last relay delivers everything",
                interval=0.05, on_timeout=relay_logs(final))
     assert final.stop() == 0
     consumer.wait_until_drained()
@@ -217,7 +217,7 @@ def test_an_unreachable_broker_backs_off_then_dead_letters_each_message_once_and
     dead_letter = DeadLetter.objects.get(outbox_message_id=requeued.pk)
     dead_letter_requeue(dead_letter_id=dead_letter.pk, decided_by="operator", reason="broker is back")
     relay = start_relay(batch_size=10)
-    wait_until(lambda: OutboxMessage.objects.get(pk=requeued.pk).status == OutboxStatus.DELIVERED, timeout=30,
+    wait_until(lambda: OutboxMessage.objects.get(pk=requeued.pk).status == OutboxStatus.DELIVERED, timeout=60,
                what="the requeued message is delivered", interval=0.02, on_timeout=relay_logs(relay))
     # Give a (wrong) second delivery the chance to happen before the relay stops.
     time.sleep(0.5)
@@ -245,14 +245,14 @@ def test_a_postgresql_restart_during_a_relay_run_is_survived(
     relay = start_relay(batch_size=20, env={"PGAPPNAME": "relay-under-restart"})
     pid = relay.pid
     first = enqueue_keyed_messages(keys=keys, per_key=20)
-    wait_until(lambda: pending_count() == 0, timeout=30, what="the first messages are delivered",
+    wait_until(lambda: pending_count() == 0, timeout=60, what="the first messages are delivered",
                interval=0.05, on_timeout=relay_logs(relay))
 
     # A backlog (5 messages per transaction, one per key) keeps the relay busy, so the server
     # usually goes away under a batch that is published but not yet committed.
     enqueue_keyed_messages(keys=keys, per_key=100, first_seq=20, task=first.task)
     seen = consumer.delivery_count()
-    wait_until(lambda: consumer.delivery_count() > seen, timeout=30, what="the relay works on the backlog",
+    wait_until(lambda: consumer.delivery_count() > seen, timeout=60, what="the relay works on the backlog",
                interval=0.001, on_timeout=relay_logs(relay))
     # The restart terminates every connection: the relay's, the consumer thread's and ours.
     reconnect_django()
@@ -260,11 +260,11 @@ def test_a_postgresql_restart_during_a_relay_run_is_survived(
     reconnect_django()
     left_at_restart = pending_count()
     # The relay's NOTIFY listener died with the server, so it must have noticed the outage.
-    wait_until(lambda: "database unavailable" in relay.log(), timeout=15,
+    wait_until(lambda: "database unavailable" in relay.log(), timeout=30,
                what="the relay reports the outage", on_timeout=relay_logs(relay))
 
     enqueue_keyed_messages(keys=keys, per_key=20, first_seq=120, task=first.task)
-    wait_until(lambda: pending_count() == 0, timeout=60, what="messages after the restart are delivered",
+    wait_until(lambda: pending_count() == 0, timeout=120, what="messages after the restart are delivered",
                interval=0.05, on_timeout=relay_logs(relay))
     assert relay.is_running() and relay.pid == pid, "the relay exited instead of riding out the restart"
     with connection.cursor() as cursor:  # it reconnected to the restarted server
@@ -312,7 +312,7 @@ def test_two_relays_deliver_everything_in_key_order_and_nothing_twice(
                 xids[name].add(xid)
         return pending_count() == 0
 
-    wait_until(sample_and_check_done, timeout=90, what="two relays deliver everything",
+    wait_until(sample_and_check_done, timeout=180, what="two relays deliver everything",
                interval=0.01, on_timeout=relay_logs(*relays))
     assert [relay.stop() for relay in relays] == [0, 0]
     consumer.wait_until_drained()
