@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
-from backplane.chain import GENESIS_HASH, compute_hash, hashed_fields
+from backplane.chain import GENESIS_HASH
 from backplane.errors import AlreadyDecided, InvalidInput, NotFound
 from backplane.models import (
     Event,
@@ -36,86 +36,9 @@ from backplane.models import (
     VerificationRun,
     VerifiedHead,
 )
-from backplane.selectors import ChainVerification, chain_verify
+from backplane.selectors import ChainVerification, chain_verify, chain_verify_range
 
 logger = logging.getLogger(__name__)
-
-_VERIFY_COLUMNS = (
-    "seq",
-    "type",
-    "payload",
-    "agent",
-    "idempotency_key",
-    "lamport",
-    "causation_id",
-    "correlation_id",
-    "trace_id",
-    "recorded_at",
-    "prev_hash",
-    "hash",
-)
-
-
-def chain_verify_range(
-    *,
-    task_id: uuid.UUID,
-    after_seq: int,
-    after_hash: str,
-    through_seq: int,
-    through_hash: str,
-    chunk_size: int = 5000,
-) -> ChainVerification:
-    """Check the events ``after_seq + 1 .. through_seq`` of a task, continuing from a verified
-    ``(after_seq, after_hash)``: numbering, links and recomputed hashes, as ``chain_verify`` does.
-
-    ``through_seq`` and ``through_hash`` are the task's ``last_seq`` and ``head_hash`` read
-    together from its row. Every event up to there committed with that row, so the bound
-    makes an append racing this check invisible rather than a log longer than the task says.
-    """
-    task_key = str(task_id)
-    expected_seq = after_seq + 1
-    prev_hash = after_hash
-    checked = 0
-    rows = (
-        Event.objects.filter(task_id=task_id, seq__gt=after_seq, seq__lte=through_seq)
-        .order_by("seq")
-        .values_list(*_VERIFY_COLUMNS)
-        .iterator(chunk_size)
-    )
-
-    def broken(seq: int, problem: str) -> ChainVerification:
-        return ChainVerification(task_id, False, checked, prev_hash, seq, problem)
-
-    for seq, type_, payload, agent, key, lamport, causation, correlation, trace, recorded_at, link, stored in rows:
-        if seq != expected_seq:
-            return broken(expected_seq, f"seq {expected_seq} is missing (next stored is {seq})")
-        if link != prev_hash:
-            return broken(seq, "prev_hash does not match the previous event's hash")
-        fields = hashed_fields(
-            task_id=task_key,
-            seq=seq,
-            type=type_,
-            payload=payload,
-            agent=agent,
-            idempotency_key=key,
-            lamport=lamport,
-            causation_id=causation,
-            correlation_id=correlation,
-            trace_id=trace,
-            recorded_at=recorded_at,
-            prev_hash=link,
-        )
-        if compute_hash(fields) != stored:
-            return broken(seq, "hash does not match the event's content")
-        checked += 1
-        prev_hash = stored
-        expected_seq += 1
-
-    if expected_seq <= through_seq:
-        return broken(expected_seq, f"the task records {through_seq} events but the log ends at seq {expected_seq - 1}")
-    if prev_hash != through_hash:
-        return broken(through_seq, "the task's head_hash differs from the last event's hash")
-    return ChainVerification(task_id, True, checked, prev_hash, None)
 
 
 # --- one run: start, batches, finish -----------------------------------------------------------

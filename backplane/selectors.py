@@ -48,21 +48,45 @@ def chain_verify(*, task: Task, chunk_size: int = 5000) -> ChainVerification:
     ``head_hash`` is the hash the log's last event carries; ``first_invalid_seq`` is the
     first place where the log stops being the chain it claims to be.
     """
-    task_id = str(task.pk)
-    expected_seq = 1
-    prev_hash = GENESIS_HASH
+    return chain_verify_range(
+        task_id=task.pk,
+        after_seq=0,
+        after_hash=GENESIS_HASH,
+        through_seq=task.last_seq,
+        through_hash=task.head_hash,
+        chunk_size=chunk_size,
+    )
+
+
+def chain_verify_range(
+    *,
+    task_id: uuid.UUID,
+    after_seq: int,
+    after_hash: str,
+    through_seq: int,
+    through_hash: str,
+    chunk_size: int = 5000,
+) -> ChainVerification:
+    """Check the events ``after_seq + 1 .. through_seq`` of a task, continuing from a verified
+    ``(after_seq, after_hash)``: numbering, links and recomputed hashes, as ``chain_verify`` does.
+
+    ``through_seq`` and ``through_hash`` are the task's ``last_seq`` and ``head_hash`` read
+    together from its row. Every event up to there committed with that row, so the bound
+    makes an append racing this check invisible rather than a log longer than the task says.
+    """
+    task_key = str(task_id)
+    expected_seq = after_seq + 1
+    prev_hash = after_hash
     checked = 0
-    # Only up to the seq the task row says it has: an append committed after that row was read
-    # is not part of this check (and must not look like a log longer than its projection).
     rows = (
-        Event.objects.filter(task_id=task.pk, seq__lte=task.last_seq)
+        Event.objects.filter(task_id=task_id, seq__gt=after_seq, seq__lte=through_seq)
         .order_by("seq")
         .values_list(*_VERIFY_COLUMNS)
         .iterator(chunk_size)
     )
 
     def broken(seq: int, problem: str) -> ChainVerification:
-        return ChainVerification(task.pk, False, checked, prev_hash, seq, problem)
+        return ChainVerification(task_id, False, checked, prev_hash, seq, problem)
 
     for seq, type_, payload, agent, key, lamport, causation, correlation, trace, recorded_at, link, stored in rows:
         if seq != expected_seq:
@@ -70,7 +94,7 @@ def chain_verify(*, task: Task, chunk_size: int = 5000) -> ChainVerification:
         if link != prev_hash:
             return broken(seq, "prev_hash does not match the previous event's hash")
         fields = hashed_fields(
-            task_id=task_id,
+            task_id=task_key,
             seq=seq,
             type=type_,
             payload=payload,
@@ -89,13 +113,11 @@ def chain_verify(*, task: Task, chunk_size: int = 5000) -> ChainVerification:
         prev_hash = stored
         expected_seq += 1
 
-    # Events removed from the end leave a shorter, self-consistent log; the projection
-    # (written in the same transaction as every append) still remembers the real head.
-    if task.last_seq != checked:
-        return broken(checked + 1, f"the task records {task.last_seq} events but the log holds {checked}")
-    if task.head_hash != prev_hash:
-        return broken(checked, "the task's head_hash differs from the last event's hash")
-    return ChainVerification(task.pk, True, checked, prev_hash, None)
+    if expected_seq <= through_seq:
+        return broken(expected_seq, f"the task records {through_seq} events but the log ends at seq {expected_seq - 1}")
+    if prev_hash != through_hash:
+        return broken(through_seq, "the task's head_hash differs from the last event's hash")
+    return ChainVerification(task_id, True, checked, prev_hash, None)
 
 
 def chain_verify_all(*, task_ids: list[uuid.UUID] | None = None) -> Iterator[ChainVerification]:
