@@ -19,9 +19,10 @@ from backplane.api.serializers import (
     StrictSerializer,
     TaskOut,
     name_field,
+    optional_timestamp,
     task_as_api_dict,
 )
-from backplane.api.views import REPLAY_HEADER, ApiView, errors, principal_of, validated
+from backplane.api.views import REPLAY_HEADER, ApiView, errors, principal_of, validated, written_or_replayed
 from backplane.chain import format_timestamp
 from backplane.models import Agent
 from recovery import gateway, selectors, services
@@ -104,10 +105,6 @@ class SubtaskOut(serializers.Serializer):
     dispatch_key = serializers.CharField()
 
 
-def _time(value: Any) -> str | None:
-    return format_timestamp(value) if value is not None else None
-
-
 def _public_status(call: ToolCall) -> str:
     # Stored as "dispatched"; the contract calls an unanswered replayed call "in_flight".
     return "in_flight" if call.status == ToolCallStatus.DISPATCHED else call.status
@@ -123,9 +120,9 @@ def tool_call_as_api_dict(call: ToolCall) -> dict[str, Any]:
         "compensation": call.compensation,
         "status": _public_status(call),
         "result": call.result,
-        "dispatched_at": _time(call.dispatched_at),
-        "completed_at": _time(call.completed_at),
-        "expires_at": _time(call.expires_at),
+        "dispatched_at": optional_timestamp(call.dispatched_at),
+        "completed_at": optional_timestamp(call.completed_at),
+        "expires_at": optional_timestamp(call.expires_at),
     }
 
 
@@ -178,7 +175,7 @@ class HeartbeatView(ApiView):
         task = services.lease_heartbeat(
             namespace=principal_of(request).namespace, task_id=task_id, lease_epoch=data["lease_epoch"]
         )
-        return Response({"expires_at": _time(task.lease_expires_at)})
+        return Response({"expires_at": optional_timestamp(task.lease_expires_at)})
 
 
 class ReleaseView(ApiView):
@@ -224,7 +221,7 @@ class ToolCallDispatchView(ApiView):
             body = {
                 "idempotency_key": call.idempotency_key,
                 "status": "dispatched",
-                "dispatched_at": _time(call.dispatched_at),
+                "dispatched_at": optional_timestamp(call.dispatched_at),
                 "replayed": False,
             }
             return Response(body, status=status.HTTP_201_CREATED)
@@ -232,7 +229,7 @@ class ToolCallDispatchView(ApiView):
             body = {
                 "idempotency_key": call.idempotency_key,
                 "status": "in_flight",
-                "dispatched_at": _time(call.dispatched_at),
+                "dispatched_at": optional_timestamp(call.dispatched_at),
                 "replayed": True,
             }
         else:
@@ -260,9 +257,7 @@ class ToolCallResultView(ApiView):
             lease_epoch=data.get("lease_epoch"),
         )
         body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
-        if outcome.replayed:
-            return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
-        return Response(body, status=status.HTTP_201_CREATED)
+        return written_or_replayed(body, replayed=outcome.replayed)
 
 
 class ToolCallDetailView(ApiView):
@@ -295,9 +290,7 @@ class SubtasksView(ApiView):
             lease_epoch=data.get("lease_epoch"),
         )
         body = {"task": task_as_api_dict(outcome.child), "dispatch_key": outcome.dispatch_key}
-        if outcome.created:
-            return Response(body, status=status.HTTP_201_CREATED)
-        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+        return written_or_replayed(body, replayed=not outcome.created)
 
 
 class RecoveryContextView(ApiView):

@@ -11,7 +11,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backplane import dead_letters, selectors
-from backplane.api.serializers import JSONObjectField, StrictBooleanField, StrictCharField, StrictSerializer
+from backplane.api.serializers import (
+    JSONObjectField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictSerializer,
+    optional_timestamp,
+)
 from backplane.api.views import ApiView, errors, principal_of, query_int, validated
 from backplane.chain import format_timestamp
 from backplane.errors import InvalidInput
@@ -63,7 +69,7 @@ def dead_letter_as_api_dict(item: DeadLetter) -> dict[str, Any]:
         "status": item.status,
         "created_at": format_timestamp(item.created_at),
         "decided_by": item.decided_by,
-        "decided_at": format_timestamp(item.decided_at) if item.decided_at else None,
+        "decided_at": optional_timestamp(item.decided_at),
         "reason": item.reason,
     }
 

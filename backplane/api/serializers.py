@@ -101,14 +101,19 @@ class TaskOut(serializers.Serializer):
         return task_as_api_dict(task)
 
 
-def _time(value: Any) -> str | None:
+def optional_timestamp(value: Any) -> str | None:
+    """RFC 3339 as the API prints times, or None."""
     return format_timestamp(value) if value is not None else None
 
 
 def task_as_api_dict(task: Task) -> dict[str, Any]:
     lease = None
     if task.lease_holder is not None:
-        lease = {"agent": task.lease_holder, "epoch": task.lease_epoch, "expires_at": _time(task.lease_expires_at)}
+        lease = {
+            "agent": task.lease_holder,
+            "epoch": task.lease_epoch,
+            "expires_at": optional_timestamp(task.lease_expires_at),
+        }
     return {
         "task_id": str(task.pk),
         "namespace": task.namespace,
@@ -123,9 +128,9 @@ def task_as_api_dict(task: Task) -> dict[str, Any]:
         "lease": lease,
         "last_seq": task.last_seq,
         "head_hash": task.head_hash,
-        "created_at": _time(task.created_at),
-        "updated_at": _time(task.updated_at),
-        "last_event_at": _time(task.last_event_at),
+        "created_at": optional_timestamp(task.created_at),
+        "updated_at": optional_timestamp(task.updated_at),
+        "last_event_at": optional_timestamp(task.last_event_at),
     }
 
 

@@ -42,6 +42,13 @@ def errors(*statuses: int) -> dict[int, OpenApiResponse]:
     return {code: OpenApiResponse(ErrorOut) for code in sorted(common | set(statuses))}
 
 
+def written_or_replayed(body: Any, *, replayed: bool) -> Response:
+    """201 for a new write; 200 with ``Idempotent-Replay: true`` when the request was already applied."""
+    if replayed:
+        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+    return Response(body, status=status.HTTP_201_CREATED)
+
+
 def principal_of(request: Request) -> Principal:
     principal = request.user
     assert isinstance(principal, Principal)
@@ -139,9 +146,7 @@ class TasksView(ApiView):
             max_attempts=data.get("max_attempts"),
             metadata=data.get("metadata"),
         )
-        if outcome.created:
-            return Response(task_as_api_dict(outcome.task), status=status.HTTP_201_CREATED)
-        return Response(task_as_api_dict(outcome.task), status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+        return written_or_replayed(task_as_api_dict(outcome.task), replayed=not outcome.created)
 
 
 class TaskDetailView(ApiView):
@@ -188,9 +193,7 @@ class TaskEventsView(ApiView):
             lease_epoch=data.get("lease_epoch"),
         )
         body = event_as_api_dict(outcome.events[0])
-        if outcome.replayed:
-            return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
-        return Response(body, status=status.HTTP_201_CREATED)
+        return written_or_replayed(body, replayed=outcome.replayed)
 
 
 class TaskEventsBatchView(ApiView):
@@ -212,9 +215,7 @@ class TaskEventsBatchView(ApiView):
             lease_epoch=data.get("lease_epoch"),
         )
         body = {"results": [event_as_api_dict(e) for e in outcome.events]}
-        if outcome.replayed:
-            return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
-        return Response(body, status=status.HTTP_201_CREATED)
+        return written_or_replayed(body, replayed=outcome.replayed)
 
 
 class TaskVerifyView(ApiView):
