@@ -7,6 +7,9 @@ import struct
 from pathlib import Path
 
 import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backplane.canonical import CanonicalizationError, canonical_json, canonical_sha256
 
@@ -67,3 +70,34 @@ def test_the_digest_is_lowercase_hex_sha256_of_the_canonical_bytes() -> None:
 
     value = {"b": [1, 2.5, "x"], "a": None}
     assert canonical_sha256(value) == hashlib.sha256(b'{"a":null,"b":[1,2.5,"x"]}').hexdigest()
+
+
+# --- the standard-library fast path for float-free JSON must be byte-identical -------------
+
+# Every code point except surrogates, with extra weight on the ones escaping and ordering
+# disagree about most easily: control characters, the BMP's private-use end, astral planes.
+_tricky_text = st.text(
+    st.one_of(
+        st.characters(exclude_categories=("Cs",)),
+        st.sampled_from(["\x00", "\x1f", "\x7f", '"', "\\", "\b", "\f", "\n", "\r", "\t", "\u2028", "\ue000",
+                         "\uffff", "\U00010000", "\U0001f600", "/"]),
+    ),
+    max_size=8,
+)
+_plain_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | _tricky_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_tricky_text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_plain_json)
+def test_the_fast_path_agrees_with_the_reference_implementation(value: object) -> None:
+    assert canonical_json(value) == rfc8785.dumps(value)
+
+
+def test_the_fast_path_refuses_lone_surrogates_in_keys_and_values() -> None:
+    for bad in ({"\udfff": 1}, {"a": ["x\ud800"]}):
+        with pytest.raises(CanonicalizationError):
+            canonical_json(bad)
