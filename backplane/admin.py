@@ -14,6 +14,7 @@ from backplane import breakers, integrity, services
 from backplane.errors import AlreadyDecided
 from backplane.models import (
     Agent,
+    AuditSegment,
     BreakerTransition,
     DeadLetter,
     Event,
@@ -184,3 +185,11 @@ class IntegrityAlertAdmin(ReadOnlyAdmin):
             except AlreadyDecided:
                 already += 1
         messages.info(request, f"Acknowledged {done} alert(s); {already} were already acknowledged.")
+
+
+@admin.register(AuditSegment)
+class AuditSegmentAdmin(ReadOnlyAdmin):
+    """What the audit export wrote where; written only by the exporter (backplane/audit/export.py)."""
+
+    list_display = ("number", "first_leaf", "tree_size", "root_hash", "manifest_sha256", "destination", "exported_at")
+    ordering = ("-number",)

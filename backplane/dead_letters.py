@@ -99,6 +99,9 @@ def dead_letter_requeue(
         elif dead_letter.source == DeadLetterSource.COMPENSATION:
             if payload is not None:
                 raise InvalidInput("a compensation is retried as declared", {"payload": "not allowed here"})
+        elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
+            if payload is not None:
+                raise InvalidInput("an audit export is retried as it is", {"payload": "not allowed here"})
         else:
             raise InvalidInput(
                 f"requeueing {dead_letter.source} dead letters is not supported",
@@ -121,6 +124,12 @@ def dead_letter_requeue(
 
             task = Task.objects.select_for_update().get(pk=dead_letter.task_id)
             saga_retry_compensation(task, dead_letter.reference, now=now)
+        elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
+            # The export continues from the last recorded segment, so requeueing is an export run
+            # now rather than at the next hourly beat (which would retry it anyway).
+            from backplane.tasks import audit_export
+
+            transaction.on_commit(audit_export.delay)
     return dead_letter
 
 

@@ -405,3 +405,27 @@ class SignedTreeHead(models.Model):
 
     def __str__(self) -> str:
         return f"tree head {self.tree_size} {self.root_hash[:12]}"
+
+
+class AuditSegment(models.Model):
+    """A sealed range exported by backplane/audit/export.py: leaves [first_leaf, tree_size) as JSON
+    Lines plus a signed manifest chained to the previous one. A row exists only once both objects
+    were written, so the next export continues after the last row (and finds any object a crash
+    left behind unrecorded). Append-only, like the tree heads it ends at."""
+
+    number = models.PositiveIntegerField(primary_key=True)
+    first_leaf = models.BigIntegerField()
+    # One past the last leaf: the size of the signed tree head the segment ends at.
+    tree_size = models.BigIntegerField(unique=True)
+    root_hash = models.CharField(max_length=64)
+    segment_sha256 = models.CharField(max_length=64)
+    manifest_sha256 = models.CharField(max_length=64, unique=True)
+    destination = models.CharField(max_length=1000, help_text="file:///directory or s3://bucket/prefix")
+    exported_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"audit segment {self.number}: leaves {self.first_leaf}-{self.last_leaf}"
+
+    @property
+    def last_leaf(self) -> int:
+        return self.tree_size - 1

@@ -199,6 +199,18 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 BACKPLANE_VERIFY_INCREMENTAL_SECONDS = env_int("BACKPLANE_VERIFY_INCREMENTAL_SECONDS", 60, minimum=1)
 BACKPLANE_VERIFY_FULL_SECONDS = env_int("BACKPLANE_VERIFY_FULL_SECONDS", 6 * 3600, minimum=60)
 BACKPLANE_VERIFY_BATCH_SIZE = env_int("BACKPLANE_VERIFY_BATCH_SIZE", 200, minimum=1, maximum=10000)
+# Audit export (backplane/audit/export.py): each new sealed range, up to a signed tree head, becomes
+# a segment (JSON Lines plus a signed manifest) in a directory, or in S3 with Object Lock in
+# compliance mode when a bucket is named. S3 credentials come from the usual AWS environment.
+BACKPLANE_AUDIT_EXPORT_SECONDS = env_int("BACKPLANE_AUDIT_EXPORT_SECONDS", 3600, minimum=60)
+BACKPLANE_AUDIT_SEGMENT_MAX_EVENTS = env_int("BACKPLANE_AUDIT_SEGMENT_MAX_EVENTS", 100_000, minimum=1)
+BACKPLANE_AUDIT_DIR = Path(env_str("BACKPLANE_AUDIT_DIR", str(VAR_DIR / "audit")))
+BACKPLANE_AUDIT_S3_BUCKET = env_str("BACKPLANE_AUDIT_S3_BUCKET", "")
+BACKPLANE_AUDIT_S3_PREFIX = env_str("BACKPLANE_AUDIT_S3_PREFIX", "backplane-audit/")
+BACKPLANE_AUDIT_S3_ENDPOINT_URL = env_str("BACKPLANE_AUDIT_S3_ENDPOINT_URL", "")
+BACKPLANE_AUDIT_S3_REGION = env_str("BACKPLANE_AUDIT_S3_REGION", "")
+# Compliance-mode retention cannot be shortened or lifted by anyone, root account included.
+BACKPLANE_AUDIT_S3_RETENTION_DAYS = env_int("BACKPLANE_AUDIT_S3_RETENTION_DAYS", 7 * 365, minimum=1)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "purge-expired-tool-calls": {"task": "recovery.tasks.purge_expired_tool_calls", "schedule": 300.0},
     "detect-stalls": {"task": "recovery.tasks.detect_stalls", "schedule": 2.0, "options": {"expires": 10}},
@@ -215,6 +227,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "backplane.tasks.verify_chains_full",
         "schedule": float(BACKPLANE_VERIFY_FULL_SECONDS),
         "options": {"expires": BACKPLANE_VERIFY_FULL_SECONDS},
+    },
+    "audit-export": {
+        "task": "backplane.tasks.audit_export",
+        "schedule": float(BACKPLANE_AUDIT_EXPORT_SECONDS),
+        "options": {"expires": BACKPLANE_AUDIT_EXPORT_SECONDS},
     },
 }
 CELERY_TIMEZONE = "UTC"

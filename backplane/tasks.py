@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
 from backplane import integrity, outbox
@@ -87,3 +87,20 @@ def seal_events() -> int:
     while (step := sealing.seal_new_events()).sealed:
         total += step.sealed
     return total
+
+
+# Beat fires this hourly. A failure is retried after up to 1, 2, 4 and 8 minutes (full jitter), so a
+# short outage of the destination heals by itself; after the last attempt it becomes a dead letter
+# (one per failing segment while it stays pending), never only a log line. Segments exported before
+# the failure stay exported: each commits on its own, and a retry continues after them.
+@shared_task(bind=True, ignore_result=True, autoretry_for=(Exception,), retry_backoff=60, retry_backoff_max=600,
+             max_retries=4)
+def audit_export(self: Task) -> list[int]:
+    from backplane.audit import export
+
+    try:
+        return [segment.number for segment in export.audit_export_until_idle().segments]
+    except Exception as exc:
+        if self.request.retries >= self.max_retries:
+            export.audit_export_record_failure(error=exc, attempts=self.request.retries + 1)
+        raise
