@@ -13,12 +13,14 @@ transaction, so no transaction ever holds an agent row while waiting for a task 
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.errors import CircuitOpen
@@ -45,6 +47,15 @@ def _locked_agent(namespace: str, name: str | None) -> Agent | None:
     return Agent.objects.select_for_update().filter(namespace=namespace, name=name).first()
 
 
+def _count_failures(agent: Agent, failures: int, *, reason: str, task_id: object, now: datetime) -> None:
+    agent.consecutive_failures += failures
+    if agent.breaker_state == HALF_OPEN:
+        _transition(agent, OPEN, reason=f"trial failed: {reason}", now=now, task_id=task_id)
+    elif agent.breaker_state == CLOSED and agent.consecutive_failures >= settings.BACKPLANE_BREAKER_THRESHOLD:
+        _transition(agent, OPEN, reason=f"{agent.consecutive_failures} consecutive failures, last: {reason}",
+                    now=now, task_id=task_id)
+
+
 def breaker_record_failure(*, namespace: str, agent_name: str | None, reason: str, task_id: object,
                            now: datetime, failures: int = 1) -> None:
     """Count ``failures``; opens the breaker at the threshold, re-opens it after a failed trial.
@@ -53,13 +64,48 @@ def breaker_record_failure(*, namespace: str, agent_name: str | None, reason: st
     agent = _locked_agent(namespace, agent_name)
     if agent is None:
         return
-    agent.consecutive_failures += failures
-    if agent.breaker_state == HALF_OPEN:
-        _transition(agent, OPEN, reason=f"trial failed: {reason}", now=now, task_id=task_id)
-    elif agent.breaker_state == CLOSED and agent.consecutive_failures >= settings.BACKPLANE_BREAKER_THRESHOLD:
-        _transition(agent, OPEN, reason=f"{agent.consecutive_failures} consecutive failures, last: {reason}",
-                    now=now, task_id=task_id)
+    _count_failures(agent, failures, reason=reason, task_id=task_id, now=now)
     agent.save(update_fields=["consecutive_failures", "breaker_state", "breaker_opened_at"])
+
+
+# Written as SQL: for a sweep's 20 agents, a Q() per agent and bulk_update's CASE expressions
+# cost ~25 ms of Python per call, ten times the statements' own time.
+_LOCK_AGENTS_SQL = """
+SELECT a.* FROM backplane_agent AS a
+JOIN unnest(%s::text[], %s::text[]) AS f(namespace, name) ON a.namespace = f.namespace AND a.name = f.name
+ORDER BY a.id
+FOR UPDATE OF a
+"""
+_UPDATE_AGENTS_SQL = """
+UPDATE backplane_agent AS a
+SET consecutive_failures = u.consecutive_failures, breaker_state = u.breaker_state,
+    breaker_opened_at = u.breaker_opened_at
+FROM jsonb_to_recordset(%s::jsonb) AS u(id bigint, consecutive_failures int, breaker_state text,
+                                        breaker_opened_at timestamptz)
+WHERE a.id = u.id
+"""
+
+
+def breaker_record_failures(*, failures: Mapping[tuple[str, str], tuple[int, object]], reason: str,
+                            now: datetime) -> None:
+    """``breaker_record_failure`` for many agents: (namespace, name) -> (failures, last task id).
+
+    The agents are locked by one statement in id order, so two callers recording failures of
+    overlapping agents at once (stall sweeps on several workers) cannot deadlock, and written
+    back by one more. Runs inside the caller's transaction."""
+    if not failures:
+        return
+    namespaces, names = zip(*failures, strict=True)
+    agents = list(Agent.objects.raw(_LOCK_AGENTS_SQL, [list(namespaces), list(names)]))
+    rows = []
+    for agent in agents:
+        count, task_id = failures[(agent.namespace, agent.name)]
+        _count_failures(agent, count, reason=reason, task_id=task_id, now=now)
+        rows.append({"id": agent.pk, "consecutive_failures": agent.consecutive_failures,
+                     "breaker_state": agent.breaker_state,
+                     "breaker_opened_at": agent.breaker_opened_at and agent.breaker_opened_at.isoformat()})
+    with connection.cursor() as cursor:
+        cursor.execute(_UPDATE_AGENTS_SQL, [json.dumps(rows)])
 
 
 def breaker_record_success(*, namespace: str, agent_name: str | None, task_id: object, now: datetime) -> None:

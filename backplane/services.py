@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from backplane import event_types as et
 from backplane.breakers import breaker_record_failure, breaker_record_success
-from backplane.canonical import CanonicalizationError, canonical_sha256
+from backplane.canonical import CanonicalizationError, canonical_json, canonical_sha256
 from backplane.chain import compute_hash, format_timestamp, hashed_fields
 from backplane.errors import (
     IdempotencyMismatch,
@@ -37,7 +37,8 @@ from backplane.errors import (
     TaskExists,
 )
 from backplane.models import Agent, Event, Task, TaskStatus, hash_token
-from backplane.outbox import enqueue_lifecycle, outbox_enqueue
+from backplane.outbox import enqueue_lifecycle, enqueue_lifecycle_many, outbox_enqueue
+from backplane.sql_rows import RowLoader
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,11 @@ def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
         prefix = f"events[{index}]." if len(drafts) > 1 else ""
         try:
             et.validate_client_event(draft.type, draft.payload)
-            digest = draft.request_digest()
+            # Only a keyed draft needs its digest; an unkeyed one is canonicalised here all
+            # the same, so a payload JSON cannot hash is refused before any lock is taken.
+            digest = draft.request_digest() if draft.idempotency_key is not None else None
+            if digest is None:
+                canonical_json(draft.payload)
             _reject_nul(draft.payload, "payload")
             for item in draft.outbox:
                 _reject_nul(item.payload, "outbox")
@@ -277,26 +282,29 @@ def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
                     {prefix + "idempotency_key": "duplicate within the batch"},
                 )
             seen_keys.add(key)
-        digests.append(digest if key is not None else None)
+        digests.append(digest)
     return digests
 
 
 # The append path is the product's hot loop. Measured on the 2-core machine, building
 # these three statements through the queryset API cost about 1.5 ms of Python each, three
 # times the database's own work, so they are written as SQL (docs/benchmarks.md).
-_LOCK_TASK_SQL = "SELECT * FROM backplane_task WHERE id = %s FOR UPDATE"
-_LOCK_TASK_IN_NAMESPACE_SQL = "SELECT * FROM backplane_task WHERE id = %s AND namespace = %s FOR UPDATE"
+_TASK_ROWS = RowLoader(Task)
+_LOCK_TASK_SQL = f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = %s FOR UPDATE"
+_LOCK_TASK_IN_NAMESPACE_SQL = (
+    f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = %s AND namespace = %s FOR UPDATE"
+)
 
 
 def lock_task(*, namespace: str | None, task_id: uuid.UUID) -> Task:
     """Lock a task row for the rest of the transaction. ``namespace=None``: staff, any namespace."""
     if namespace is None:
-        found = list(Task.objects.raw(_LOCK_TASK_SQL, [task_id]))
+        task = _TASK_ROWS.fetch_one(_LOCK_TASK_SQL, [task_id])
     else:
-        found = list(Task.objects.raw(_LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace]))
-    if not found:
+        task = _TASK_ROWS.fetch_one(_LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])
+    if task is None:
         raise NotFound("task not found", {"task_id": str(task_id)})
-    return found[0]
+    return task
 
 
 def check_lease(task: Task, lease_epoch: int | None) -> None:
@@ -361,46 +369,10 @@ def write_events(
     for index, draft in enumerate(drafts):
         if task.is_closed and not allow_closed:
             raise TaskClosed(f"task is {task.status}", {"status": task.status})
-        seq = task.last_seq + 1
-        lamport = max(task.lamport, draft.lamport or 0) + 1
-        fields = hashed_fields(
-            task_id=str(task.pk),
-            seq=seq,
-            type=draft.type,
-            payload=draft.payload,
-            agent=agent,
-            idempotency_key=draft.idempotency_key,
-            lamport=lamport,
-            causation_id=draft.causation_id,
-            correlation_id=draft.correlation_id,
-            trace_id=draft.trace_id,
-            recorded_at=now,
-            prev_hash=task.head_hash,
-        )
-        event = Event(
-            task=task,
-            seq=seq,
-            type=draft.type,
-            payload=draft.payload,
-            agent=agent,
-            idempotency_key=draft.idempotency_key,
-            request_digest=digests[index] if digests else None,
-            lamport=lamport,
-            causation_id=draft.causation_id,
-            correlation_id=draft.correlation_id,
-            trace_id=draft.trace_id,
-            recorded_at=now,
-            prev_hash=task.head_hash,
-            hash=compute_hash(fields),
-        )
-        events.append(event)
-        task.last_seq = seq
-        task.lamport = lamport
-        task.head_hash = event.hash
-        _apply_to_projection(task, event)
+        events.append(_number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None))
     task.last_event_at = now
     task.updated_at = now
-    _insert_events_and_update_projection(task, events)
+    _insert_events_and_update_projections([task], [events])
     for draft, event in zip(drafts, events, strict=True):
         for item in draft.outbox:
             outbox_enqueue(
@@ -477,66 +449,6 @@ def _report_to_parent(child: Task, *, now: datetime) -> None:
     )
 
 
-# Two spellings of one statement. A single event goes in as one VALUES row (the cheapest
-# to plan). A batch goes in as arrays through unnest(), so the text stays the same for any
-# batch size and psycopg parses it once: a VALUES list with 14 placeholders per event cost
-# 16 ms of query splitting per 100-event batch, while unnest() costs a single event ~1 ms more.
-_UPDATE_PROJECTION_SQL = """
-projection AS (
-    UPDATE backplane_task SET last_seq = %s, lamport = %s, head_hash = %s, last_event_at = %s, updated_at = %s,
-           status = %s, output = %s::jsonb, error = %s, attempts = %s, lease_holder = %s, lease_expires_at = %s,
-           lease_epoch = %s
-    WHERE id = %s
-)
-SELECT position FROM inserted ORDER BY seq
-"""
-_INSERT_ONE_EVENT_SQL = """
-WITH inserted AS (
-    INSERT INTO backplane_event (task_id, seq, type, payload, agent, idempotency_key, request_digest, lamport,
-                                 causation_id, correlation_id, trace_id, recorded_at, prev_hash, hash)
-    VALUES (%s::uuid, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-    RETURNING position, seq
-),""" + _UPDATE_PROJECTION_SQL
-_INSERT_EVENT_BATCH_SQL = """
-WITH inserted AS (
-    INSERT INTO backplane_event (task_id, seq, type, payload, agent, idempotency_key, request_digest, lamport,
-                                 causation_id, correlation_id, trace_id, recorded_at, prev_hash, hash)
-    SELECT %s::uuid, e.seq, e.type, e.payload::jsonb, e.agent, e.idempotency_key, e.request_digest, e.lamport,
-           e.causation_id, e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash, e.hash
-    FROM unnest(%s::int[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[],
-                %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::text[], %s::text[])
-         AS e(seq, type, payload, agent, idempotency_key, request_digest, lamport, causation_id, correlation_id,
-              trace_id, recorded_at, prev_hash, hash)
-    RETURNING position, seq
-),""" + _UPDATE_PROJECTION_SQL
-
-
-def _insert_events_and_update_projection(task: Task, events: list[Event]) -> None:
-    """One round trip: insert the events and write the projection, returning the positions."""
-    rows = [
-        (
-            e.seq, e.type, json.dumps(e.payload), e.agent, e.idempotency_key, e.request_digest, e.lamport,
-            e.causation_id, e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash, e.hash,
-        )
-        for e in events
-    ]
-    if len(rows) == 1:
-        sql, params = _INSERT_ONE_EVENT_SQL, [task.pk, *rows[0]]
-    else:
-        sql, params = _INSERT_EVENT_BATCH_SQL, [task.pk, *(list(column) for column in zip(*rows, strict=True))]
-    params += [
-        task.last_seq, task.lamport, task.head_hash, task.last_event_at, task.updated_at, task.status,
-        None if task.output is None else json.dumps(task.output), task.error, task.attempts, task.lease_holder,
-        task.lease_expires_at, task.lease_epoch, task.pk,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        for event, (position,) in zip(events, cursor.fetchall(), strict=True):
-            event.position = position
-            event._state.adding = False
-            event._state.db = "default"
-
-
 def outbox_headers(task: Task, event: Event, now: datetime) -> dict[str, Any]:
     headers: dict[str, Any] = {
         "task_id": str(task.pk),
@@ -603,6 +515,174 @@ def _reject_nul(value: Any, name: str) -> None:
     elif isinstance(value, list):
         for item in value:
             _reject_nul(item, name)
+
+
+# --- many tasks at once (the backplane's own sweeps) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskWrite:
+    """The events ``write_events_many`` appends to one locked task."""
+
+    task: Task
+    drafts: Sequence[EventDraft]
+
+
+def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: datetime) -> list[list[Event]]:
+    """``write_events`` for many locked tasks: the same events, hashes, projections, lifecycle
+    messages and follow-ups (breakers, sagas, reports to parents) as one call per task, but
+    every event and projection is written by one statement and every lifecycle message by
+    one more, instead of a few statements per task.
+
+    For the backplane's own writes (the stall detector), not client appends: no request
+    digests are stored, and drafts with outbox messages are refused (use ``write_events``).
+    """
+    previous_status: list[str] = []
+    was_open: list[bool] = []
+    written: list[list[Event]] = []
+    for write in writes:
+        task = write.task
+        if any(draft.outbox for draft in write.drafts):
+            raise ValueError("write_events_many does not enqueue draft outbox messages; use write_events")
+        previous_status.append(task.status)
+        was_open.append(not task.is_closed)
+        events: list[Event] = []
+        for draft in write.drafts:
+            if task.is_closed:
+                raise TaskClosed(f"task is {task.status}", {"status": task.status})
+            events.append(_number_event(task, draft, agent=agent, now=now))
+        task.last_event_at = now
+        task.updated_at = now
+        written.append(events)
+    _insert_events_and_update_projections([write.task for write in writes], written)
+    enqueue_lifecycle_many(changes=[(write.task, before) for write, before in zip(writes, previous_status,
+                                                                                   strict=True)], now=now)
+    # Then, per task in the order given, what write_events does after its insert. These may
+    # lock more rows (the agent behind a completion or failure, a sub-task's parent).
+    for write, events, before, opened in zip(writes, written, previous_status, was_open, strict=True):
+        task = write.task
+        _feed_breakers(task, events, now=now)
+        if before != TaskStatus.FAILED and task.status == TaskStatus.FAILED:
+            _start_saga(task, now=now)
+        if opened and task.status in REPORTED_TO_PARENT and task.parent_id is not None:
+            _report_to_parent(task, now=now)
+    return written
+
+
+def _number_event(
+    task: Task, draft: EventDraft, *, agent: str | None, now: datetime, digest: str | None = None
+) -> Event:
+    """Place, clock and hash one event on ``task`` and apply it to the in-memory projection."""
+    seq = task.last_seq + 1
+    lamport = max(task.lamport, draft.lamport or 0) + 1
+    fields = hashed_fields(
+        task_id=str(task.pk),
+        seq=seq,
+        type=draft.type,
+        payload=draft.payload,
+        agent=agent,
+        idempotency_key=draft.idempotency_key,
+        lamport=lamport,
+        causation_id=draft.causation_id,
+        correlation_id=draft.correlation_id,
+        trace_id=draft.trace_id,
+        recorded_at=now,
+        prev_hash=task.head_hash,
+    )
+    event = Event(
+        task=task,
+        seq=seq,
+        type=draft.type,
+        payload=draft.payload,
+        agent=agent,
+        idempotency_key=draft.idempotency_key,
+        request_digest=digest,
+        lamport=lamport,
+        causation_id=draft.causation_id,
+        correlation_id=draft.correlation_id,
+        trace_id=draft.trace_id,
+        recorded_at=now,
+        prev_hash=task.head_hash,
+        hash=compute_hash(fields),
+    )
+    task.last_seq = seq
+    task.lamport = lamport
+    task.head_hash = event.hash
+    _apply_to_projection(task, event)
+    return event
+
+
+# Every write of events (one client event, a client batch, a sweep over many tasks) is this
+# one round trip: the events and the projections go in as two JSON arrays of records. Other
+# spellings cost more Python than the database's work: through the queryset API ~1.5 ms a
+# statement; a VALUES list 16 ms of query splitting per 100 events; unnest() arrays ~20 ms per
+# 100 rows, since the client-side binding quotes each element, while a JSON text is quoted once.
+_INSERT_EVENTS_OF_TASKS_SQL = """
+WITH inserted AS (
+    INSERT INTO backplane_event (task_id, seq, type, payload, agent, idempotency_key, request_digest, lamport,
+                                 causation_id, correlation_id, trace_id, recorded_at, prev_hash, hash)
+    SELECT e.task_id, e.seq, e.type, e.payload, e.agent, e.idempotency_key, e.request_digest, e.lamport,
+           e.causation_id, e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash, e.hash
+    FROM jsonb_to_recordset(%s::jsonb) AS e(task_id uuid, seq int, type text, payload jsonb, agent text,
+                                            idempotency_key text, request_digest text, lamport bigint,
+                                            causation_id text, correlation_id text, trace_id text,
+                                            recorded_at timestamptz, prev_hash text, hash text)
+    RETURNING task_id, seq, position
+),
+projection AS (
+    UPDATE backplane_task AS t
+    SET last_seq = p.last_seq, lamport = p.lamport, head_hash = p.head_hash, last_event_at = p.last_event_at,
+        updated_at = p.updated_at, status = p.status, output = p.output, error = p.error, attempts = p.attempts,
+        lease_holder = p.lease_holder, lease_expires_at = p.lease_expires_at, lease_epoch = p.lease_epoch
+    FROM jsonb_to_recordset(%s::jsonb) AS p(id uuid, last_seq int, lamport bigint, head_hash text,
+                                            last_event_at timestamptz, updated_at timestamptz, status text,
+                                            output jsonb, error text, attempts int, lease_holder text,
+                                            lease_expires_at timestamptz, lease_epoch bigint)
+    WHERE t.id = p.id
+)
+SELECT task_id, seq, position FROM inserted
+"""
+
+
+def _as_json_value(value: Any) -> Any:
+    """UUIDs and times for a JSON record; timestamptz reads the ISO form back to the microsecond."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _insert_events_and_update_projections(tasks: list[Task], events_of: list[list[Event]]) -> None:
+    if not tasks:
+        return
+    events = [event for events in events_of for event in events]
+    event_rows = [
+        {
+            "task_id": e.task_id, "seq": e.seq, "type": e.type, "payload": e.payload, "agent": e.agent,
+            "idempotency_key": e.idempotency_key, "request_digest": e.request_digest, "lamport": e.lamport,
+            "causation_id": e.causation_id,
+            "correlation_id": e.correlation_id, "trace_id": e.trace_id, "recorded_at": e.recorded_at,
+            "prev_hash": e.prev_hash, "hash": e.hash,
+        }
+        for e in events
+    ]
+    # Tasks without events still get their projection written, as write_events does.
+    projection_rows = [
+        {
+            "id": t.pk, "last_seq": t.last_seq, "lamport": t.lamport, "head_hash": t.head_hash,
+            "last_event_at": t.last_event_at, "updated_at": t.updated_at, "status": t.status, "output": t.output,
+            "error": t.error, "attempts": t.attempts, "lease_holder": t.lease_holder,
+            "lease_expires_at": t.lease_expires_at, "lease_epoch": t.lease_epoch,
+        }
+        for t in tasks
+    ]
+    params = [json.dumps(event_rows, default=_as_json_value), json.dumps(projection_rows, default=_as_json_value)]
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_EVENTS_OF_TASKS_SQL, params)
+        positions = {(task_id, seq): position for task_id, seq, position in cursor.fetchall()}
+    for event in events:
+        event.position = positions[(event.task_id, event.seq)]
+        event._state.adding = False
+        event._state.db = "default"
 
 
 # --- agents --------------------------------------------------------------------------------

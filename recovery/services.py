@@ -15,18 +15,20 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backplane import event_types as et
-from backplane.breakers import breaker_gate_claim, breaker_record_failure, breaker_trial_unused
+from backplane.breakers import breaker_gate_claim, breaker_record_failures, breaker_trial_unused
 from backplane.chain import format_timestamp
 from backplane.errors import IdempotencyMismatch, InvalidInput, StaleLease, TaskClosed
 from backplane.models import Agent, DeadLetter, DeadLetterSource, Task, TaskStatus
 from backplane.outbox import enqueue_lifecycle
 from backplane.services import (
     EventDraft,
+    TaskWrite,
     check_lease,
     ensure_storable_json,
     lock_task,
     task_create_in_transaction,
     write_events,
+    write_events_many,
 )
 from recovery.models import ToolCall, ToolCallStatus
 from recovery.sagas import saga_record_compensation_result
@@ -384,9 +386,17 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
       the WHERE clause against the new row version and the extended lease no longer
       matches. Either way a renewed lease is never expired;
     - two sweeps at once (several workers) lock disjoint rows, so nothing is counted twice.
+
+    The batch is written set-wise (a sweep after a crash of a busy agent can have thousands
+    of leases to take back, and the lag until TaskStalled is the time to sweep them all):
+    1. lock the batch's tasks (one SELECT ... FOR UPDATE SKIP LOCKED);
+    2. ``write_events_many``: every TaskStalled (and TaskDeadLettered) with its projection in
+       one statement, every lifecycle message in one more; the events are chained exactly as
+       ``write_events`` chains them, each on its own task's head;
+    3. the dead letters of the exhausted tasks in one INSERT;
+    4. the holders' circuit breakers: every agent locked (in id order) and updated once.
     """
     now = now or timezone.now()
-    requeued = dead_lettered = 0
     with transaction.atomic(durable=True):
         silent_since = now - timedelta(seconds=settings.BACKPLANE_NO_PROGRESS_STALL_SECONDS)
         stalled = list(
@@ -396,8 +406,13 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
             .filter(Q(lease_expires_at__lt=now) | Q(last_event_at__lt=silent_since))
             .order_by("lease_expires_at")[:batch_size]
         )
-        failed_holders: dict[tuple[str, str | None], int] = {}
-        last_task_of: dict[tuple[str, str | None], uuid.UUID] = {}
+        if not stalled:
+            return StallSweep(expired=0, requeued=0, dead_lettered=0)
+        writes: list[TaskWrite] = []
+        # Read before the events release the lease: why each task stalled and who held it.
+        stalls: list[tuple[Task, str, str | None, bool]] = []
+        # (namespace, holder) -> (leases of it that stalled, the last of them)
+        failed_holders: dict[tuple[str, str], tuple[int, uuid.UUID]] = {}
         for task in stalled:
             reason = "lease expired" if task.lease_expires_at < now else "no progress"
             exhausted = task.attempts + 1 >= task.max_attempts
@@ -422,28 +437,32 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
                 )
             # The events drive the projection: TaskStalled fences the holder off (epoch + 1),
             # counts the attempt and frees the task; TaskDeadLettered parks it for review.
+            writes.append(TaskWrite(task=task, drafts=drafts))
             holder = task.lease_holder
-            failed_holders[(task.namespace, holder)] = failed_holders.get((task.namespace, holder), 0) + 1
-            last_task_of[(task.namespace, holder)] = task.pk
-            write_events(task, drafts, agent=None, now=now)
-            if exhausted:
-                DeadLetter.objects.create(
-                    source=DeadLetterSource.TASK,
-                    reference=str(task.pk),
-                    task=task,
-                    topic=f"backplane.tasks.{task.kind}",
-                    payload={"task_id": str(task.pk), "kind": task.kind, "input": task.input},
-                    error=f"{reason} (holder {holder}); attempts exhausted ({task.attempts}/{task.max_attempts})",
-                    attempts=task.attempts,
-                    created_at=now,
-                )
-                dead_lettered += 1
-            else:
-                requeued += 1
-        # Breakers last, one update per agent, in a fixed order: two sweeps running at once
-        # lock agent rows in the same order and cannot deadlock (each locks only its own tasks).
-        in_lock_order = sorted(failed_holders.items(), key=lambda item: (item[0][0], item[0][1] or ""))
-        for (namespace, holder), count in in_lock_order:
-            breaker_record_failure(namespace=namespace, agent_name=holder, reason="lease expired",
-                                   task_id=last_task_of[(namespace, holder)], now=now, failures=count)
+            stalls.append((task, reason, holder, exhausted))
+            if holder:
+                count, _ = failed_holders.get((task.namespace, holder), (0, task.pk))
+                failed_holders[(task.namespace, holder)] = (count + 1, task.pk)
+        write_events_many(writes, agent=None, now=now)
+        dead_letters = [
+            DeadLetter(
+                source=DeadLetterSource.TASK,
+                reference=str(task.pk),
+                task=task,
+                topic=f"backplane.tasks.{task.kind}",
+                payload={"task_id": str(task.pk), "kind": task.kind, "input": task.input},
+                error=f"{reason} (holder {holder}); attempts exhausted ({task.attempts}/{task.max_attempts})",
+                attempts=task.attempts,
+                created_at=now,
+            )
+            for task, reason, holder, exhausted in stalls
+            if exhausted
+        ]
+        DeadLetter.objects.bulk_create(dead_letters)
+        dead_lettered = len(dead_letters)
+        requeued = len(stalled) - dead_lettered
+        # Breakers last, once per agent, locked in a fixed order: two sweeps running at once
+        # cannot deadlock on agent rows (each locks only its own tasks), and an agent's claims
+        # wait for its row only while this transaction commits.
+        breaker_record_failures(failures=failed_holders, reason="lease expired", now=now)
     return StallSweep(expired=len(stalled), requeued=requeued, dead_lettered=dead_lettered)

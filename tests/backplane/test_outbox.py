@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from kombu import Connection, Exchange, Queue
 
@@ -156,6 +157,51 @@ def test_a_requeued_dead_letter_is_delivered_once(make_task, settings, broker_qu
     received = [m for m in drain(broker_queue) if m["topic"] == "leads.scored"]
     assert len(received) == 1 and received[0]["payload"] == {"score": 8}
     assert OutboxMessage.objects.get(topic="leads.scored").status == "delivered"
+
+
+def _enqueue_direct(key: str, count: int) -> list[int]:
+    """Rows straight into the outbox (the relay's input), without tasks, in one transaction."""
+    now = timezone.now()
+    with transaction.atomic():
+        return [
+            outbox.outbox_enqueue(topic="bench.t", key=key, payload={"n": n}, headers={}, now=now)[0].pk
+            for n in range(count)
+        ]
+
+
+class _Recorder:
+    def __init__(self, failing_keys: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.published: list[tuple[str, int]] = []
+        self.failing_keys = failing_keys
+
+    def __call__(self, message: OutboxMessage, body: dict[str, Any]) -> None:
+        if message.key in self.failing_keys:
+            raise outbox.PublishError("refused")
+        self.published.append((message.key, body["payload"]["n"]))
+
+
+def test_a_batch_takes_the_head_of_every_key_and_keeps_key_order(db) -> None:  # type: ignore[no-untyped-def]
+    for key in ("a", "b", "c"):
+        _enqueue_direct(key, 5)
+    recorder = _Recorder()
+    first = outbox.outbox_relay_once(publish=recorder, batch_size=100)
+    assert first.claimed == 3 and sorted(recorder.published) == [("a", 0), ("b", 0), ("c", 0)]
+    outbox.outbox_relay_until_idle(publish=recorder, budget_seconds=10, batch_size=100)
+    for key in ("a", "b", "c"):
+        assert [n for k, n in recorder.published if k == key] == [0, 1, 2, 3, 4]
+
+
+def test_a_key_backing_off_does_not_starve_keys_beyond_the_claim_window(db) -> None:  # type: ignore[no-untyped-def]
+    # Key "stuck": its head fails and backs off; its 60 successors stay due and fill the
+    # window (4 x batch 10 = 40 oldest due rows) without one of them being claimable.
+    _enqueue_direct("stuck", 61)
+    _enqueue_direct("late", 1)
+    recorder = _Recorder(failing_keys={"stuck"})
+    assert outbox.outbox_relay_once(publish=recorder, batch_size=10).failed == 1
+    recorder.failing_keys = set()
+    step = outbox.outbox_relay_once(publish=recorder, batch_size=10)
+    assert step.delivered == 1 and recorder.published == [("late", 0)]
+    assert OutboxMessage.objects.filter(key="stuck", status="pending").count() == 61
 
 
 class _SignedReceiver(BaseHTTPRequestHandler):
