@@ -404,7 +404,7 @@ def _feed_breakers(task: Task, events: list[Event], *, now: datetime) -> None:
     """Completions and failures count towards the circuit breaker of the agent behind them.
 
     Expired leases count too, but the stall detector records those itself, once per agent
-    per sweep and in name order, so concurrent sweeps cannot deadlock on agent rows."""
+    per sweep and in id order, so concurrent sweeps cannot deadlock on agent rows."""
     for event in events:
         if event.type == et.TASK_COMPLETED:
             breaker_record_success(namespace=task.namespace, agent_name=event.agent, task_id=task.pk, now=now)

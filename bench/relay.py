@@ -200,7 +200,7 @@ class Timed:
         finally:
             elapsed = time.perf_counter() - started
             self.sql_seconds += elapsed
-            if "FOR UPDATE SKIP LOCKED" in sql:
+            if "SKIP LOCKED" in sql and "backplane_outboxmessage" in sql:
                 self.claims += 1
                 self.claim_seconds += elapsed
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -33,6 +35,8 @@ from backplane.services import (
 from recovery.models import ToolCall, ToolCallStatus
 from recovery.sagas import saga_record_compensation_result
 from recovery.selectors import tool_call_visible
+
+logger = logging.getLogger(__name__)
 
 # --- leases --------------------------------------------------------------------------------
 
@@ -466,3 +470,35 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
         # wait for its row only while this transaction commits.
         breaker_record_failures(failures=failed_holders, reason="lease expired", now=now)
     return StallSweep(expired=len(stalled), requeued=requeued, dead_lettered=dead_lettered)
+
+
+# A batch PostgreSQL aborted to break a deadlock is retried at once, this many times in a row.
+DEADLOCK_RETRIES = 5
+
+
+def lease_expire_stalled_until_idle(*, batch_size: int = 100) -> StallSweep:
+    """Sweep batch after batch until no lease is left to expire (what the beat task runs).
+
+    Concurrent sweeps lock disjoint tasks, but writing a batch can lock more rows: the
+    holders' agents (in id order), and the parent of a dead-lettered sub-task. Two sweeps whose
+    batches hold each other's parents, or a sweep and an agent finishing a sub-task, can then
+    wait on each other; PostgreSQL aborts one transaction. Nothing of that batch was written,
+    its rows are unlocked again, and it is simply swept again.
+    """
+    totals = [0, 0, 0]
+    deadlocks_in_a_row = 0
+    while True:
+        try:
+            sweep = lease_expire_stalled(batch_size=batch_size)
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.DeadlockDetected) or (
+                deadlocks_in_a_row >= DEADLOCK_RETRIES
+            ):
+                raise
+            deadlocks_in_a_row += 1
+            logger.warning("stall sweep batch aborted by a deadlock; sweeping it again (%d)", deadlocks_in_a_row)
+            continue
+        deadlocks_in_a_row = 0
+        if not sweep.expired:
+            return StallSweep(*totals)
+        totals = [a + b for a, b in zip(totals, (sweep.expired, sweep.requeued, sweep.dead_lettered), strict=True)]

@@ -25,9 +25,7 @@ def purge_expired_tool_calls() -> int:
 @shared_task(ignore_result=True)
 def detect_stalls() -> int:
     """Expire run-out leases in batches until none is left (several workers may run this at once)."""
-    total = 0
-    while (sweep := services.lease_expire_stalled()).expired:
-        total += sweep.expired
-        if sweep.dead_lettered:
-            logger.warning("stall detector: %d task(s) dead-lettered after their last attempt", sweep.dead_lettered)
-    return total
+    sweep = services.lease_expire_stalled_until_idle()
+    if sweep.dead_lettered:
+        logger.warning("stall detector: %d task(s) dead-lettered after their last attempt", sweep.dead_lettered)
+    return sweep.expired
