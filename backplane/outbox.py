@@ -269,7 +269,7 @@ FOR UPDATE OF m SKIP LOCKED
 
 
 def _claim_due(*, now: datetime, batch_size: int) -> list[int]:
-    params = {"now": now, "limit": batch_size, "window": batch_size * 4}
+    params = {"now": now, "limit": batch_size, "window": batch_size * 2}
     with connection.cursor() as cursor:
         cursor.execute(_CLAIM_WINDOW_SQL, params)
         ids = [row[0] for row in cursor.fetchall()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -22,7 +23,11 @@ def bench_database() -> Iterator[str]:
     from backplane import embedded_db
 
     pgdata = None
-    root = Path(tempfile.mkdtemp(prefix="bp-bench-"))
+    # Under the project's var/, where `make run` keeps its database and broker, not in /tmp:
+    # on these machines creating a file in /tmp took 0.8-1.1 ms against 0.15 ms in the project
+    # directory on the same ext4 device, and the embedded broker creates one file per message.
+    (ROOT / "var").mkdir(exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="bench-", dir=ROOT / "var"))
     os.environ.setdefault("BACKPLANE_ENV", "test")
     os.environ["BACKPLANE_VAR_DIR"] = str(root / "var")
     if os.environ.get("DATABASE_URL"):
@@ -45,6 +50,7 @@ def bench_database() -> Iterator[str]:
     finally:
         if pgdata is not None:
             embedded_db.destroy(pgdata)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def percentile(samples: list[float], pct: float) -> float:

@@ -193,7 +193,7 @@ def test_a_batch_takes_the_head_of_every_key_and_keeps_key_order(db) -> None:  #
 
 def test_a_key_backing_off_does_not_starve_keys_beyond_the_claim_window(db) -> None:  # type: ignore[no-untyped-def]
     # Key "stuck": its head fails and backs off; its 60 successors stay due and fill the
-    # window (4 x batch 10 = 40 oldest due rows) without one of them being claimable.
+    # window (2 x batch 10 = 20 oldest due rows) without one of them being claimable.
     _enqueue_direct("stuck", 61)
     _enqueue_direct("late", 1)
     recorder = _Recorder(failing_keys={"stuck"})
