@@ -1,0 +1,105 @@
+"""Python CPU per API request, in one process, without a server or a load generator.
+
+    .venv/bin/python bench/api_cpu.py [--requests 2000]
+
+Calls the product's WSGI application directly (the same handler uvicorn reaches through
+a2wsgi) with real agent tokens against a throw-away PostgreSQL, one request after another,
+and reports wall time and this process's CPU time (``time.process_time``: the server-side
+Python cost, without the database's own work) per request for:
+  - GET /healthz (the baseline: Django's handler and middleware, no DRF, no database),
+  - GET /api/v1/tasks/{id}/ (DRF, authentication, one SELECT),
+  - POST /api/v1/tasks/{id}/events/ (a single-event append),
+  - POST /api/v1/tasks/{id}/events/batch/ with 100 events (per event too).
+On a shared 2-core machine this is the figure that bounds ``bench/api_append.py``: two cores
+serve at most 2000 / (CPU ms per request) requests a second, before PostgreSQL and the clients
+take their share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from _support import bench_database
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    args = parser.parse_args()
+    os.environ["BACKPLANE_RATE_LIMIT"] = "1000000/s"
+    os.environ["BACKPLANE_DB_POOL"] = "1"
+    with bench_database():
+        from django.core.wsgi import get_wsgi_application
+
+        from backplane import services
+
+        app = get_wsgi_application()
+        token = services.agent_create(name="cpu-bench", namespace="bench").token
+
+        def call(method: str, path: str, body: object = None) -> tuple[str, bytes]:
+            data = b"" if body is None else json.dumps(body).encode()
+            environ = {
+                "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1",
+                "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
+                "wsgi.input": io.BytesIO(data), "wsgi.errors": sys.stderr, "CONTENT_LENGTH": str(len(data)),
+                "CONTENT_TYPE": "application/json", "HTTP_AUTHORIZATION": f"Bearer {token}",
+                "HTTP_HOST": "127.0.0.1",
+            }
+            status: list[str] = []
+            answer = b"".join(app(environ, lambda s, headers: status.append(s)))
+            return status[0], answer
+
+        status, answer = call("POST", "/api/v1/tasks/", {"kind": "bench", "input": {}})
+        task_id = json.loads(answer)["task_id"]
+        counter = iter(range(10**9))
+
+        def expect(prefix: str, result: tuple[str, bytes]) -> None:
+            if not result[0].startswith(prefix):
+                raise SystemExit(f"unexpected answer {result[0]}: {result[1][:300]!r}")
+
+        def healthz() -> None:
+            expect("200", call("GET", "/healthz"))
+
+        def task_detail() -> None:
+            expect("200", call("GET", f"/api/v1/tasks/{task_id}/"))
+
+        def append() -> None:
+            body = {"type": "ReasoningStepCompleted", "payload": {"step": next(counter), "thought": "bench"}}
+            expect("201", call("POST", f"/api/v1/tasks/{task_id}/events/", body))
+
+        def batch() -> None:
+            events = [{"type": "ReasoningStepCompleted", "payload": {"step": next(counter), "thought": "bench"}}
+                      for _ in range(100)]
+            expect("201", call("POST", f"/api/v1/tasks/{task_id}/events/batch/", {"events": events}))
+
+        def measure(run: Callable[[], None], count: int) -> tuple[float, float]:
+            for _ in range(max(10, count // 10)):  # warm-up
+                run()
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(count):
+                run()
+            return (time.perf_counter() - wall) / count * 1000, (time.process_time() - cpu) / count * 1000
+
+        print(f"api_cpu bench: {args.requests} requests per route, one after another, in this process "
+              f"(load average {os.getloadavg()[0]:.1f})")
+        base_wall, base_cpu = measure(healthz, args.requests)
+        print(f"  {'GET /healthz (baseline)':38s} wall {base_wall:6.2f} ms  python cpu {base_cpu:6.2f} ms/request")
+        for name, run, count, per in (
+            ("GET /api/v1/tasks/{id}/", task_detail, args.requests, 1),
+            ("POST .../events/ (1 event)", append, args.requests, 1),
+            ("POST .../events/batch/ (100 events)", batch, max(20, args.requests // 20), 100),
+        ):
+            wall, cpu = measure(run, count)
+            print(f"  {name:38s} wall {wall:6.2f} ms  python cpu {cpu:6.2f} ms/request, "
+                  f"{cpu / per * 1000:7.0f} us/event, {cpu / base_cpu:5.1f} x the baseline; "
+                  f"2 cores at most {2000 / cpu * per:,.0f} events/s")
+
+
+if __name__ == "__main__":
+    main()
