@@ -8,6 +8,8 @@ the one place that decides what the API shows of an event; the serializer uses i
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +102,23 @@ def event_as_api_dict(event: Event) -> dict[str, Any]:
 
 def compute_hash(fields: dict[str, Any]) -> str:
     return canonical_sha256(fields)
+
+
+# The stored columns the hash covers, in ``hashed_fields``' order.
+HASHED_COLUMNS = (
+    "task_id", "seq", "type", "payload", "agent", "idempotency_key", "lamport", "causation_id", "correlation_id",
+    "trace_id", "recorded_at", "prev_hash",
+)
+
+
+def stored_row_hash(row: Sequence[Any]) -> str:
+    """An event's hash recomputed from its stored columns (``HASHED_COLUMNS``, in order), the
+    payload as the JSON text PostgreSQL returns: what the verifiers read in bulk, without
+    building model instances."""
+    fields = dict(zip(HASHED_COLUMNS, row, strict=True))
+    fields["task_id"] = str(fields["task_id"])
+    fields["payload"] = json.loads(fields["payload"])
+    return compute_hash(hashed_fields(**fields))
 
 
 def api_event_hash(api_event: dict[str, Any]) -> str:

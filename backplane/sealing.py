@@ -15,7 +15,9 @@ Only one sealer runs at a time across the cluster (a transaction-level advisory 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -29,9 +31,10 @@ from django.utils import timezone
 
 from backplane import merkle
 from backplane.canonical import canonical_json
-from backplane.chain import compute_hash, format_timestamp, hashed_fields
+from backplane.chain import format_timestamp, stored_row_hash
 from backplane.errors import InvalidInput, NotFound
 from backplane.models import MerkleLeaf, SignedTreeHead
+from backplane.selectors import use_c_timestamp_loader
 
 logger = logging.getLogger(__name__)
 
@@ -91,49 +94,170 @@ class SealStep:
     ran: bool  # False when another sealer held the lock
 
 
+# The unsealed events a run takes, in one statement (one snapshot), in two parts:
+# - part 0, late commits: positions at or below the high-water mark (the largest position
+#   sealed) that have no leaf. Only this part needs the anti-join, and only above the floor
+#   (see _Horizon): below it nothing can still be unsealed.
+# - part 1, new events: every position above the high-water mark, none of them sealed.
 _UNSEALED_SQL = """
-SELECT e.position, e.hash FROM backplane_event e
-WHERE NOT EXISTS (SELECT 1 FROM backplane_merkleleaf l WHERE l.event_id = e.position)
-ORDER BY e.position
-LIMIT %s
+(SELECT 0 AS part, e.position, e.hash FROM backplane_event e
+ WHERE e.position > %(floor)s AND e.position <= %(high)s
+   AND NOT EXISTS (SELECT FROM backplane_merkleleaf l WHERE l.event_id = e.position)
+ ORDER BY e.position LIMIT %(limit)s)
+UNION ALL
+(SELECT 1 AS part, e.position, e.hash FROM backplane_event e
+ WHERE e.position > %(high)s
+ ORDER BY e.position LIMIT %(limit)s)
 """
+
+# Snapshot bounds as integers: xmin, the oldest transaction still running (every older one has
+# committed or aborted), and xmax, the first transaction id not yet assigned.
+_SNAPSHOT_XMIN = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+_SNAPSHOT_XMAX = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+
+# How long a process trusts what it learned before it scans every position again (below).
+FULL_SCAN_INTERVAL_SECONDS = 3600.0
+
+
+@dataclass
+class _Horizon:
+    """Where late commits can still appear, learned from this process's own sealer runs.
+
+    Without it every run would look for late commits with an anti-join over every position
+    sealed so far: O(events) a run. With it, only positions above ``floor``.
+
+    Why positions at or below ``floor`` cannot be unsealed any more. Every writer of events
+    holds its task's row lock (``lock_task``, or the task's INSERT) before it inserts, so its
+    transaction has an id before it takes a position, and positions come from a sequence
+    (the identity column's, cache 1) in the order they are taken. Take a run i that sealed
+    up to position ``high_i`` and then saw ``xmax_i`` (every transaction that had an id when
+    its candidates were read is below it). An event below ``high_i`` took its position
+    before the event at ``high_i`` did, which committed before run i read, so its
+    transaction's id is below ``xmax_i``. Once a later *complete* run k (one that sealed
+    every committed event up to its own high-water mark; a run whose late part filled the
+    batch is not) started when its snapshot's xmin was at least ``xmax_i``, all those
+    transactions had ended before run k read: each such event was visible to run k and
+    sealed by then, or was rolled back. So ``floor = high_i``.
+
+    Facts are kept per process (a beat task runs in whichever worker process takes it; a
+    new process starts from an anti-join over every position) and belong to one history of
+    the tree: ``head`` is a signed head they were recorded against, checked at every run
+    (a restored or re-created database drops them). ``expires`` forces that full scan again
+    now and then, so even an event written against the rule above is sealed, only later.
+    """
+
+    head: tuple[int, str]
+    floor: int = 0
+    pending: list[tuple[int, int]] = field(default_factory=list)  # (xmax_i, high_i), not yet usable
+    expires: float = field(default_factory=lambda: time.monotonic() + FULL_SCAN_INTERVAL_SECONDS)
+
+
+_horizon: _Horizon | None = None
+_horizon_lock = threading.Lock()
+_PENDING_LIMIT = 1000  # dropping the oldest only keeps the floor lower, which is always safe
+
+
+def _current_floor() -> int:
+    """The floor to use now; forgets facts of another history, or too old."""
+    global _horizon
+    with _horizon_lock:
+        horizon = _horizon
+    if horizon is None:
+        return 0
+    if time.monotonic() > horizon.expires or not SignedTreeHead.objects.filter(
+        tree_size=horizon.head[0], root_hash=horizon.head[1]
+    ).exists():
+        with _horizon_lock:
+            if _horizon is horizon:
+                _horizon = None
+        return 0
+    return horizon.floor
+
+
+def _remember_run(*, head: SignedTreeHead | None, xmin: int, xmax: int, high: int, complete: bool) -> None:
+    """Record a committed run: its (xmax, high-water) and, if complete, move the floor."""
+    global _horizon
+    if head is None:
+        return
+    with _horizon_lock:
+        horizon = _horizon
+        if horizon is None:
+            horizon = _horizon = _Horizon(head=(head.tree_size, head.root_hash))
+        elif head.tree_size >= horizon.head[0]:
+            horizon.head = (head.tree_size, head.root_hash)
+        horizon.pending.append((xmax, high))
+        if complete:
+            usable = [h for x, h in horizon.pending if x <= xmin]
+            if usable:
+                horizon.floor = max(horizon.floor, *usable)
+                horizon.pending = [(x, h) for x, h in horizon.pending if x > xmin]
+        del horizon.pending[:-_PENDING_LIMIT]
 
 
 def seal_new_events(*, batch_size: int = 10_000, now: datetime | None = None) -> SealStep:
-    """Give the next committed, unsealed events leaf indices and sign the new head. One transaction."""
+    """Give the next committed, unsealed events leaf indices and sign the new head. One transaction.
+
+    Late commits (found at or below the high-water mark) come first, then new events in
+    position order.
+    """
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SEALER_LOCK_KEY])
-            (locked,) = cursor.fetchone()
+            # xmin is read before the candidates: an earlier bound is only more cautious.
+            cursor.execute(f"SELECT pg_try_advisory_xact_lock(%s), {_SNAPSHOT_XMIN}", [SEALER_LOCK_KEY])
+            locked, xmin = cursor.fetchone()
             if not locked:
                 return SealStep(sealed=0, tree_size=0, ran=False)
-            cursor.execute(_UNSEALED_SQL, [batch_size])
-            unsealed = cursor.fetchall()
+            floor = _current_floor()
+            # Read under the lock: leaves change only in sealer runs.
+            cursor.execute("SELECT coalesce(max(event_id), 0) FROM backplane_merkleleaf")
+            (high,) = cursor.fetchone()
+            cursor.execute(_UNSEALED_SQL, {"floor": floor, "high": high, "limit": batch_size})
+            candidates = cursor.fetchall()
+            # Read after the candidates: a later bound is only more cautious.
+            cursor.execute(f"SELECT {_SNAPSHOT_XMAX}")
+            (xmax,) = cursor.fetchone()
+        late = [(position, event_hash) for part, position, event_hash in candidates if part == 0]
+        complete = len(late) < batch_size
+        new = [(position, event_hash) for part, position, event_hash in candidates if part == 1]
+        unsealed = (late + new)[:batch_size]
         head = SignedTreeHead.objects.order_by("-tree_size").first()
-        frontier = (
-            merkle.CompactRange.from_hex(head.tree_size, head.frontier) if head else merkle.CompactRange()
-        )
         if not unsealed and head is not None:
-            return SealStep(sealed=0, tree_size=head.tree_size, ran=True)
-        start = frontier.size
-        leaves = []
-        for offset, (position, event_hash) in enumerate(unsealed):
-            frontier.append(merkle.event_leaf_hash(event_hash))
-            leaves.append(MerkleLeaf(leaf_index=start + offset, event_id=position, event_hash=event_hash))
-        MerkleLeaf.objects.bulk_create(leaves)
-        key = signing_key()
-        signed_at = format_timestamp(now or timezone.now())
-        root_hash = frontier.root().hex()
-        message = tree_head_message(tree_size=frontier.size, root_hash=root_hash, signed_at=signed_at)
-        SignedTreeHead.objects.create(
-            tree_size=frontier.size,
-            root_hash=root_hash,
-            signed_at=signed_at,
-            signature=key.sign(message).hex(),
-            public_key=public_key_hex(key),
-            frontier=frontier.to_hex(),
-        )
-    return SealStep(sealed=len(leaves), tree_size=frontier.size, ran=True)
+            step = SealStep(sealed=0, tree_size=head.tree_size, ran=True)
+        else:
+            head = _append_leaves_and_sign(head, unsealed, now=now)
+            step = SealStep(sealed=len(unsealed), tree_size=head.tree_size, ran=True)
+    high = max([high, *(position for position, _ in unsealed)])
+    _remember_run(head=head, xmin=xmin, xmax=xmax, high=high, complete=complete)
+    return step
+
+
+def _append_leaves_and_sign(
+    head: SignedTreeHead | None, unsealed: list[tuple[int, str]], *, now: datetime | None
+) -> SignedTreeHead:
+    frontier = merkle.CompactRange.from_hex(head.tree_size, head.frontier) if head else merkle.CompactRange()
+    start = frontier.size
+    lines = []
+    for offset, (position, event_hash) in enumerate(unsealed):
+        frontier.append(merkle.event_leaf_hash(event_hash))  # also checks the hash is 64 hex digits
+        lines.append(f"{start + offset}\t{position}\t{event_hash}\n")
+    if lines:
+        # COPY: the ORM's bulk_create cost more per leaf than hashing it.
+        with connection.cursor() as cursor, connection.wrap_database_errors, cursor.copy(
+            "COPY backplane_merkleleaf (leaf_index, event_id, event_hash) FROM STDIN"
+        ) as copy:
+            copy.write("".join(lines))
+    key = signing_key()
+    signed_at = format_timestamp(now or timezone.now())
+    root_hash = frontier.root().hex()
+    message = tree_head_message(tree_size=frontier.size, root_hash=root_hash, signed_at=signed_at)
+    return SignedTreeHead.objects.create(
+        tree_size=frontier.size,
+        root_hash=root_hash,
+        signed_at=signed_at,
+        signature=key.sign(message).hex(),
+        public_key=public_key_hex(key),
+        frontier=frontier.to_hex(),
+    )
 
 
 # --- reading: heads and proofs ---------------------------------------------------------------
@@ -186,10 +310,17 @@ def consistency_proof_between(*, first: int, second: int) -> list[str]:
 
 # --- verification against the signed head ----------------------------------------------------
 
-_HASHED_COLUMNS = (
-    "task_id", "seq", "type", "payload", "agent", "idempotency_key", "lamport", "causation_id", "correlation_id",
-    "trace_id", "recorded_at", "prev_hash",
-)
+# One page of sealed events in leaf order, with the columns their hash covers: a bounded range
+# of leaf indices, each leaf joined to its event by primary key. (An open range with LIMIT let
+# the planner, with statistics from before the leaves were written, sort every leaf left.)
+_SEALED_EVENTS_PAGE_SQL = """
+SELECT l.leaf_index, e.task_id, e.seq, e.type, e.payload, e.agent, e.idempotency_key, e.lamport, e.causation_id,
+       e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash
+FROM backplane_merkleleaf l JOIN backplane_event e ON e.position = l.event_id
+WHERE l.leaf_index >= %s AND l.leaf_index < %s
+ORDER BY l.leaf_index
+"""
+_SEALED_EVENTS_PAGE_SIZE = 5000
 
 
 @dataclass(frozen=True)
@@ -208,18 +339,29 @@ def seal_verify_against_head(*, head: SignedTreeHead | None = None) -> SealVerif
                             signature=head.signature, public_key=head.public_key):
         return SealVerification(False, head.tree_size, "the tree head's signature does not verify")
     frontier = merkle.CompactRange()
-    # One pass over the leaves joined with their events, in leaf order.
-    rows = (
-        MerkleLeaf.objects.filter(leaf_index__lt=head.tree_size).order_by("leaf_index")
-        .values_list("leaf_index", *(f"event__{name}" for name in _HASHED_COLUMNS))
-        .iterator(chunk_size=5000)
-    )
-    for expected, (leaf_index, *columns) in enumerate(rows):
-        if leaf_index != expected:
-            return SealVerification(False, head.tree_size, f"leaf {expected} is missing")
-        fields = dict(zip(_HASHED_COLUMNS, columns, strict=True))
-        fields["task_id"] = str(fields["task_id"])
-        frontier.append(merkle.event_leaf_hash(compute_hash(hashed_fields(**fields))))
+    # One pass over the leaves joined with their events, in leaf order; plain SQL, as in
+    # chain_verify_range, so that hashing and not the ORM sets the pace.
+    with connection.cursor() as cursor:
+        use_c_timestamp_loader(cursor)
+        while frontier.size < head.tree_size:
+            page_end = min(frontier.size + _SEALED_EVENTS_PAGE_SIZE, head.tree_size)
+            cursor.execute(_SEALED_EVENTS_PAGE_SQL, [frontier.size, page_end])
+            for (leaf_index, task_id, seq, type_, payload, agent, key, lamport, causation, correlation, trace,
+                 recorded, link) in cursor.fetchall():
+                if leaf_index != frontier.size:
+                    return SealVerification(False, head.tree_size, f"leaf {frontier.size} is missing")
+                frontier.append(merkle.event_leaf_hash(stored_row_hash(
+                    (task_id, seq, type_, payload, agent, key, lamport, causation, correlation, trace, recorded, link)
+                )))
+            if frontier.size < page_end:  # a leaf (or its event) is gone: in the middle, or all the rest
+                cursor.execute(
+                    "SELECT EXISTS (SELECT FROM backplane_merkleleaf l JOIN backplane_event e ON e.position ="
+                    " l.event_id WHERE l.leaf_index > %s AND l.leaf_index < %s)",
+                    [frontier.size, head.tree_size],
+                )
+                if cursor.fetchone()[0]:
+                    return SealVerification(False, head.tree_size, f"leaf {frontier.size} is missing")
+                break
     if frontier.size != head.tree_size:
         return SealVerification(False, head.tree_size, f"only {frontier.size} of {head.tree_size} leaves exist")
     if frontier.root().hex() != head.root_hash:

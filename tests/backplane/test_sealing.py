@@ -168,6 +168,48 @@ def test_a_late_committing_event_is_sealed_once_never_twice_never_skipped(commit
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_event_in_flight_over_several_runs_is_sealed_when_it_commits(committed_db) -> None:  # type: ignore[no-untyped-def]
+    slow_task = seed()
+    fast_task = seed()
+    sealing.seal_new_events()  # everything so far: behind the floor once the next runs see it
+    holding = threading.Event()
+    release = threading.Event()
+    late_positions: list[int] = []
+
+    def slow_append() -> None:
+        with transaction.atomic():
+            events = services.write_events(services.lock_task(namespace="acme", task_id=slow_task.pk),
+                                           [EventDraft(type="Noted", payload={"late": True})], agent="a",
+                                           now=timezone.now())
+            late_positions.append(events[0].position)
+            holding.set()
+            release.wait(10)
+        connection.close()
+
+    thread = threading.Thread(target=slow_append)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        sealed_while_in_flight = 0
+        for n in range(3):  # runs that pass the late event's position while it is invisible
+            services.event_append(namespace="acme", task_id=fast_task.pk, agent="a",
+                                  draft=EventDraft(type="Noted", payload={"n": n}))
+            sealed_while_in_flight += sealing.seal_new_events().sealed
+        assert sealed_while_in_flight == 3
+        # The runs learned a floor (late commits are no longer searched from position 0)...
+        assert 0 < sealing._current_floor() < late_positions[0]
+    finally:
+        release.set()
+        thread.join()
+    # ...which still lies below the late event.
+    assert sealing.seal_new_events().sealed == 1
+    assert sealing.seal_new_events().sealed == 0
+    assert MerkleLeaf.objects.count() == Event.objects.count()
+    assert MerkleLeaf.objects.filter(event_id=late_positions[0]).count() == 1
+    assert sealing.seal_verify_against_head().valid
+
+
+@pytest.mark.django_db(transaction=True)
 def test_two_sealers_at_once_seal_each_event_once(committed_db) -> None:  # type: ignore[no-untyped-def]
     for _ in range(5):
         seed()
