@@ -124,18 +124,56 @@ def _rows_for(
     ]
 
 
-def enqueue_lifecycle(*, task: Task, previous_status: str | None, seq: int, event_hash: str, now: datetime) -> None:
-    """Announce that a task became pending, completed, failed or dead-lettered."""
+@dataclass(frozen=True)
+class Message:
+    """A message to enqueue with others (``outbox_enqueue_many``)."""
+
+    topic: str
+    key: str
+    payload: dict[str, Any]
+    headers: dict[str, Any]
+    task_id: str | None = None
+    event_position: int | None = None
+
+
+def outbox_enqueue_many(messages: Sequence[Message], *, now: datetime) -> int:
+    """``outbox_enqueue`` for several messages: the subscriptions read once, every row in one
+    INSERT, ids in the order given. Returns how many rows were written."""
+    if not messages:
+        return 0
+    subscriptions = _active_subscriptions()
+    rows: list[dict[str, Any]] = []
+    for message in messages:
+        rows += _rows_for(
+            topic=message.topic, key=message.key, payload=message.payload, headers=message.headers,
+            task_id=message.task_id, event_position=message.event_position, subscriptions=subscriptions,
+            first=len(rows),
+        )
+    _insert_rows(rows, now=now)
+    return len(rows)
+
+
+def lifecycle_message(
+    *, task: Task, previous_status: str | None, seq: int, event_hash: str, now: datetime
+) -> Message | None:
+    """The announcement that a task became pending, completed, failed or dead-lettered; None
+    when its status did not change to one of those."""
     if task.status == previous_status or task.status not in LIFECYCLE_STATUSES:
-        return
-    outbox_enqueue(
+        return None
+    return Message(
         topic=LIFECYCLE_TOPIC.format(kind=task.kind),
         key=str(task.pk),
         payload=lifecycle_payload(task, previous_status),
         headers={"task_id": str(task.pk), "seq": seq, "event_hash": event_hash, "created_at": format_timestamp(now)},
-        now=now,
-        task=task,
+        task_id=str(task.pk),
     )
+
+
+def enqueue_lifecycle(*, task: Task, previous_status: str | None, seq: int, event_hash: str, now: datetime) -> None:
+    """Announce that a task became pending, completed, failed or dead-lettered."""
+    message = lifecycle_message(task=task, previous_status=previous_status, seq=seq, event_hash=event_hash, now=now)
+    if message is not None:
+        outbox_enqueue_many([message], now=now)
 
 
 LIFECYCLE_STATUSES = frozenset({"pending", "completed", "failed", "dead_lettered"})
@@ -185,26 +223,11 @@ def enqueue_lifecycle_many(*, changes: Sequence[tuple[Task, str | None]], now: d
     broker's row, then one per matching subscription), but the subscriptions are read once
     and every row goes in with one INSERT. Must run inside the transaction of the change.
     """
-    announced = [(task, previous) for task, previous in changes
-                 if task.status != previous and task.status in LIFECYCLE_STATUSES]
-    if not announced:
-        return 0
-    subscriptions = _active_subscriptions()
-    rows: list[dict[str, Any]] = []
-    for task, previous_status in announced:
-        rows += _rows_for(
-            topic=LIFECYCLE_TOPIC.format(kind=task.kind),
-            key=str(task.pk),
-            payload=lifecycle_payload(task, previous_status),
-            headers={"task_id": str(task.pk), "seq": task.last_seq, "event_hash": task.head_hash,
-                     "created_at": format_timestamp(now)},
-            task_id=str(task.pk),
-            event_position=None,
-            subscriptions=subscriptions,
-            first=len(rows),
-        )
-    _insert_rows(rows, now=now)
-    return len(rows)
+    messages = [
+        lifecycle_message(task=task, previous_status=previous, seq=task.last_seq, event_hash=task.head_hash, now=now)
+        for task, previous in changes
+    ]
+    return outbox_enqueue_many([m for m in messages if m is not None], now=now)
 
 
 # --- relaying ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from django.utils import timezone
 from backplane import event_types as et
 from backplane.breakers import breaker_record_failure, breaker_record_success
 from backplane.canonical import CanonicalizationError, canonical_json, canonical_sha256
-from backplane.chain import compute_hash, format_timestamp, hashed_fields
+from backplane.chain import compute_hash, event_hashed_fields, format_timestamp
 from backplane.errors import (
     IdempotencyMismatch,
     InvalidInput,
@@ -37,7 +37,7 @@ from backplane.errors import (
     TaskExists,
 )
 from backplane.models import Agent, Event, Task, TaskStatus, hash_token
-from backplane.outbox import enqueue_lifecycle, enqueue_lifecycle_many, outbox_enqueue
+from backplane.outbox import Message, enqueue_lifecycle, enqueue_lifecycle_many, lifecycle_message, outbox_enqueue_many
 from backplane.sql_rows import RowLoader
 
 
@@ -373,24 +373,35 @@ def write_events(
     task.last_event_at = now
     task.updated_at = now
     _insert_events_and_update_projections([task], [events])
-    for draft, event in zip(drafts, events, strict=True):
-        for item in draft.outbox:
-            outbox_enqueue(
-                topic=item.topic,
-                key=item.key or str(task.pk),
-                payload=item.payload,
-                headers=outbox_headers(task, event, now),
-                now=now,
-                task=task,
-                event_position=event.position,
-            )
-    enqueue_lifecycle(task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now)
+    # The events' own messages, then the lifecycle announcement: one INSERT for the whole write.
+    messages = [
+        Message(
+            topic=item.topic,
+            key=item.key or str(task.pk),
+            payload=item.payload,
+            headers=outbox_headers(task, event, now),
+            task_id=str(task.pk),
+            event_position=event.position,
+        )
+        for draft, event in zip(drafts, events, strict=True)
+        for item in draft.outbox
+    ]
+    lifecycle = lifecycle_message(
+        task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now
+    )
+    outbox_enqueue_many(messages if lifecycle is None else [*messages, lifecycle], now=now)
+    _follow_up(task, events, previous_status=previous_status, was_open=was_open, now=now)
+    return events
+
+
+def _follow_up(task: Task, events: list[Event], *, previous_status: str, was_open: bool, now: datetime) -> None:
+    """What events cause beyond the task itself, once they are in: breakers, sagas, the parent.
+    These may lock more rows (the agent behind a completion or failure, a sub-task's parent)."""
     _feed_breakers(task, events, now=now)
     if previous_status != TaskStatus.FAILED and task.status == TaskStatus.FAILED:
         _start_saga(task, now=now)
     if was_open and task.status in REPORTED_TO_PARENT and task.parent_id is not None:
         _report_to_parent(task, now=now)
-    return events
 
 
 def _start_saga(task: Task, *, now: datetime) -> None:
@@ -557,15 +568,9 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
     _insert_events_and_update_projections([write.task for write in writes], written)
     enqueue_lifecycle_many(changes=[(write.task, before) for write, before in zip(writes, previous_status,
                                                                                    strict=True)], now=now)
-    # Then, per task in the order given, what write_events does after its insert. These may
-    # lock more rows (the agent behind a completion or failure, a sub-task's parent).
+    # Then, per task in the order given, what write_events does after its insert.
     for write, events, before, opened in zip(writes, written, previous_status, was_open, strict=True):
-        task = write.task
-        _feed_breakers(task, events, now=now)
-        if before != TaskStatus.FAILED and task.status == TaskStatus.FAILED:
-            _start_saga(task, now=now)
-        if opened and task.status in REPORTED_TO_PARENT and task.parent_id is not None:
-            _report_to_parent(task, now=now)
+        _follow_up(write.task, events, previous_status=before, was_open=opened, now=now)
     return written
 
 
@@ -575,20 +580,6 @@ def _number_event(
     """Place, clock and hash one event on ``task`` and apply it to the in-memory projection."""
     seq = task.last_seq + 1
     lamport = max(task.lamport, draft.lamport or 0) + 1
-    fields = hashed_fields(
-        task_id=str(task.pk),
-        seq=seq,
-        type=draft.type,
-        payload=draft.payload,
-        agent=agent,
-        idempotency_key=draft.idempotency_key,
-        lamport=lamport,
-        causation_id=draft.causation_id,
-        correlation_id=draft.correlation_id,
-        trace_id=draft.trace_id,
-        recorded_at=now,
-        prev_hash=task.head_hash,
-    )
     event = Event(
         task=task,
         seq=seq,
@@ -603,8 +594,8 @@ def _number_event(
         trace_id=draft.trace_id,
         recorded_at=now,
         prev_hash=task.head_hash,
-        hash=compute_hash(fields),
     )
+    event.hash = compute_hash(event_hashed_fields(event))
     task.last_seq = seq
     task.lamport = lamport
     task.head_hash = event.hash

@@ -3,7 +3,6 @@ tamper evidence that survives a recomputed chain, late commits sealed once."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -15,6 +14,7 @@ from backplane.models import Event, MerkleLeaf, SignedTreeHead
 from backplane.selectors import chain_verify
 from backplane.services import EventDraft
 from tests.api.conftest import assert_error
+from tests.backplane.audit_support import rewrite_history
 
 
 def seed(steps: int = 3, namespace: str = "acme"):  # type: ignore[no-untyped-def]
@@ -24,16 +24,6 @@ def seed(steps: int = 3, namespace: str = "acme"):  # type: ignore[no-untyped-de
                               draft=EventDraft(type="ReasoningStepCompleted", payload={"step": n}))
     task.refresh_from_db()
     return task
-
-
-def as_attacker(*statements: tuple[str, list]) -> None:  # type: ignore[type-arg]
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
-        try:
-            for sql, params in statements:
-                cursor.execute(sql, params)
-        finally:
-            cursor.execute("SET session_replication_role = origin")
 
 
 def test_sealing_signs_a_head_over_every_committed_event(db) -> None:  # type: ignore[no-untyped-def]
@@ -92,29 +82,12 @@ def test_a_rewritten_history_fails_the_consistency_check(db) -> None:  # type: i
 
 
 def test_an_edit_with_a_recomputed_chain_is_still_caught_by_the_signed_root(db) -> None:  # type: ignore[no-untyped-def]
-    from backplane.chain import compute_hash, event_hashed_fields
-
     task = seed(steps=4)
     sealing.seal_new_events()
     assert sealing.seal_verify_against_head().valid
     # The attacker edits seq 2 and recomputes every later hash and the projection: the chain
     # verifies again, and they even rewrite the leaf table's copies of the hashes.
-    events = list(Event.objects.filter(task=task).order_by("seq"))
-    events[1].payload = {"step": 999}
-    prev = events[0].hash
-    statements = []
-    for event in events[1:]:
-        event.prev_hash = prev
-        event.hash = compute_hash(event_hashed_fields(event))
-        prev = event.hash
-        statements.append((
-            "UPDATE backplane_event SET payload = %s::jsonb, prev_hash = %s, hash = %s WHERE position = %s",
-            [json.dumps(event.payload), event.prev_hash, event.hash, event.position],
-        ))
-        statements.append(("UPDATE backplane_merkleleaf SET event_hash = %s WHERE event_id = %s",
-                           [event.hash, event.position]))
-    statements.append(("UPDATE backplane_task SET head_hash = %s WHERE id = %s", [prev, task.pk]))
-    as_attacker(*statements)
+    rewrite_history(task, seq=2, payload={"step": 999})
     task.refresh_from_db()
     assert chain_verify(task=task).valid  # the chain alone no longer tells
     result = sealing.seal_verify_against_head()

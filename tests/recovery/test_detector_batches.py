@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -377,6 +378,29 @@ def test_the_sweep_locks_the_holders_agent_rows_in_id_order(committed_db) -> Non
 
 
 @pytest.mark.django_db(transaction=True)
+def in_two_threads(sweep: Callable[[], int]) -> tuple[list[int], list[BaseException]]:
+    """Run ``sweep`` in two threads released together, each on its own connection."""
+    totals: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            totals.append(sweep())
+        except BaseException as exc:  # noqa: BLE001 - the caller asserts on them
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return totals, errors
+
+
 def test_two_sweeps_at_once_expire_each_of_30_leases_once(committed_db) -> None:  # type: ignore[no-untyped-def]
     agents = [new_agent(f"holder-{n}") for n in range(5)]
     tasks = [claim_new(agents[(n * 3) % 5], max_attempts=1 if n % 4 == 0 else 3)[0] for n in range(30)]
@@ -384,27 +408,14 @@ def test_two_sweeps_at_once_expire_each_of_30_leases_once(committed_db) -> None:
     expire_in_order(random.Random(7).sample(tasks, len(tasks)))
     leases_of = {agent.name: sum(1 for t in tasks if t.lease_holder == agent.name) for agent in agents}
     now = timezone.now()
-    totals: list[int] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
 
-    def sweep() -> None:
-        try:
-            barrier.wait()
-            total = 0
-            while expired := recovery.lease_expire_stalled(now=now, batch_size=4).expired:
-                total += expired
-            totals.append(total)
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors.append(exc)
-        finally:
-            connection.close()
+    def sweep() -> int:
+        total = 0
+        while expired := recovery.lease_expire_stalled(now=now, batch_size=4).expired:
+            total += expired
+        return total
 
-    threads = [threading.Thread(target=sweep) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    totals, errors = in_two_threads(sweep)
 
     assert errors == []
     assert sum(totals) == 30
@@ -435,24 +446,7 @@ def test_sweeps_crossing_parents_and_children_retry_a_deadlocked_batch(committed
         pairs.append((parent, child))
     (parent_1, child_1), (parent_2, child_2) = pairs
     expire_in_order([parent_1, child_2, parent_2, child_1])
-    errors: list[BaseException] = []
-    totals: list[int] = []
-    barrier = threading.Barrier(2)
-
-    def sweep() -> None:
-        try:
-            barrier.wait()
-            totals.append(recovery.lease_expire_stalled_until_idle(batch_size=2).expired)
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=sweep) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    totals, errors = in_two_threads(lambda: recovery.lease_expire_stalled_until_idle(batch_size=2).expired)
 
     assert errors == [] and sum(totals) == 4
     for parent, child in pairs:
