@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test venv bench fuzz lint clean-db
 
 run: $(STAMP)
-	$(PY) -m backplane.launcher
+	$(PY) -m backplane.runtime.launcher
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -35,4 +35,4 @@ lint: $(STAMP)
 
 # Stops a database left behind by a killed `make run` (a SIGKILLed owner leaves it running).
 clean-db: $(STAMP)
-	$(PY) -m backplane.embedded_db stop --pgdata var/pgdata
+	$(PY) -m backplane.runtime.embedded_db stop --pgdata var/pgdata

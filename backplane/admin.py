@@ -10,21 +10,13 @@ from django.contrib.admin.helpers import ActionForm
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from backplane import breakers, integrity, services
-from backplane.errors import AlreadyDecided
-from backplane.models import (
-    Agent,
-    AuditSegment,
-    BreakerTransition,
-    DeadLetter,
-    Event,
-    IntegrityAlert,
-    OutboxMessage,
-    Task,
-    VerificationRun,
-    VerifiedHead,
-    WebhookSubscription,
-)
+from backplane.delivery.models import DeadLetter, OutboxMessage, WebhookSubscription
+from backplane.eventlog import services
+from backplane.eventlog.errors import AlreadyDecided
+from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
+from backplane.integrity import verification as integrity
+from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
+from recovery import breakers
 
 
 @admin.register(Agent)
@@ -156,10 +148,13 @@ class IntegrityAlertActionForm(ActionForm):
 
 @admin.register(IntegrityAlert)
 class IntegrityAlertAdmin(ReadOnlyAdmin):
-    """Raised by the chain verifier; the only change people make is to acknowledge one."""
+    """Raised by the chain verifier (a broken chain, or a row that differs from its log); the
+    only change people make is to acknowledge one."""
 
-    list_display = ("id", "task", "first_invalid_seq", "problem", "created_at", "acknowledged_by", "acknowledged_at")
-    list_filter = (("acknowledged_at", admin.EmptyFieldListFilter),)
+    list_display = (
+        "id", "task", "kind", "first_invalid_seq", "problem", "created_at", "acknowledged_by", "acknowledged_at"
+    )
+    list_filter = ("kind", ("acknowledged_at", admin.EmptyFieldListFilter))
     list_select_related = ("task",)
     search_fields = ("=task__id", "problem")
     ordering = ("-created_at",)
@@ -189,7 +184,7 @@ class IntegrityAlertAdmin(ReadOnlyAdmin):
 
 @admin.register(AuditSegment)
 class AuditSegmentAdmin(ReadOnlyAdmin):
-    """What the audit export wrote where; written only by the exporter (backplane/audit/export.py)."""
+    """What the audit export wrote where; written only by the exporter (backplane/integrity/audit/export.py)."""
 
     list_display = ("number", "first_leaf", "tree_size", "root_hash", "manifest_sha256", "destination", "exported_at")
     ordering = ("-number",)

@@ -1,7 +1,8 @@
 """GET /metrics: Prometheus text format, computed from the database at scrape time.
 
 Collected per scrape (a custom collector) rather than with process-local counters, so
-every web process reports the same figures whatever handled the writes.
+every web process reports the same figures whatever handled the writes. Parts above the core
+add their own collectors with ``register_collector`` (recovery does in its ``AppConfig.ready``).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from backplane import integrity, selectors
-from backplane.models import Task
-from recovery import selectors as recovery_selectors
+from backplane.delivery import selectors as delivery_selectors
+from backplane.eventlog.models import Task
+from backplane.integrity import verification as integrity
 
 
 class BackplaneCollector:
     def collect(self) -> Iterator[Metric]:
-        stats = selectors.outbox_stats()
+        stats = delivery_selectors.outbox_stats()
         yield GaugeMetricFamily("backplane_outbox_lag_seconds", "Age of the oldest due, undelivered message",
                                 value=stats.lag_seconds)
         messages = GaugeMetricFamily("backplane_outbox_messages", "Outbox rows by state", labels=["state"])
@@ -32,11 +33,6 @@ class BackplaneCollector:
         yield messages
         yield GaugeMetricFamily("backplane_dead_letters_pending", "Dead letters waiting for a decision",
                                 value=stats.dead_letters_pending)
-        yield GaugeMetricFamily("backplane_tasks_without_progress",
-                                "Running tasks that heartbeat but have written no event for too long",
-                                value=len(recovery_selectors.tasks_without_progress()))
-        yield GaugeMetricFamily("backplane_tool_calls_overdue", "Tool calls in flight longer than their timeout",
-                                value=len(recovery_selectors.tool_calls_overdue()))
         tasks = GaugeMetricFamily("backplane_tasks", "Tasks by status", labels=["status"])
         for status, count in Task.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"):
             tasks.add_metric([status], count)
@@ -48,6 +44,11 @@ class BackplaneCollector:
 
 _registry = CollectorRegistry(auto_describe=False)
 _registry.register(BackplaneCollector())  # type: ignore[arg-type]
+
+
+def register_collector(collector: object) -> None:
+    """Add a collector (an object with ``collect() -> Iterator[Metric]``) to /metrics."""
+    _registry.register(collector)  # type: ignore[arg-type]
 
 
 @require_GET

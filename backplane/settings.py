@@ -10,14 +10,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from backplane.env import (
-    ImproperlyConfiguredEnv,
-    database_from_url,
-    env_bool,
-    env_int,
-    env_list,
-    env_str,
-)
+from backplane.runtime.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -160,7 +153,7 @@ if REDIS_URL:
         }
     }
 else:
-    # kombu's filesystem transport with atomic writes (backplane/kombu_filesystem.py).
+    # kombu's filesystem transport with atomic writes (backplane/delivery/kombu_filesystem.py).
     CELERY_BROKER_URL = "bpfilesystem://"
     for _folder in ("queue", "control", "processed"):
         (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
@@ -198,12 +191,12 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-# Chain verification (backplane/integrity.py): an incremental run checks what is new since the
+# Chain verification (backplane/integrity/verification.py): an incremental run checks what is new since the
 # last one, a full run re-verifies every chain from seq 1; both walk the tasks in batches.
 BACKPLANE_VERIFY_INCREMENTAL_SECONDS = env_int("BACKPLANE_VERIFY_INCREMENTAL_SECONDS", 60, minimum=1)
 BACKPLANE_VERIFY_FULL_SECONDS = env_int("BACKPLANE_VERIFY_FULL_SECONDS", 6 * 3600, minimum=60)
 BACKPLANE_VERIFY_BATCH_SIZE = env_int("BACKPLANE_VERIFY_BATCH_SIZE", 200, minimum=1, maximum=10000)
-# Audit export (backplane/audit/export.py): each new sealed range, up to a signed tree head, becomes
+# Audit export (backplane/integrity/audit/export.py): each new sealed range, up to a signed tree head, becomes
 # a segment (JSON Lines plus a signed manifest) in a directory, or in S3 with Object Lock in
 # compliance mode when a bucket is named. S3 credentials come from the usual AWS environment.
 BACKPLANE_AUDIT_EXPORT_SECONDS = env_int("BACKPLANE_AUDIT_EXPORT_SECONDS", 3600, minimum=60)

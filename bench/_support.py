@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 @contextlib.contextmanager
 def bench_database() -> Iterator[str]:
     """Yield a DATABASE_URL of a new, migrated database; Django is set up on it."""
-    from backplane import embedded_db
+    from backplane.runtime import embedded_db
 
     pgdata = None
     # Under the project's var/, where `make run` keeps its database and broker, not in /tmp:

@@ -93,8 +93,8 @@ async def drive(base: str, clients: list[tuple[str, str]], seconds: float, batch
 
 
 def in_process_rate(seconds: float) -> float:
-    from backplane import services
-    from backplane.services import EventDraft
+    from backplane.eventlog import services
+    from backplane.eventlog.writer import EventDraft
 
     task = services.task_create(namespace="bench-inproc", kind="bench", input={}, agent="bench").task
     count = 0
@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with bench_database():
-        from backplane import services
+        from backplane.eventlog import services
 
         clients = []
         for n in range(args.clients):

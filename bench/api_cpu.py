@@ -37,7 +37,7 @@ def main() -> None:
     with bench_database():
         from django.core.wsgi import get_wsgi_application
 
-        from backplane import services
+        from backplane.eventlog import services
 
         app = get_wsgi_application()
         token = services.agent_create(name="cpu-bench", namespace="bench").token

@@ -64,8 +64,8 @@ def run_threads(worker, events: int, threads: int) -> float:  # type: ignore[no-
 def service_appends(events: int, threads: int, batch: int) -> tuple[float, list[float]]:
     from django.db import connection
 
-    from backplane import services
-    from backplane.services import EventDraft
+    from backplane.eventlog import services
+    from backplane.eventlog.writer import EventDraft
 
     tasks = [
         services.task_create(namespace="bench", kind="bench", input={}, agent="bench").task for _ in range(threads)

@@ -77,8 +77,8 @@ def create_and_claim(leases: int, agents: int, threads: int) -> None:
     """``leases`` tasks, claimed round-robin by ``agents`` agents without kind restrictions."""
     from django.db import connection
 
-    from backplane import services
-    from recovery.services import lease_claim
+    from backplane.eventlog import services
+    from recovery.leases import lease_claim
 
     fleet = [services.agent_create(name=f"bench-agent-{i}", namespace="bench").agent for i in range(agents)]
 
@@ -112,7 +112,7 @@ def raw_baseline(url: str, repeats: int) -> tuple[float, int]:
     """Median seconds of one UPDATE ... RETURNING freeing a copy of every task's lease (autocommit)."""
     import psycopg
 
-    from backplane.models import Task, TaskStatus
+    from backplane.eventlog.models import Task, TaskStatus
 
     table = Task._meta.db_table
     timings = []
@@ -149,8 +149,8 @@ def in_process_sweeps(url: str, agents: int) -> tuple[int, float, list[float]]:
     (leases expired, seconds, seconds per batch)."""
     import psycopg
 
-    from backplane.models import Task, TaskStatus
-    from recovery.services import lease_expire_stalled
+    from backplane.eventlog.models import Task, TaskStatus
+    from recovery.detector import lease_expire_stalled
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
@@ -317,7 +317,7 @@ def read_log(path: Path) -> list[tuple[float, str]]:
 def expire_all_at(url: str, moment: datetime) -> int:
     import psycopg
 
-    from backplane.models import Task, TaskStatus
+    from backplane.eventlog.models import Task, TaskStatus
 
     with psycopg.connect(url, autocommit=True) as conn:
         return conn.execute(
@@ -330,8 +330,8 @@ def watch_stalls(url: str, leases: int, poll: float, timeout: float) -> dict[str
     """task_id -> epoch seconds at which its TaskStalled was first visible to another session."""
     import psycopg
 
-    from backplane import event_types as et
-    from backplane.models import Event
+    from backplane.eventlog import event_types as et
+    from backplane.eventlog.models import Event
 
     seen: dict[str, float] = {}
     deadline = time.monotonic() + timeout
@@ -349,8 +349,8 @@ def watch_stalls(url: str, leases: int, poll: float, timeout: float) -> dict[str
 
 def stalled_events() -> list[tuple[str, datetime, datetime]]:
     """(task_id, recorded_at, lease_expired_at) of every TaskStalled."""
-    from backplane import event_types as et
-    from backplane.models import Event
+    from backplane.eventlog import event_types as et
+    from backplane.eventlog.models import Event
 
     return [
         (str(task_id), recorded_at, datetime.fromisoformat(payload["lease_expired_at"].replace("Z", "+00:00")))
@@ -385,7 +385,8 @@ def main() -> None:
     with bench_database() as url:
         from django.db.models import Count
 
-        from backplane.models import DeadLetter, Task
+        from backplane.delivery.models import DeadLetter
+        from backplane.eventlog.models import Task
 
         interval = detector_interval()
         load_before = os.getloadavg()[0]

@@ -60,7 +60,7 @@ def message_body(n: int, keys: int) -> tuple[str, dict[str, Any], dict[str, Any]
 
 
 def raw_envelope(n: int, keys: int) -> dict[str, Any]:
-    """The same shape ``outbox.envelope`` gives a first attempt."""
+    """The same shape ``relay.envelope`` gives a first attempt."""
     key, payload, headers = message_body(n, keys)
     return {"message_id": str(uuid.uuid4()), "topic": TOPIC, "key": key, "payload": payload,
             "headers": {**headers, "attempt": 1}}
@@ -160,7 +160,7 @@ def enqueue(first: int, count: int, keys: int, chunk: int = 500) -> None:
     from django.db import transaction
     from django.utils import timezone
 
-    from backplane.outbox import outbox_enqueue
+    from backplane.delivery.outbox import outbox_enqueue
 
     for start in range(first, first + count, chunk):
         with transaction.atomic():
@@ -171,7 +171,7 @@ def enqueue(first: int, count: int, keys: int, chunk: int = 500) -> None:
 
 
 def pending() -> int:
-    from backplane.models import OutboxMessage, OutboxStatus
+    from backplane.delivery.models import OutboxMessage, OutboxStatus
 
     return OutboxMessage.objects.filter(status=OutboxStatus.PENDING).count()
 
@@ -208,8 +208,8 @@ class Timed:
 def relay_max(messages: int, keys: int) -> tuple[float, Timed, float]:
     from django.db import connection
 
-    from backplane.outbox import outbox_relay_until_idle
-    from backplane.sinks import Sinks
+    from backplane.delivery.relay import outbox_relay_until_idle
+    from backplane.delivery.sinks import Sinks
 
     started = time.perf_counter()
     enqueue(0, messages, keys)
@@ -301,8 +301,8 @@ def lag(rate: float, seconds: float, keys: int, producers: int, first: int, log:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from backplane.models import OutboxMessage
-    from backplane.outbox import outbox_enqueue
+    from backplane.delivery.models import OutboxMessage
+    from backplane.delivery.outbox import outbox_enqueue
 
     consumer = Consumer(polling_interval=0.01)
     consumer.start()

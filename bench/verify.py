@@ -4,7 +4,7 @@ over the same rows in the same run.
     .venv/bin/python bench/verify.py [--events 1000000] [--tasks 1000] [--workers 2]
 
 Set-up (not timed): ``--tasks`` tasks with ``--events`` valid events between them, hashed with
-the product's own rule (``backplane.chain``) by ``--workers`` processes and loaded with COPY in
+the product's own rule (``backplane.eventlog.chain``) by ``--workers`` processes and loaded with COPY in
 position order, tasks interleaved round-robin the way concurrent appends interleave them. Each
 task row carries its last seq, head hash and lamport, so the product agrees every chain is
 valid. Payloads are agent-step shaped (about 200 bytes of canonical JSON: a step, a thought, a
@@ -18,7 +18,7 @@ Phases:
    seq, prev-hash and hash comparisons. That is the least any verifier must compute. It runs
    before and after phase 2 (the two say how much the shared machine drifted); ratios use the
    mean.
-2. Product chain verification: the periodic runs of ``backplane.integrity`` as the Celery tasks
+2. Product chain verification: the periodic runs of ``backplane.integrity.verification`` as the Celery tasks
    drive them (``verification_run_start`` / ``verification_run_batch`` / ``verification_run_finish``,
    batches of ``BACKPLANE_VERIFY_BATCH_SIZE`` tasks): first an incremental run (every event is
    new to it), then a full run. Database reads, decoding and bookkeeping included.
@@ -108,7 +108,7 @@ def load_chains(job: tuple[str, list[str], int, int, int]) -> list[str]:
     position order; return each task's head hash. Runs in a worker process, without Django."""
     import psycopg
 
-    from backplane.chain import GENESIS_HASH, compute_hash, hashed_fields
+    from backplane.eventlog.chain import GENESIS_HASH, compute_hash, hashed_fields
 
     url, keys, first_index, per_task, tasks = job
     heads = [GENESIS_HASH] * len(keys)
@@ -136,21 +136,22 @@ def populate(url: str, *, events: int, tasks: int, workers: int) -> list[uuid.UU
     from django.db import connection
     from django.utils import timezone
 
-    from backplane.chain import GENESIS_HASH
-    from backplane.models import Task, TaskStatus
+    from backplane.eventlog.chain import GENESIS_HASH
+    from backplane.eventlog.models import Task, TaskStatus
 
     per_task = events // tasks
     task_ids = [uuid.uuid4() for _ in range(tasks)]
     now = timezone.now()
-    # The projection columns are final but head_hash, which the workers compute.
+    # The projection columns are final but head_hash, which the workers compute: what the
+    # generated logs replay to (no claim in them, so pending), or every run would report drift.
     Task.objects.bulk_create(
         [
             Task(
-                id=task_id, namespace="bench", kind="bench", status=TaskStatus.RUNNING, input={},
+                id=task_id, namespace="bench", kind="bench", status=TaskStatus.PENDING, input={},
                 last_seq=per_task, lamport=per_task, head_hash=GENESIS_HASH, created_at=now, updated_at=now,
-                last_event_at=now,
+                last_event_at=BASE_TIME + timedelta(milliseconds=event_position(index, per_task, tasks)),
             )
-            for task_id in task_ids
+            for index, task_id in enumerate(task_ids)
         ],
         batch_size=1000,
     )
@@ -183,7 +184,7 @@ def raw_chain_verification(url: str, task_ids: list[uuid.UUID]) -> tuple[int, fl
     """(events, seconds of hashing and comparing); fetching into memory is not timed."""
     import psycopg
 
-    from backplane.chain import GENESIS_HASH, compute_hash, hashed_fields
+    from backplane.eventlog.chain import GENESIS_HASH, compute_hash, hashed_fields
 
     checked = 0
     seconds = 0.0
@@ -213,7 +214,7 @@ def product_chain_verification(mode: str) -> tuple[int, float]:
     """One periodic run, driven as backplane.tasks._verify_chains drives it."""
     from django.conf import settings
 
-    from backplane import integrity
+    from backplane.integrity import verification as integrity
 
     started = time.perf_counter()
     run = integrity.verification_run_start(mode=mode)
@@ -283,7 +284,7 @@ def raw_sealing(url: str, batch: int) -> tuple[int, float, str]:
 
 def product_sealing() -> tuple[int, float, int]:
     """(leaves, seconds, runs): seal_new_events until nothing is left, as the beat task loops."""
-    from backplane import sealing
+    from backplane.integrity import sealing
 
     total = runs = 0
     started = time.perf_counter()
@@ -297,8 +298,9 @@ def product_sealing_next_run(new_events: int, repeats: int = 3) -> tuple[float, 
     """Median milliseconds of one ``seal_new_events`` run that finds ``new_events`` new events
     on top of everything sealed: in this process (which has sealed before), and as a process
     that has not sealed yet runs it."""
-    from backplane import sealing, services
-    from backplane.services import EventDraft
+    from backplane.eventlog import services
+    from backplane.eventlog.writer import EventDraft
+    from backplane.integrity import sealing
 
     task = services.task_create(namespace="bench", kind="bench", input={}, agent="bench").task
     sealing.seal_new_events()
@@ -321,7 +323,7 @@ def product_sealing_next_run(new_events: int, repeats: int = 3) -> tuple[float, 
 
 
 def product_seal_verification() -> tuple[int, float]:
-    from backplane import sealing
+    from backplane.integrity import sealing
 
     started = time.perf_counter()
     result = sealing.seal_verify_against_head()
@@ -362,7 +364,7 @@ def main() -> None:
         print(f"  {name}: {rate:,.0f} events/s ({detail}) {ratio}", flush=True)
 
     with bench_database() as url:
-        from backplane.models import VerificationMode
+        from backplane.integrity.models import VerificationMode
 
         print(f"load average at start: {load()}", flush=True)
         started = time.perf_counter()
@@ -390,7 +392,7 @@ def main() -> None:
         leaves, seconds, runs = product_sealing()
         _, seal_after, _ = raw_sealing(url, args.seal_batch)
         report("raw sealing, after", raw_leaves / seal_after, f"{seal_after:.1f} s")
-        from backplane.sealing import latest_head
+        from backplane.integrity.sealing import latest_head
 
         root = latest_head().root_hash
         if leaves != raw_leaves or root != raw_root:

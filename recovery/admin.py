@@ -18,7 +18,8 @@ class ToolAdmin(admin.ModelAdmin):
                     "breaker_state", "consecutive_failures", "opened_at")
     list_filter = ("is_active", "breaker_state")
     search_fields = ("name", "url")
-    # The breaker and the rate window change only through the gateway's conditional updates.
+    # The breaker changes only under the row lock (recovery/breakers.py), the rate window only by
+    # the gateway's conditional update: an edit here would race them.
     readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "opened_at", "probe_started_at",
                        "last_error", "rate_window_start", "rate_window_count")
     fields = ("name", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active", "created_at",

@@ -4,3 +4,15 @@ from django.apps import AppConfig
 class RecoveryConfig(AppConfig):
     name = "recovery"
     verbose_name = "Recovery: leases, stalls, tool gateway"
+
+    def ready(self) -> None:
+        # Recovery builds on the event log, never the other way round: the log offers the
+        # follow-up hook and recovery plugs its breakers, sagas and parent reports into it.
+        from backplane.eventlog.writer import register_follow_up
+        from backplane.metrics import register_collector
+        from recovery import handlers
+        from recovery.metrics import RecoveryCollector
+
+        for follow_up in handlers.FOLLOW_UPS:
+            register_follow_up(follow_up)
+        register_collector(RecoveryCollector())

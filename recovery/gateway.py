@@ -6,8 +6,9 @@ One invoke, in order:
    record and within the tool's TTL is the cache: it is returned as it is and the tool is
    not called, so neither the breaker nor the rate limit is consulted.
 2. Otherwise the request must pass the tool's circuit breaker and rate limit. Both live on
-   the Tool row and change only through conditional UPDATEs or under its row lock, so they
-   hold across web processes. A refused request changes nothing.
+   the Tool row, so they hold across web processes: the breaker (recovery/breakers.py, the
+   same state machine as the agents') changes under the row lock, the rate-limit window by a
+   conditional UPDATE. A refused request changes nothing.
 3. ``tool_call_dispatch`` commits ``ToolCallDispatched`` (write before you act).
 4. Outside any transaction the input is POSTed to the tool with ``Idempotency-Key``. A call
    that was dispatched but never answered (its agent crashed, or the tool failed) is sent
@@ -23,7 +24,6 @@ One invoke, in order:
 from __future__ import annotations
 
 import json
-import logging
 import math
 import threading
 import time
@@ -38,13 +38,19 @@ from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from backplane.errors import CircuitOpen, IdempotencyMismatch, InvalidInput, NotFound, RateLimited, ToolUnavailable
-from backplane.selectors import task_visible
-from backplane.services import check_lease, ensure_storable_json
-from recovery.models import BreakerState, Tool, ToolCall, ToolCallStatus
-from recovery.services import ToolCallOutcome, tool_call_dispatch, tool_call_key, tool_call_record_result
-
-logger = logging.getLogger(__name__)
+from backplane.eventlog.errors import (
+    IdempotencyMismatch,
+    InvalidInput,
+    NotFound,
+    RateLimited,
+    ToolUnavailable,
+)
+from backplane.eventlog.selectors import task_visible
+from backplane.eventlog.services import ensure_storable_json
+from backplane.eventlog.writer import check_lease
+from recovery import breakers
+from recovery.models import Tool, ToolCall, ToolCallStatus
+from recovery.tool_calls import ToolCallOutcome, tool_call_dispatch, tool_call_key, tool_call_record_result
 
 USER_AGENT = "agent-backplane-gateway/1"
 
@@ -60,14 +66,6 @@ def _http() -> httpx.Client:
         if _client is None:
             _client = httpx.Client(follow_redirects=False)
         return _client
-
-
-def _breaker_threshold() -> int:
-    return int(getattr(settings, "BACKPLANE_TOOL_BREAKER_THRESHOLD", 3))
-
-
-def _breaker_cooldown() -> timedelta:
-    return timedelta(seconds=int(getattr(settings, "BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS", 30)))
 
 
 def _seconds_until(moment: datetime, now: datetime) -> int:
@@ -249,113 +247,47 @@ def _admit(tool: Tool, *, now: datetime) -> Permit:
     return permit
 
 
+# The tool's circuit breaker is the one state machine of recovery/breakers.py (store TOOLS);
+# these are its entry points for the gateway and the admin.
+
+
 def tool_breaker_admit(*, tool: Tool, now: datetime) -> Permit:
     """Let a call through, make it the half-open probe, or refuse it with CircuitOpen.
 
     ``tool`` was read at the start of the request; a breaker that opens a moment later lets
-    that one call through, which is harmless. Claiming the probe is a conditional UPDATE:
-    of the requests that find the cool-down over, exactly one updates the row.
+    that one call through, which is harmless. The probe is claimed under the row lock: of the
+    requests that find the cool-down over, exactly one gets it. A probe that never reports
+    (its process died) is given up after the tool's timeout plus a cool-down.
     """
-    if tool.breaker_state == BreakerState.CLOSED:
-        return Permit()
-    cooldown = _breaker_cooldown()
-    if tool.breaker_state == BreakerState.OPEN:
-        reopens_at = (tool.opened_at or now) + cooldown
-        if now >= reopens_at:
-            claimed = Tool.objects.filter(
-                pk=tool.pk, breaker_state=BreakerState.OPEN, opened_at__lte=now - cooldown
-            ).update(breaker_state=BreakerState.HALF_OPEN, probe_started_at=now)
-            if claimed:
-                logger.info("tool %s: breaker open -> half_open, one probe call goes through", tool.name)
-                return Permit(probe_started_at=now)
-        retry_after = _seconds_until(reopens_at, now) if now < reopens_at else tool.timeout_seconds
-    else:
-        # Half-open: a probe is out. One that never reported (its process died) is given up
-        # after its timeout plus a cool-down, and another request may probe.
-        probe_started_at = tool.probe_started_at or now
-        patience = timedelta(seconds=tool.timeout_seconds) + cooldown
-        if now >= probe_started_at + patience:
-            claimed = Tool.objects.filter(
-                pk=tool.pk, breaker_state=BreakerState.HALF_OPEN, probe_started_at__lte=now - patience
-            ).update(probe_started_at=now)
-            if claimed:
-                logger.warning("tool %s: half-open probe never reported; another probe goes through", tool.name)
-                return Permit(probe_started_at=now)
-        retry_after = _seconds_until(probe_started_at + timedelta(seconds=tool.timeout_seconds), now)
-    raise CircuitOpen(
-        f"the circuit breaker of tool {tool.name} is {tool.breaker_state}",
-        retry_after=retry_after,
-        details={"tool": tool.name, "state": tool.breaker_state, "consecutive_failures": tool.consecutive_failures,
-                 "retry_after": retry_after},
-    )
+    return Permit(probe_started_at=breakers.breaker_admit(breakers.TOOLS, tool, now=now).trial_started_at)
 
 
 def _probe_release(tool: Tool, permit: Permit) -> None:
     """The probe was admitted but the tool was not called: back to open with the cool-down
     already spent, so the next request becomes the probe."""
-    if permit.probe_started_at is None:
-        return
-    Tool.objects.filter(
-        pk=tool.pk, breaker_state=BreakerState.HALF_OPEN, probe_started_at=permit.probe_started_at
-    ).update(breaker_state=BreakerState.OPEN, probe_started_at=None)
+    if permit.probe_started_at is not None:
+        breakers.breaker_release_trial(breakers.TOOLS, tool.pk, trial_started_at=permit.probe_started_at,
+                                       reason="the probe was not sent")
 
 
 def tool_breaker_record_failure(*, tool_id: int, reason: str) -> Tool:
     """Count a failure; the threshold opens the breaker, a failed probe opens it again."""
-    now = timezone.now()
     with transaction.atomic(durable=True):
-        tool = Tool.objects.select_for_update().get(pk=tool_id)
-        previous = tool.breaker_state
-        tool.consecutive_failures += 1
-        tool.last_error = reason[:1000]
-        if previous == BreakerState.HALF_OPEN or (
-            previous == BreakerState.CLOSED and tool.consecutive_failures >= _breaker_threshold()
-        ):
-            tool.breaker_state = BreakerState.OPEN
-            tool.opened_at = now
-            tool.probe_started_at = None
-        tool.save(update_fields=["consecutive_failures", "last_error", "breaker_state", "opened_at",
-                                 "probe_started_at"])
-    if tool.breaker_state != previous:
-        logger.warning("tool %s: breaker %s -> open after %d consecutive failures, last: %s",
-                       tool.name, previous, tool.consecutive_failures, reason)
+        tool = breakers.TOOLS.lock(tool_id)
+        breakers.breaker_count_failures(breakers.TOOLS, [(tool, 1, None)], reason=reason, now=timezone.now())
     return tool
 
 
 def tool_breaker_record_success(*, tool_id: int) -> None:
     """An answer came: the breaker closes and the failure count starts again."""
     with transaction.atomic(durable=True):
-        # The usual case (closed, no failures) matches no row and writes nothing.
-        tool = (
-            Tool.objects.select_for_update()
-            .filter(pk=tool_id)
-            .exclude(breaker_state=BreakerState.CLOSED, consecutive_failures=0)
-            .first()
-        )
-        if tool is None:
-            return
-        previous = tool.breaker_state
-        tool.breaker_state = BreakerState.CLOSED
-        tool.consecutive_failures = 0
-        tool.opened_at = None
-        tool.probe_started_at = None
-        tool.save(update_fields=["breaker_state", "consecutive_failures", "opened_at", "probe_started_at"])
-    if previous != BreakerState.CLOSED:
-        logger.info("tool %s: breaker %s -> closed", tool.name, previous)
+        breakers.breaker_count_success(breakers.TOOLS, Tool.objects.filter(pk=tool_id), reason="the tool answered",
+                                       now=timezone.now())
 
 
 def tool_breaker_reset(*, tool_id: int, decided_by: str) -> None:
     """An operator closes the breaker by hand."""
-    with transaction.atomic(durable=True):
-        tool = Tool.objects.select_for_update().get(pk=tool_id)
-        previous = tool.breaker_state
-        tool.breaker_state = BreakerState.CLOSED
-        tool.consecutive_failures = 0
-        tool.opened_at = None
-        tool.probe_started_at = None
-        tool.save(update_fields=["breaker_state", "consecutive_failures", "opened_at", "probe_started_at"])
-    if previous != BreakerState.CLOSED:
-        logger.info("tool %s: breaker %s -> closed, reset by %s", tool.name, previous, decided_by)
+    breakers.breaker_close(breakers.TOOLS, tool_id, decided_by=decided_by)
 
 
 def tool_rate_limit_take(*, tool: Tool, now: datetime) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from backplane.models import Task
+from backplane.eventlog.models import Task
 
 
 class ToolCallStatus(models.TextChoices):
@@ -60,8 +60,8 @@ class Tool(models.Model):
     """An external tool the backplane calls itself (``POST /api/v1/tools/{name}/invoke/``).
 
     Registered by administrators. The row also holds what must hold across web processes:
-    the circuit breaker and the per-minute rate-limit window, both changed only by
-    conditional UPDATEs or under the row lock (recovery/gateway.py).
+    the circuit breaker, changed under the row lock (recovery/breakers.py, store ``TOOLS``),
+    and the per-minute rate-limit window, changed by a conditional UPDATE (recovery/gateway.py).
     """
 
     name = models.SlugField(max_length=200, unique=True)

@@ -9,9 +9,12 @@ reverse step order, one at a time:
    ``backplane.compensations.<tool>`` for the compensating agent, all in one transaction;
 2. the compensating agent reports through the usual ``POST /tool-calls/{key}/result/``
    with the compensation's key, which writes ``CompensationCompleted`` and requests the
-   next one, or, after the last, moves the task from ``compensating`` to ``compensated``;
+   next one, or, after the last, ``TaskCompensated``;
 3. a failed compensation becomes a dead letter (source ``compensation``); requeueing it
-   requests the same compensation again.
+   requests the same compensation again, discarding it goes on with the next one.
+
+The status follows the events (the reducer): ``CompensationStarted`` makes the failed task
+``compensating``, ``TaskCompensated`` makes it ``compensated``.
 
 Everything here runs inside the caller's transaction, with the task row locked.
 """
@@ -23,11 +26,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from backplane import event_types as et
-from backplane.chain import format_timestamp
-from backplane.models import DeadLetter, DeadLetterSource, Task, TaskStatus
-from backplane.outbox import outbox_enqueue
-from backplane.services import EventDraft, write_events
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
+from backplane.delivery.outbox import outbox_enqueue
+from backplane.eventlog import event_types as et
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.models import Task, TaskStatus
+from backplane.eventlog.writer import EventDraft, write_events
 from recovery.models import ToolCall, ToolCallStatus
 
 COMPENSATION_TOPIC = "backplane.compensations.{tool}"
@@ -39,10 +43,23 @@ def compensation_key(original: ToolCall) -> str:
     return hashlib.sha256(f"{original.task_id}:{original.step}:{tool}:compensates:{original.pk}".encode()).hexdigest()
 
 
+def _skipped_keys(task: Task) -> list[str]:
+    """Compensations of this task that failed and a reviewer discarded: nobody will run them."""
+    return list(
+        DeadLetter.objects.filter(task=task, source=DeadLetterSource.COMPENSATION, status=DeadLetterStatus.DISCARDED)
+        .order_by("pk")
+        .values_list("reference", flat=True)
+    )
+
+
 def _next_to_compensate(task: Task) -> ToolCall | None:
-    """The latest-step succeeded call with a compensation that has not been compensated yet."""
+    """The latest-step succeeded call with a compensation that has been neither compensated
+    nor given up on (a discarded compensation's dead letter)."""
     done = set(
         ToolCall.objects.filter(task=task, compensation_of__isnull=False, status=ToolCallStatus.SUCCEEDED)
+        .values_list("compensation_of", flat=True)
+    ) | set(
+        ToolCall.objects.filter(task=task, compensation_of__isnull=False, pk__in=_skipped_keys(task))
         .values_list("compensation_of", flat=True)
     )
     candidates = (
@@ -59,8 +76,15 @@ def saga_start_if_due(task: Task, *, now: datetime) -> bool:
     original = _next_to_compensate(task)
     if original is None:
         return False
-    task.status = TaskStatus.COMPENSATING
-    task.save(update_fields=["status"])
+    # The event makes the task compensating (the reducer); the task has just failed, so it is
+    # closed to clients, and the backplane records its own saga anyway.
+    write_events(
+        task,
+        [EventDraft(type=et.COMPENSATION_STARTED, payload={"first": original.pk, "step": original.step})],
+        agent=None,
+        now=now,
+        allow_closed=True,
+    )
     _request(task, original, now=now)
     return True
 
@@ -100,7 +124,7 @@ def _request(task: Task, original: ToolCall, *, now: datetime) -> ToolCall:
         headers={"task_id": str(task.pk), "seq": event.seq, "event_hash": event.hash,
                  "created_at": format_timestamp(now)},
         now=now,
-        task=task,
+        task_id=str(task.pk),
         event_position=event.position,
     )
     return record
@@ -133,12 +157,24 @@ def saga_record_compensation_result(task: Task, record: ToolCall, *, agent: str 
             created_at=now,
         )
         return
+    _request_next_or_finish(task, now=now)
+
+
+def _request_next_or_finish(task: Task, *, now: datetime) -> None:
     following = _next_to_compensate(task)
     if following is not None:
         _request(task, following, now=now)
         return
-    task.status = TaskStatus.COMPENSATED
-    task.save(update_fields=["status"])
+    write_events(task, [EventDraft(type=et.TASK_COMPENSATED, payload={"skipped": _skipped_keys(task)})], agent=None,
+                 now=now)
+
+
+def saga_skip_compensation(task: Task, compensation_key_: str, *, now: datetime) -> None:
+    """A reviewer discarded a failed compensation: nobody will undo that step, so the saga
+    goes on with the step before it, or ends (``TaskCompensated`` lists what was skipped)."""
+    if task.status != TaskStatus.COMPENSATING:
+        return
+    _request_next_or_finish(task, now=now)
 
 
 def saga_retry_compensation(task: Task, compensation_key_: str, *, now: datetime) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from backplane import event_types as et
-from backplane.chain import format_timestamp
-from backplane.errors import NotFound
-from backplane.models import Event, Task
-from backplane.selectors import task_visible
+from backplane.eventlog import event_types as et
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.errors import NotFound
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.selectors import task_visible
 from recovery.models import ToolCall
 
 

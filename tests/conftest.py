@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
-from backplane import services
-from backplane.models import Task
+from backplane.eventlog import services
+from backplane.eventlog.models import Task
 
 
 @pytest.fixture
@@ -40,3 +42,13 @@ def make_task(db: None) -> Callable[..., Task]:
 @pytest.fixture
 def task_id() -> uuid.UUID:
     return uuid.uuid4()
+
+
+def check_projections() -> tuple[int, str]:
+    """Run ``manage.py rebuild_projections --check`` in process: (exit code, what it printed)."""
+    out = io.StringIO()
+    try:
+        call_command("rebuild_projections", "--check", stdout=out, stderr=out)
+    except SystemExit as exc:
+        return int(exc.code or 0), out.getvalue()
+    return 0, out.getvalue()

@@ -26,7 +26,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     var_dir.mkdir()
     os.environ["BACKPLANE_VAR_DIR"] = str(var_dir)
     if not os.environ.get("DATABASE_URL"):
-        from backplane import embedded_db
+        from backplane.runtime import embedded_db
 
         pgdata = root / "pgdata"
         os.environ["DATABASE_URL"] = embedded_db.start(pgdata)
@@ -37,7 +37,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if "pgdata" in _state:
-        from backplane import embedded_db
+        from backplane.runtime import embedded_db
 
         embedded_db.destroy(_state["pgdata"])
     if "root" in _state:

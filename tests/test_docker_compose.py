@@ -27,7 +27,7 @@ from django.core.management import get_commands
 from django.urls import resolve
 
 from backplane import health
-from backplane.env import database_from_url
+from backplane.runtime.env import database_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker-compose.yml"

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from backplane import embedded_db
+from backplane.runtime import embedded_db
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ class RunningProduct:
         env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "BACKPLANE_VAR_DIR"}}
         env["BACKPLANE_ENV"] = "development"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "backplane.launcher", "--port", str(self.port), "--var-dir", str(var_dir)],
+            [sys.executable, "-m", "backplane.runtime.launcher", "--port", str(self.port), "--var-dir", str(var_dir)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.output: list[str] = []

@@ -14,8 +14,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from backplane.models import Agent, hash_token
-from backplane.sql_rows import RowLoader
+from backplane.eventlog.models import Agent, hash_token
+from backplane.lib.sql_rows import RowLoader
 
 REVIEW_PERMISSION = "backplane.review_deadletter"
 _AGENT_ROWS = RowLoader(Agent)

@@ -10,7 +10,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane import dead_letters, selectors
+from backplane.api.base import ApiView, errors, principal_of, query_int, validated
 from backplane.api.serializers import (
     JSONObjectField,
     StrictBooleanField,
@@ -18,10 +18,11 @@ from backplane.api.serializers import (
     StrictSerializer,
     optional_timestamp,
 )
-from backplane.api.views import ApiView, errors, principal_of, query_int, validated
-from backplane.chain import format_timestamp
-from backplane.errors import InvalidInput
-from backplane.models import DeadLetter, DeadLetterStatus
+from backplane.delivery import selectors as delivery_selectors
+from backplane.delivery.models import DeadLetter, DeadLetterStatus
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.errors import InvalidInput
+from recovery import dead_letters
 
 
 class DeadLetterOut(serializers.Serializer):
@@ -96,7 +97,7 @@ class DeadLettersView(ApiView):
         status_filter = request.query_params.get("status")
         if status_filter is not None and status_filter not in DeadLetterStatus.values:
             raise InvalidInput("unknown status", {"status": f"one of {', '.join(DeadLetterStatus.values)}"})
-        page = selectors.dead_letter_list(
+        page = delivery_selectors.dead_letter_list(
             status=status_filter,
             limit=query_int(request, "limit", default=100, minimum=1, maximum=1000),
             after_id=query_int(request, "cursor", default=0, minimum=0),

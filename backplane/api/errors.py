@@ -12,7 +12,7 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from backplane.errors import BackplaneError
+from backplane.eventlog.errors import BackplaneError
 
 logger = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane import sealing
-from backplane.api.views import ApiView, errors, principal_of, query_int
-from backplane.errors import NotFound
-from backplane.models import Event
+from backplane.api.base import ApiView, errors, principal_of, query_int
+from backplane.eventlog.errors import NotFound
+from backplane.eventlog.models import Event
+from backplane.integrity import sealing
 
 
 class SignedTreeHeadOut(serializers.Serializer):

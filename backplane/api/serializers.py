@@ -11,9 +11,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from backplane.chain import event_as_api_dict, format_timestamp
-from backplane.event_types import CLIENT_TYPE_PATTERN
-from backplane.models import Event, Task
+from backplane.eventlog.chain import event_as_api_dict, format_timestamp
+from backplane.eventlog.event_types import CLIENT_TYPE_PATTERN, SERVER_ONLY_TYPES
+from backplane.eventlog.models import Event, Task
 
 # --- strict fields: JSON types are not coerced ("5" is not an integer, 1 is not a string) ---
 
@@ -192,7 +192,15 @@ class EventFieldsIn(StrictSerializer):
     """One event as a client writes it."""
 
     # The pattern is checked again, with the reserved names, in the service.
-    type = StrictCharField(max_length=64, min_length=3, validators=[RegexValidator(CLIENT_TYPE_PATTERN)])
+    type = StrictCharField(
+        max_length=64, min_length=3, validators=[RegexValidator(CLIENT_TYPE_PATTERN)],
+        help_text=(
+            "PascalCase, matching ^[A-Z][A-Za-z0-9]{2,63}$. ReasoningStepCompleted needs an integer payload.step, "
+            "TaskCompleted an object payload.output, TaskFailed a string payload.error and a boolean "
+            "payload.retryable. Written only by the server, refused with 400 validation_error: "
+            + ", ".join(sorted(SERVER_ONLY_TYPES)) + "."
+        ),
+    )
     payload = JSONObjectField(required=False, default=dict)
     idempotency_key = StrictCharField(max_length=255, min_length=1, required=False, allow_null=True)
     lamport = StrictIntegerField(required=False, min_value=0, max_value=2**62)

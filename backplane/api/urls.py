@@ -1,7 +1,7 @@
 from django.urls import path
 
 from backplane.api import dead_letters, integrity, views
-from recovery import api as recovery_api
+from backplane.api import recovery as recovery_api
 
 urlpatterns = [
     path("tasks/", views.TasksView.as_view(), name="tasks"),

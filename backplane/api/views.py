@@ -5,19 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from backplane import selectors, services
-from backplane.api.authentication import Principal
+from backplane.api.base import ApiView, errors, principal_of, query_int, validated, written_or_replayed
 from backplane.api.serializers import (
     ChainVerifyOut,
-    ErrorOut,
     EventAppendIn,
     EventBatchIn,
     EventBatchOut,
@@ -29,40 +24,10 @@ from backplane.api.serializers import (
     event_as_api_dict,
     task_as_api_dict,
 )
-from backplane.errors import InvalidInput
-from backplane.models import TaskStatus
-from backplane.services import EventDraft, OutboxDraft
-
-REPLAY_HEADER = "Idempotent-Replay"
-
-
-def errors(*statuses: int) -> dict[int, OpenApiResponse]:
-    """The contract's error body for each listed status, plus the ones every route can give."""
-    common = {400, 401, 413, 429, 503}
-    return {code: OpenApiResponse(ErrorOut) for code in sorted(common | set(statuses))}
-
-
-def written_or_replayed(body: Any, *, replayed: bool) -> Response:
-    """201 for a new write; 200 with ``Idempotent-Replay: true`` when the request was already applied."""
-    if replayed:
-        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
-    return Response(body, status=status.HTTP_201_CREATED)
-
-
-def principal_of(request: Request) -> Principal:
-    principal = request.user
-    assert isinstance(principal, Principal)
-    return principal
-
-
-def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
-
-
-class ApiView(APIView):
-    permission_classes = [IsAuthenticated]
+from backplane.eventlog import selectors, services
+from backplane.eventlog.errors import InvalidInput
+from backplane.eventlog.models import TaskStatus
+from backplane.eventlog.writer import EventDraft, OutboxDraft
 
 
 def draft_from(data: dict[str, Any]) -> EventDraft:
@@ -79,20 +44,6 @@ def draft_from(data: dict[str, Any]) -> EventDraft:
             for item in data.get("outbox", [])
         ),
     )
-
-
-def query_int(request: Request, name: str, *, default: int, minimum: int, maximum: int | None = None) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"{name} must be an integer", {name: "must be an integer"}) from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise InvalidInput(f"{name} must be {bound}", {name: f"must be {bound}"})
-    return value
 
 
 class TasksView(ApiView):

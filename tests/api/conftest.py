@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from backplane import services
-from backplane.models import Event, OutboxMessage, Task
+from backplane.delivery.models import OutboxMessage
+from backplane.eventlog import services
+from backplane.eventlog.models import Event, Task
 from recovery.models import ToolCall
 
 

@@ -7,8 +7,9 @@ from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from backplane import services
-from backplane.models import DeadLetter, Event, OutboxMessage
+from backplane.delivery.models import DeadLetter, OutboxMessage
+from backplane.eventlog import services
+from backplane.eventlog.models import Event
 from tests.api.conftest import assert_error, create_task
 
 
@@ -82,7 +83,7 @@ def test_discard_needs_a_reason_and_is_recorded(reviewer, dead_letter) -> None: 
 
 
 def test_a_token_bound_to_a_reviewer_may_review(db, dead_letter) -> None:  # type: ignore[no-untyped-def]
-    from backplane.models import Agent
+    from backplane.eventlog.models import Agent
 
     user = User.objects.create_user("bot-owner", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="review_deadletter"))
@@ -99,8 +100,8 @@ def test_two_reviewers_deciding_at_once_decide_once(committed_db) -> None:  # ty
 
     from django.db import connection
 
-    from backplane import dead_letters
-    from backplane.errors import AlreadyDecided
+    from backplane.eventlog.errors import AlreadyDecided
+    from recovery import dead_letters
 
     task = services.task_create(namespace="acme", kind="k", input={}, agent="a").task
     message = OutboxMessage.objects.get(task=task)

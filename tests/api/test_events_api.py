@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backplane.chain import api_event_hash
-from backplane.event_types import SERVER_ONLY_TYPES
+from backplane.eventlog.chain import api_event_hash
+from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from tests.api.conftest import assert_error, claim, create_task
 
 
@@ -156,7 +156,7 @@ def test_verify_reports_the_chain(alice) -> None:  # type: ignore[no-untyped-def
 
 
 def test_outbox_messages_commit_with_the_event(alice) -> None:  # type: ignore[no-untyped-def]
-    from backplane.models import OutboxMessage
+    from backplane.delivery.models import OutboxMessage
 
     task = create_task(alice)
     response = alice.post(events_url(task), {"type": "LeadScored", "payload": {"score": 3},

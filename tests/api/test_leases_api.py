@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from backplane import services
-from backplane.models import Event, Task
+from backplane.eventlog import services
+from backplane.eventlog.models import Event, Task
 from tests.api.conftest import assert_error, claim, create_task
 
 

@@ -18,7 +18,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
-from backplane import services
+from backplane.eventlog import services
 from backplane.wsgi import application
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)

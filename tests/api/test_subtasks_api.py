@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backplane.models import Event
+from backplane.eventlog.models import Event
 from tests.api.conftest import assert_error, claim, create_task
 
 

@@ -138,7 +138,7 @@ def test_every_route_wants_a_valid_token(alice, counts, method, path, body) -> N
 
 
 def test_an_inactive_agent_is_401(alice) -> None:  # type: ignore[no-untyped-def]
-    from backplane.models import Agent
+    from backplane.eventlog.models import Agent
 
     Agent.objects.filter(name="alice").update(is_active=False)
     assert_error(alice.get("/api/v1/tasks/"), 401, "not_authenticated")

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from backplane.models import Event
-from recovery import services
+from backplane.eventlog.models import Event
+from recovery import tool_calls
 from recovery.models import ToolCall
 from tests.api.conftest import assert_error, claim, create_task
 
@@ -102,8 +102,8 @@ def test_records_expire_after_the_ttl(alice) -> None:  # type: ignore[no-untyped
     key = dispatch(alice, task).json()["idempotency_key"]
     record = ToolCall.objects.get(pk=key)
     assert record.expires_at - record.dispatched_at == timedelta(hours=24)
-    assert services.tool_call_purge_expired(now=timezone.now()) == 0
-    assert services.tool_call_purge_expired(now=record.expires_at + timedelta(seconds=1)) == 1
+    assert tool_calls.tool_call_purge_expired(now=timezone.now()) == 0
+    assert tool_calls.tool_call_purge_expired(now=record.expires_at + timedelta(seconds=1)) == 1
     assert not ToolCall.objects.filter(pk=key).exists()
     # The log keeps the dispatch even after the record is gone.
     assert Event.objects.filter(task_id=task["task_id"], type="ToolCallDispatched").count() == 1

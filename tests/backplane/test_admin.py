@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.test import Client
 
-from backplane.models import Agent, Event, Task
+from backplane.eventlog.models import Agent, Event, Task
 
 
 @pytest.fixture
@@ -36,8 +36,8 @@ def test_events_cannot_be_added_changed_or_deleted(staff_client: Client, make_ta
 
 @pytest.mark.parametrize("term", ["task", "TaskStarted", "key-42"])
 def test_events_are_searchable_by_task_type_and_idempotency_key(staff_client: Client, make_task, term: str) -> None:  # type: ignore[no-untyped-def]
-    from backplane import services
-    from backplane.services import EventDraft
+    from backplane.eventlog import services
+    from backplane.eventlog.writer import EventDraft
 
     task = make_task()
     other = make_task()

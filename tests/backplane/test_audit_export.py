@@ -17,11 +17,15 @@ import boto3
 import pytest
 from django.core.management import call_command
 
-from backplane import celery_app, sealing, tasks
-from backplane.audit import export
-from backplane.audit import manifest as fmt
-from backplane.dead_letters import dead_letter_requeue
-from backplane.models import AuditSegment, DeadLetter, DeadLetterSource, DeadLetterStatus, Event, SignedTreeHead
+from backplane import celery_app
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
+from backplane.eventlog.models import Event
+from backplane.integrity import sealing
+from backplane.integrity import tasks as integrity_tasks
+from backplane.integrity.audit import export
+from backplane.integrity.audit import manifest as fmt
+from backplane.integrity.models import AuditSegment, SignedTreeHead
+from recovery.dead_letters import dead_letter_requeue
 from tests.backplane.audit_support import append, as_attacker, run_verifier, seed, verifier_env
 
 
@@ -204,7 +208,7 @@ def test_an_unwritable_directory_ends_in_one_dead_letter_then_exports_once_fixed
     seed()
     seal = sealing.seal_new_events()
 
-    result = tasks.audit_export.apply()  # eagerly, with every retry
+    result = integrity_tasks.audit_export.apply()  # eagerly, with every retry
 
     assert result.failed()
     dead = DeadLetter.objects.get()
@@ -212,11 +216,11 @@ def test_an_unwritable_directory_ends_in_one_dead_letter_then_exports_once_fixed
     assert dead.reference == f"segment 1 (leaves 0-{seal.tree_size - 1})"
     assert "Not a directory" in dead.error and str(blocker) in dead.error
     assert not AuditSegment.objects.exists()
-    assert tasks.audit_export.apply().failed()  # the next hourly run fails again: still one dead letter
+    assert integrity_tasks.audit_export.apply().failed()  # the next hourly run fails again: still one dead letter
     assert DeadLetter.objects.get().attempts == 10
 
     blocker.unlink()
-    assert tasks.audit_export.apply().get() == [1]
+    assert integrity_tasks.audit_export.apply().get() == [1]
     assert AuditSegment.objects.get().tree_size == seal.tree_size
     assert run_verifier(blocker / "audit", public_key).returncode == 0
 
@@ -319,13 +323,13 @@ def test_an_unreachable_s3_endpoint_ends_in_one_dead_letter_then_exports_once_re
     sealing.seal_new_events()
     settings.BACKPLANE_AUDIT_S3_ENDPOINT_URL = f"http://127.0.0.1:{closed_port()}"
 
-    assert tasks.audit_export.apply().failed()
+    assert integrity_tasks.audit_export.apply().failed()
 
     dead = DeadLetter.objects.get(source=DeadLetterSource.AUDIT_EXPORT)
     assert dead.attempts == 5 and "Could not connect" in dead.error
     assert not AuditSegment.objects.exists()
     settings.BACKPLANE_AUDIT_S3_ENDPOINT_URL = s3_endpoint
-    assert tasks.audit_export.apply().get() == [1]
+    assert integrity_tasks.audit_export.apply().get() == [1]
     assert DeadLetter.objects.count() == 1
 
 

@@ -11,7 +11,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backplane.canonical import CanonicalizationError, canonical_json, canonical_sha256
+from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
 
 # A copy of ../shared/vectors, vendored so CI on a clean clone has them.
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "rfc8785"

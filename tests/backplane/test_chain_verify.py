@@ -8,11 +8,11 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from backplane import services
-from backplane.chain import GENESIS_HASH, compute_hash, hashed_fields
-from backplane.models import Event, Task
-from backplane.selectors import chain_verify
-from backplane.services import EventDraft
+from backplane.eventlog import services
+from backplane.eventlog.chain import GENESIS_HASH, compute_hash, hashed_fields
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.selectors import chain_verify
+from backplane.eventlog.writer import EventDraft
 
 
 def build_task(make_task, steps: int = 4) -> Task:  # type: ignore[no-untyped-def]

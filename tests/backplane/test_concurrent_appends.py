@@ -8,11 +8,11 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 
-from backplane import services
-from backplane.errors import SeqConflict
-from backplane.models import Event, Task
-from backplane.selectors import chain_verify
-from backplane.services import EventDraft
+from backplane.eventlog import services
+from backplane.eventlog.errors import SeqConflict
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.selectors import chain_verify
+from backplane.eventlog.writer import EventDraft
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from backplane.models import Agent
+from backplane.eventlog.models import Agent
 
 
 def test_it_prints_a_token_and_stores_only_its_hash(db) -> None:  # type: ignore[no-untyped-def]

@@ -7,19 +7,12 @@ import uuid
 
 import pytest
 
-from backplane import services
-from backplane.chain import GENESIS_HASH, api_event_hash, event_as_api_dict
-from backplane.errors import (
-    IdempotencyMismatch,
-    InvalidInput,
-    NotFound,
-    SeqConflict,
-    StaleLease,
-    TaskClosed,
-)
-from backplane.event_types import SERVER_ONLY_TYPES
-from backplane.models import Event, Task, TaskStatus
-from backplane.services import EventDraft
+from backplane.eventlog import services
+from backplane.eventlog.chain import GENESIS_HASH, api_event_hash, event_as_api_dict
+from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, NotFound, SeqConflict, StaleLease, TaskClosed
+from backplane.eventlog.event_types import SERVER_ONLY_TYPES
+from backplane.eventlog.models import Event, Task, TaskStatus
+from backplane.eventlog.writer import EventDraft
 
 
 def append(task: Task, draft: EventDraft, **kwargs):  # type: ignore[no-untyped-def]
@@ -78,7 +71,7 @@ def test_it_keeps_a_lamport_clock(make_task) -> None:  # type: ignore[no-untyped
 
 
 def test_it_hashes_payload_numbers_the_same_after_a_jsonb_round_trip(make_task) -> None:  # type: ignore[no-untyped-def]
-    from backplane.selectors import chain_verify
+    from backplane.eventlog.selectors import chain_verify
 
     task = make_task()
     append(task, EventDraft(type="Measured", payload={"big": 1e21, "small": 5e-324, "neg": -0.0, "x": 0.1}))

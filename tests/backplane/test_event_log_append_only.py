@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from backplane import services
-from backplane.models import Event
+from backplane.eventlog import services
+from backplane.eventlog.models import Event
 
 
 def run_sql(sql: str, params: list | None = None) -> None:  # type: ignore[type-arg]

@@ -11,19 +11,22 @@ from django.db import connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from backplane import integrity, services, tasks
-from backplane.chain import compute_hash, event_hashed_fields
-from backplane.errors import AlreadyDecided, InvalidInput
-from backplane.models import (
-    Event,
+from backplane.eventlog import services
+from backplane.eventlog.chain import compute_hash, event_hashed_fields
+from backplane.eventlog.errors import AlreadyDecided, InvalidInput
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.reducer import task_state_as_json, task_state_from_json, task_state_of
+from backplane.eventlog.selectors import chain_verify
+from backplane.eventlog.writer import EventDraft
+from backplane.integrity import tasks as integrity_tasks
+from backplane.integrity import verification as integrity
+from backplane.integrity.models import (
     IntegrityAlert,
-    Task,
+    IntegrityAlertKind,
     VerificationMode,
     VerificationRun,
     VerifiedHead,
 )
-from backplane.selectors import chain_verify
-from backplane.services import EventDraft
 
 INCREMENTAL = VerificationMode.INCREMENTAL
 FULL = VerificationMode.FULL
@@ -126,7 +129,8 @@ def test_an_edited_new_event_raises_an_alert_with_its_seq(build_task) -> None:  
     # seq 4 checked, seq 5 is the first bad one.
     assert figures(verification) == (1, 1, 1)
     alert = IntegrityAlert.objects.get()
-    assert (alert.task_id, alert.first_invalid_seq, alert.run_id) == (task.pk, 5, verification.pk)
+    assert (alert.task_id, alert.kind, alert.first_invalid_seq, alert.run_id) == (
+        task.pk, IntegrityAlertKind.CHAIN, 5, verification.pk)
     assert alert.problem == "hash does not match the event's content" and alert.acknowledged_at is None
     # The broken task's head stays where it was verified.
     assert VerifiedHead.objects.get(task=task).verified_seq == 3
@@ -220,12 +224,14 @@ def test_a_stale_task_row_is_not_a_broken_chain(build_task) -> None:  # type: ig
     """chain_verify reads the task row before the log; an append in between must not raise."""
     task = build_task(1)
     stale = Task.objects.get(pk=task.pk)
-    head = integrity._Head(task.pk, stale.last_seq, stale.head_hash, 0, "0" * 64, None)
+    head = integrity._Head(task.pk, task_state_of(stale), 0, "0" * 64, None)
     append_steps(task, 1)
     assert chain_verify(task=stale).valid  # checks the log only up to the seq the task row had
-    outcome = integrity._verify_full(head, stale)
-    # Verified as far as the row it read; the next run picks up the rest.
+    outcome = integrity._verify_full(head)
+    # Verified as far as the row it read, and that row is its log's projection there; the
+    # next run picks up the rest.
     assert outcome.broken is None and outcome.verified == (2, stale.head_hash)
+    assert outcome.drifted is None and outcome.checkpoint == task_state_of(stale)
 
 
 def test_an_alert_is_acknowledged_once(build_task) -> None:  # type: ignore[no-untyped-def]
@@ -279,17 +285,18 @@ def test_metrics_report_unacknowledged_alerts(client: Client, build_task) -> Non
 
 def test_the_celery_tasks_run_both_modes(build_task, caplog) -> None:  # type: ignore[no-untyped-def]
     task = build_task(2)
-    result = tasks.verify_chains_incremental()
+    result = integrity_tasks.verify_chains_incremental()
     assert {k: result[k] for k in ("tasks", "events", "failures", "alerts_raised")} == {
         "tasks": 1, "events": 3, "failures": 0, "alerts_raised": 0}
 
     as_attacker("UPDATE backplane_event SET payload = '{\"step\": 5}' WHERE task_id = %s AND seq = 1", [task.pk])
-    result = tasks.verify_chains_full()
+    result = integrity_tasks.verify_chains_full()
     assert {k: result[k] for k in ("tasks", "failures", "alerts_raised")} == {"tasks": 1, "failures": 1,
                                                                             "alerts_raised": 1}
     assert VerificationRun.objects.get(pk=result["run"]).mode == FULL
     assert IntegrityAlert.objects.get().first_invalid_seq == 1
-    assert "chain broken at seq 1" in caplog.text and "1 broken chain(s)" in caplog.text
+    assert "chain broken at seq 1" in caplog.text and (
+        "1 task(s) with a broken chain or a row that differs from its log" in caplog.text)
     assert VerificationRun.objects.filter(finished_at__isnull=True).count() == 0
 
 
@@ -328,3 +335,110 @@ def test_the_admin_acknowledges_with_a_note_and_changes_nothing_else(  # type: i
     operator_client.post(changelist, {**action, "note": "restored from backup"})
     alert.refresh_from_db()
     assert (alert.acknowledged_by, alert.note) == ("user:root", "restored from backup")
+
+
+# --- the row against its log ---------------------------------------------------------------------
+
+
+def checkpoint_of(task: Task) -> dict:  # type: ignore[type-arg]
+    projection = VerifiedHead.objects.get(task=task).projection
+    assert projection is not None
+    return projection
+
+
+def test_a_tampered_row_of_a_touched_task_raises_one_projection_alert(build_task) -> None:  # type: ignore[no-untyped-def]
+    touched, untouched = build_task(2), build_task(2)
+    run(INCREMENTAL)
+    append_steps(touched, 2)  # seq 4, 5
+    # A plain UPDATE of the rows, behind their logs' back; the chains stay intact.
+    Task.objects.filter(pk__in=[touched.pk, untouched.pk]).update(status="completed")
+
+    verification = run(INCREMENTAL)
+    # Only the touched task is compared: 2 new events, 1 finding.
+    assert figures(verification) == (2, 2, 1)
+    alert = IntegrityAlert.objects.get()
+    assert (alert.task_id, alert.kind, alert.first_invalid_seq, alert.run_id) == (
+        touched.pk, IntegrityAlertKind.PROJECTION, 5, verification.pk)
+    assert alert.problem == "status: row 'completed', log 'pending'"
+    assert str(alert) == f"{touched.pk} row differs from its log at seq 5 (open)"
+    # The chain is fine: its head moves, and the checkpoint is what the log says, not the row.
+    head = VerifiedHead.objects.get(task=touched)
+    assert (head.verified_seq, head.verified_hash) == (5, touched.head_hash)
+    assert task_state_from_json(checkpoint_of(touched)) == task_state_of(touched)
+
+    # Nothing new since: the next incremental run compares nothing and raises nothing.
+    assert figures(run(INCREMENTAL)) == (2, 0, 0)
+    # A full pass compares every row: the same finding is counted, not raised again.
+    assert figures(run(FULL))[2] == 2
+    assert figures(run(FULL))[2] == 2
+    alerts = IntegrityAlert.objects.order_by("task_id")
+    assert {(a.task_id, a.kind, a.first_invalid_seq) for a in alerts} == {
+        (touched.pk, IntegrityAlertKind.PROJECTION, 5), (untouched.pk, IntegrityAlertKind.PROJECTION, 3)}
+
+
+def test_a_chain_break_and_a_row_finding_at_the_same_seq_are_two_alerts(build_task) -> None:  # type: ignore[no-untyped-def]
+    task = build_task(2)
+    Task.objects.filter(pk=task.pk).update(attempts=1)
+    assert figures(run(FULL)) == (1, 3, 1)
+    as_attacker("UPDATE backplane_task SET head_hash = %s WHERE id = %s", ["f" * 64, task.pk])
+    assert run(FULL).failures == 1
+    assert sorted(IntegrityAlert.objects.values_list("kind", "first_invalid_seq")) == [
+        (IntegrityAlertKind.CHAIN, 3), (IntegrityAlertKind.PROJECTION, 3)]
+
+
+def test_the_next_incremental_run_folds_only_new_events_onto_the_checkpoint(build_task) -> None:  # type: ignore[no-untyped-def]
+    task = build_task(3)
+    run(INCREMENTAL)
+    assert checkpoint_of(task) == task_state_as_json(task_state_of(task))
+
+    # Plant a checkpoint no replay from seq 1 would give: if the next run folds the new
+    # events onto it (and nothing before), the planted value reaches the comparison.
+    VerifiedHead.objects.filter(task=task).update(projection={**checkpoint_of(task), "max_attempts": 9})
+    task = append_steps(task, 2)
+    verification = run(INCREMENTAL)
+    assert figures(verification) == (1, 2, 1)
+    alert = IntegrityAlert.objects.get()
+    assert (alert.first_invalid_seq, alert.problem) == (6, "max_attempts: row 3, log 9")
+    assert checkpoint_of(task) == {**task_state_as_json(task_state_of(task)), "max_attempts": 9}
+
+    # A full run replays from scratch: the planted value is gone and the row is fine.
+    assert run(FULL).failures == 0
+    assert checkpoint_of(task) == task_state_as_json(task_state_of(task))
+
+
+def test_a_head_verified_before_checkpoints_replays_its_task_once(build_task) -> None:  # type: ignore[no-untyped-def]
+    task = build_task(3)
+    run(INCREMENTAL)
+    VerifiedHead.objects.filter(task=task).update(projection=None)
+    assert figures(run(INCREMENTAL)) == (1, 0, 0)  # untouched: nothing to compare yet
+
+    task = append_steps(task, 1)
+    assert figures(run(INCREMENTAL)) == (1, 1, 0)  # the chain from the head; the projection from seq 1
+    assert checkpoint_of(task) == task_state_as_json(task_state_of(task))
+
+
+def test_transitions_and_a_heartbeat_extended_lease_are_checked_without_findings(make_task) -> None:  # type: ignore[no-untyped-def]
+    from recovery import leases
+
+    worker = services.agent_create(name="qualifier-1", namespace="acme").agent
+    task = make_task()
+    run(INCREMENTAL)
+    claim = leases.lease_claim(agent=worker, kinds=None, lease_seconds=30)
+    assert claim is not None
+    leases.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=claim.lease_epoch)
+    assert figures(run(INCREMENTAL)) == (1, 1, 0)
+    checkpoint = task_state_from_json(checkpoint_of(task))
+    assert (checkpoint.status, checkpoint.lease_holder, checkpoint.lease_expires_at) == (
+        "running", "qualifier-1", claim.expires_at)
+    assert Task.objects.get(pk=task.pk).lease_expires_at > claim.expires_at
+
+    failure = EventDraft(type="TaskFailed", payload={"error": "boom", "retryable": True})
+    services.event_append(
+        namespace="acme", task_id=task.pk, draft=failure, agent=worker.name, lease_epoch=claim.lease_epoch
+    )
+    assert figures(run(INCREMENTAL)) == (1, 1, 0)
+    assert figures(run(FULL)) == (1, 3, 0)
+    checkpoint = task_state_from_json(checkpoint_of(task))
+    assert (checkpoint.status, checkpoint.attempts, checkpoint.error, checkpoint.lease_holder) == (
+        "pending", 1, "boom", None)
+    assert not IntegrityAlert.objects.exists()

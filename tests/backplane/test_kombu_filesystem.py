@@ -3,7 +3,7 @@
 The stock kombu filesystem transport does (celery/kombu#1551): a reader polling while a
 writer creates a message file can take it half-written and drop it. Run against the stock
 transport, this test's loop lost 2 of 3,000 messages in two of three runs on an idle
-machine and far more under load; backplane.kombu_filesystem writes atomically.
+machine and far more under load; backplane.delivery.kombu_filesystem writes atomically.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from backplane import kombu_filesystem
+from backplane.delivery import kombu_filesystem
 
 ROOT = Path(__file__).resolve().parents[2]
 
 PUBLISHER = """
 import json, sys
 from kombu import Connection, Exchange
-from backplane import kombu_filesystem
+from backplane.delivery import kombu_filesystem
 kombu_filesystem.register()
 options = json.loads(sys.argv[1])
 exchange = Exchange("race", type="topic", durable=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from backplane import merkle
-from backplane.merkle import (
+from backplane.integrity import merkle
+from backplane.integrity.merkle import (
     EMPTY_ROOT,
     CompactRange,
     MerkleTree,

@@ -18,10 +18,12 @@ from django.db import transaction
 from django.utils import timezone
 from kombu import Connection, Exchange, Queue
 
-from backplane import outbox, selectors, services
-from backplane.models import DeadLetter, OutboxMessage, OutboxStatus, WebhookSubscription
-from backplane.services import EventDraft, OutboxDraft
-from backplane.sinks import KombuSink, Sinks
+from backplane.delivery import outbox, relay
+from backplane.delivery import selectors as delivery_selectors
+from backplane.delivery.models import DeadLetter, OutboxMessage, OutboxStatus, WebhookSubscription
+from backplane.delivery.sinks import KombuSink, Sinks
+from backplane.eventlog import services
+from backplane.eventlog.writer import EventDraft, OutboxDraft
 
 UNREACHABLE_BROKER = "redis://127.0.0.1:1/0"
 
@@ -107,7 +109,7 @@ def test_the_relay_publishes_envelopes_to_the_broker(make_task, broker_queue) ->
     event = append_with_outbox(task, "leads.scored", {"score": 7})
     sinks = Sinks()
     try:
-        step = outbox.outbox_relay_until_idle(publish=sinks, budget_seconds=5)
+        step = relay.outbox_relay_until_idle(publish=sinks, budget_seconds=5)
     finally:
         sinks.close()
     assert step.delivered == 2 and step.failed == 0  # the lifecycle message and ours
@@ -117,7 +119,7 @@ def test_the_relay_publishes_envelopes_to_the_broker(make_task, broker_queue) ->
     assert message["message_id"] == str(row.message_id) and message["payload"] == {"score": 7}
     assert message["headers"]["event_hash"] == event.hash and message["headers"]["attempt"] == 1
     assert row.status == "delivered" and row.delivered_at is not None
-    assert outbox.outbox_relay_once(publish=sinks).claimed == 0
+    assert relay.outbox_relay_once(publish=sinks).claimed == 0
 
 
 def test_an_unreachable_broker_backs_off_then_dead_letters_once(make_task, settings) -> None:  # type: ignore[no-untyped-def]
@@ -127,33 +129,33 @@ def test_an_unreachable_broker_backs_off_then_dead_letters_once(make_task, setti
     OutboxMessage.objects.update(next_attempt_at=timezone.now())
     broken = Sinks(broker=KombuSink(url=UNREACHABLE_BROKER))
     for attempt in (1, 2):
-        step = outbox.outbox_relay_once(publish=broken)
+        step = relay.outbox_relay_once(publish=broken)
         # Two rows of one key: the first fails, the second is not even claimed (per-key order).
         assert (step.claimed, step.failed, step.delivered) == (1, 1, 0)
         first = OutboxMessage.objects.order_by("id").first()
         assert first.attempts == attempt and first.next_attempt_at > timezone.now() and first.last_error
         OutboxMessage.objects.update(next_attempt_at=timezone.now())
-    step = outbox.outbox_relay_once(publish=broken)
+    step = relay.outbox_relay_once(publish=broken)
     assert step.dead == 1
     first = OutboxMessage.objects.order_by("id").first()
     (dead_letter,) = DeadLetter.objects.all()
     assert first.status == "dead" and dead_letter.outbox_message_id == first.pk and dead_letter.attempts == 3
     assert dead_letter.source == "outbox" and dead_letter.task_id == task.pk and "broker" in dead_letter.error
-    assert selectors.outbox_stats().dead_letters_pending == 1
+    assert delivery_selectors.outbox_stats().dead_letters_pending == 1
 
 
 def test_a_requeued_dead_letter_is_delivered_once(make_task, settings, broker_queue) -> None:  # type: ignore[no-untyped-def]
-    from backplane import dead_letters
+    from recovery import dead_letters
 
     settings.BACKPLANE_OUTBOX_MAX_ATTEMPTS = 1
     task = make_task()
     append_with_outbox(task, "leads.scored", {"score": 7})
     OutboxMessage.objects.filter(topic="leads.scored").update(key="separate-key")
-    outbox.outbox_relay_once(publish=Sinks(broker=KombuSink(url=UNREACHABLE_BROKER)))
+    relay.outbox_relay_once(publish=Sinks(broker=KombuSink(url=UNREACHABLE_BROKER)))
     dead_letter = DeadLetter.objects.get(topic="leads.scored")
     dead_letters.dead_letter_requeue(dead_letter_id=dead_letter.pk, decided_by="user:op", reason="broker is back",
                                      payload={"score": 8})
-    outbox.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
+    relay.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
     received = [m for m in drain(broker_queue) if m["topic"] == "leads.scored"]
     assert len(received) == 1 and received[0]["payload"] == {"score": 8}
     assert OutboxMessage.objects.get(topic="leads.scored").status == "delivered"
@@ -176,7 +178,7 @@ class _Recorder:
 
     def __call__(self, message: OutboxMessage, body: dict[str, Any]) -> None:
         if message.key in self.failing_keys:
-            raise outbox.PublishError("refused")
+            raise relay.PublishError("refused")
         self.published.append((message.key, body["payload"]["n"]))
 
 
@@ -184,9 +186,9 @@ def test_a_batch_takes_the_head_of_every_key_and_keeps_key_order(db) -> None:  #
     for key in ("a", "b", "c"):
         _enqueue_direct(key, 5)
     recorder = _Recorder()
-    first = outbox.outbox_relay_once(publish=recorder, batch_size=100)
+    first = relay.outbox_relay_once(publish=recorder, batch_size=100)
     assert first.claimed == 3 and sorted(recorder.published) == [("a", 0), ("b", 0), ("c", 0)]
-    outbox.outbox_relay_until_idle(publish=recorder, budget_seconds=10, batch_size=100)
+    relay.outbox_relay_until_idle(publish=recorder, budget_seconds=10, batch_size=100)
     for key in ("a", "b", "c"):
         assert [n for k, n in recorder.published if k == key] == [0, 1, 2, 3, 4]
 
@@ -197,9 +199,9 @@ def test_a_key_backing_off_does_not_starve_keys_beyond_the_claim_window(db) -> N
     _enqueue_direct("stuck", 61)
     _enqueue_direct("late", 1)
     recorder = _Recorder(failing_keys={"stuck"})
-    assert outbox.outbox_relay_once(publish=recorder, batch_size=10).failed == 1
+    assert relay.outbox_relay_once(publish=recorder, batch_size=10).failed == 1
     recorder.failing_keys = set()
-    step = outbox.outbox_relay_once(publish=recorder, batch_size=10)
+    step = relay.outbox_relay_once(publish=recorder, batch_size=10)
     assert step.delivered == 1 and recorder.published == [("late", 0)]
     assert OutboxMessage.objects.filter(key="stuck", status="pending").count() == 61
 
@@ -242,7 +244,7 @@ def test_webhooks_are_signed_and_2xx_means_delivered(make_task, webhook_server, 
     task = make_task()
     append_with_outbox(task, "leads.scored", {"score": 7})
     sinks = Sinks()
-    outbox.outbox_relay_until_idle(publish=sinks, budget_seconds=5)
+    relay.outbox_relay_until_idle(publish=sinks, budget_seconds=5)
     (call,) = _SignedReceiver.received
     row = OutboxMessage.objects.get(destination="webhook")
     assert call["valid"] and call["message_id"] == str(row.message_id) and call["body"]["payload"] == {"score": 7}
@@ -253,14 +255,14 @@ def test_webhooks_are_signed_and_2xx_means_delivered(make_task, webhook_server, 
     append_with_outbox(task, "leads.scored", {"score": 9})
     for _ in range(2):
         OutboxMessage.objects.filter(status="pending").update(next_attempt_at=timezone.now())
-        outbox.outbox_relay_until_idle(publish=sinks, budget_seconds=5)
+        relay.outbox_relay_until_idle(publish=sinks, budget_seconds=5)
     failed = OutboxMessage.objects.filter(destination="webhook").order_by("id").last()
     assert failed.status == "dead" and "HTTP 500" in failed.last_error
     sinks.close()
 
 
 def test_the_webhook_signature_is_verifiable_by_the_consumer_helper() -> None:
-    from backplane.sinks import webhook_signature
+    from backplane.delivery.sinks import webhook_signature
 
     client = pytest.importorskip("backplane_client.signing")
     body = b'{"message_id":"m"}'
@@ -270,18 +272,18 @@ def test_the_webhook_signature_is_verifiable_by_the_consumer_helper() -> None:
 
 def test_delivered_rows_are_pruned_after_the_retention(make_task) -> None:  # type: ignore[no-untyped-def]
     make_task()
-    outbox.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
+    relay.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
     OutboxMessage.objects.update(delivered_at=timezone.now() - timedelta(days=2))
-    assert outbox.outbox_prune_delivered() == 1
-    assert outbox.outbox_prune_delivered() == 0 and not OutboxMessage.objects.exists()
+    assert relay.outbox_prune_delivered() == 1
+    assert relay.outbox_prune_delivered() == 0 and not OutboxMessage.objects.exists()
 
 
 def test_stats_report_lag_and_counts(make_task) -> None:  # type: ignore[no-untyped-def]
     make_task()
     OutboxMessage.objects.update(created_at=timezone.now() - timedelta(seconds=30))
-    stats = selectors.outbox_stats()
+    stats = delivery_selectors.outbox_stats()
     assert stats.pending == 1 and 29 <= stats.lag_seconds <= 60 and stats.delivered == 0
-    outbox.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
-    stats = selectors.outbox_stats()
+    relay.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
+    stats = delivery_selectors.outbox_stats()
     assert (stats.pending, stats.delivered, stats.lag_seconds) == (0, 1, 0.0)
     assert OutboxStatus.DELIVERED == "delivered"

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from backplane.dead_letters import dead_letter_requeue
-from backplane.models import DeadLetter, DeadLetterStatus, OutboxMessage, OutboxStatus
+from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, OutboxStatus
+from recovery.dead_letters import dead_letter_requeue
 
 from .relay_harness import (
     TEST_TOPIC,

@@ -9,10 +9,12 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from backplane import merkle, sealing, services
-from backplane.models import Event, MerkleLeaf, SignedTreeHead
-from backplane.selectors import chain_verify
-from backplane.services import EventDraft
+from backplane.eventlog import services, writer
+from backplane.eventlog.models import Event
+from backplane.eventlog.selectors import chain_verify
+from backplane.eventlog.writer import EventDraft
+from backplane.integrity import merkle, sealing
+from backplane.integrity.models import MerkleLeaf, SignedTreeHead
 from tests.api.conftest import assert_error
 from tests.backplane.audit_support import rewrite_history
 
@@ -115,7 +117,7 @@ def test_a_late_committing_event_is_sealed_once_never_twice_never_skipped(commit
     # An append that takes its position first but commits last.
     def slow_append() -> None:
         with transaction.atomic():
-            services.write_events(services.lock_task(namespace="acme", task_id=slow_task.pk),
+            writer.write_events(writer.lock_task(namespace="acme", task_id=slow_task.pk),
                                   [EventDraft(type="Noted", payload={"late": True})], agent="a",
                                   now=timezone.now())
             holding.set()
@@ -151,7 +153,7 @@ def test_an_event_in_flight_over_several_runs_is_sealed_when_it_commits(committe
 
     def slow_append() -> None:
         with transaction.atomic():
-            events = services.write_events(services.lock_task(namespace="acme", task_id=slow_task.pk),
+            events = writer.write_events(writer.lock_task(namespace="acme", task_id=slow_task.pk),
                                            [EventDraft(type="Noted", payload={"late": True})], agent="a",
                                            now=timezone.now())
             late_positions.append(events[0].position)

@@ -8,9 +8,9 @@ import uuid
 import pytest
 from django.db import connection
 
-from backplane import services
-from backplane.errors import InvalidInput, TaskExists
-from backplane.models import Event, Task
+from backplane.eventlog import services
+from backplane.eventlog.errors import InvalidInput, TaskExists
+from backplane.eventlog.models import Event, Task
 
 
 def create(**kwargs):  # type: ignore[no-untyped-def]

@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 def database_url_of_test_db() -> str:
-    """``DATABASE_URL`` for pytest-django's test database, in the form ``backplane.env`` reads:
+    """``DATABASE_URL`` for pytest-django's test database, in the form ``backplane.runtime.env`` reads:
     ``postgresql://USER:@/NAME?host=/socket/dir`` for a unix socket, else host and port."""
     db = connection.settings_dict
     user = quote(str(db.get("USER") or ""), safe="")

@@ -27,10 +27,11 @@ import pytest
 import rfc8785
 from django.utils import timezone
 
-from backplane import services
-from backplane.models import Task
+from backplane.eventlog import services
+from backplane.eventlog.models import Task
 from backplane_client.agent import AgentClient, BackplaneAPIError
-from recovery.services import lease_expire_stalled
+from recovery.detector import lease_expire_stalled
+from tests.conftest import check_projections
 from tests.e2e.conftest import AgentRun, BackplaneServer, ToolServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -185,6 +186,9 @@ def zone(
     # Expected refusals are 4xx answers; anything the server logged as an error is a bug.
     log = backplane_server.log(log_start)
     assert "Traceback" not in log and " ERROR " not in log, log[-6000:]
+    # Whatever crashed and recovered, every task's row is what its log replays to.
+    code, report = check_projections()
+    assert code == 0, report
 
 
 def test_zone1_before_the_tool_call(zone: Zone) -> None:

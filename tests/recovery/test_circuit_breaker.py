@@ -9,17 +9,17 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from backplane import breakers, services
-from backplane.errors import CircuitOpen
-from backplane.models import Agent, BreakerTransition, Task
-from backplane.services import EventDraft
-from recovery import services as recovery
+from backplane.eventlog import services
+from backplane.eventlog.errors import CircuitOpen
+from backplane.eventlog.models import Agent, BreakerTransition, Task
+from backplane.eventlog.writer import EventDraft
+from recovery import breakers, detector, leases
 from tests.api.conftest import assert_error
 
 
 def fail_one(agent: Agent, *, retryable: bool = False) -> None:
     services.task_create(namespace=agent.namespace, kind="k", input={"t": timezone.now().isoformat()}, agent="x")
-    claim = recovery.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    claim = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
     assert claim is not None
     services.event_append(namespace=agent.namespace, task_id=claim.task.pk, agent=agent.name,
                           lease_epoch=claim.lease_epoch,
@@ -47,7 +47,7 @@ def test_three_failures_open_it_and_claims_get_503_with_retry_after(flaky, setti
     assert flaky.breaker_state == "open"
     services.task_create(namespace="acme", kind="k", input={"waiting": True}, agent="x")
     with pytest.raises(CircuitOpen) as caught:
-        recovery.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+        leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
     assert 1 <= caught.value.retry_after <= settings.BACKPLANE_BREAKER_COOLDOWN_SECONDS
 
     token = services.agent_rotate_token(agent_id=flaky.pk).token
@@ -66,12 +66,12 @@ def test_after_the_cool_down_one_trial_goes_through_and_success_closes_it(flaky)
         fail_one(flaky)
     cool_down(flaky)
     services.task_create(namespace="acme", kind="k", input={"trial": True}, agent="x")
-    trial = recovery.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+    trial = leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
     assert trial is not None
     flaky.refresh_from_db()
     assert flaky.breaker_state == "half_open"
     with pytest.raises(CircuitOpen):  # only one trial at a time
-        recovery.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+        leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
     services.event_append(namespace="acme", task_id=trial.task.pk, agent="flaky", lease_epoch=trial.lease_epoch,
                           draft=EventDraft(type="TaskCompleted", payload={"output": {}}))
     flaky.refresh_from_db()
@@ -89,12 +89,55 @@ def test_a_failed_trial_opens_it_again(flaky) -> None:  # type: ignore[no-untype
     assert flaky.breaker_state == "open" and flaky.breaker_opened_at > timezone.now() - timedelta(minutes=1)
 
 
+def test_a_trial_claim_that_finds_no_task_hands_the_trial_to_the_next_claim(flaky) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(3):
+        fail_one(flaky)
+    cool_down(flaky)
+    assert leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30) is None
+    flaky.refresh_from_db()
+    assert flaky.breaker_state == "open"
+
+    services.task_create(namespace="acme", kind="k", input={"later": True}, agent="x")
+    assert leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30) is not None
+    assert list(BreakerTransition.objects.filter(agent=flaky).order_by("at", "id").values_list(
+        "to_state", "reason")) == [
+        ("open", "3 consecutive failures, last: TaskFailed: boom"),
+        ("half_open", "cool-down over: one trial goes through"),
+        ("open", "trial claim found no task"),
+        ("half_open", "cool-down over: one trial goes through"),
+    ]
+
+
+def test_a_trial_released_without_a_verdict_is_given_up_after_the_patience(flaky, settings) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(3):
+        fail_one(flaky)
+    cool_down(flaky)
+    services.task_create(namespace="acme", kind="k", input={"trial": True}, agent="x")
+    trial = leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+    assert trial is not None
+    # A release is no verdict: the breaker still waits for the trial.
+    leases.lease_release(namespace="acme", task_id=trial.task.pk, lease_epoch=trial.lease_epoch)
+    with pytest.raises(CircuitOpen):
+        leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+
+    patience = settings.BACKPLANE_NO_PROGRESS_STALL_SECONDS + settings.BACKPLANE_BREAKER_COOLDOWN_SECONDS
+    # While half-open, breaker_opened_at is when the trial was let through.
+    Agent.objects.filter(pk=flaky.pk).update(breaker_opened_at=timezone.now() - timedelta(seconds=patience + 1))
+    again = leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+
+    assert again is not None and again.task.pk == trial.task.pk
+    flaky.refresh_from_db()
+    assert flaky.breaker_state == "half_open"
+    assert list(BreakerTransition.objects.filter(agent=flaky).order_by("at", "id")
+                .values_list("to_state", flat=True)) == ["open", "half_open", "half_open"]
+
+
 def test_an_expired_lease_counts_as_a_failure(flaky) -> None:  # type: ignore[no-untyped-def]
     for _ in range(3):
         services.task_create(namespace="acme", kind="k", input={"t": timezone.now().isoformat()}, agent="x")
-        claim = recovery.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+        claim = leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
         Task.objects.filter(pk=claim.task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-        recovery.lease_expire_stalled()
+        detector.lease_expire_stalled()
     flaky.refresh_from_db()
     assert flaky.breaker_state == "open"
 
@@ -123,7 +166,7 @@ def test_concurrent_claims_after_the_cool_down_let_exactly_one_trial_through(com
     def claim() -> None:
         try:
             barrier.wait()
-            outcomes.append("claimed" if recovery.lease_claim(agent=flaky, kinds=None, lease_seconds=30) else "none")
+            outcomes.append("claimed" if leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30) else "none")
         except CircuitOpen:
             outcomes.append("refused")
         finally:

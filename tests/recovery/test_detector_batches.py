@@ -16,14 +16,15 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from backplane import services
-from backplane.chain import format_timestamp
-from backplane.errors import CircuitOpen, StaleLease
-from backplane.models import Agent, BreakerTransition, DeadLetter, Event, OutboxMessage, Task, WebhookSubscription
-from backplane.outbox import enqueue_lifecycle
-from backplane.selectors import chain_verify
-from backplane.services import EventDraft
-from recovery import services as recovery
+from backplane.delivery.models import DeadLetter, OutboxMessage, WebhookSubscription
+from backplane.eventlog import services
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.errors import CircuitOpen, StaleLease
+from backplane.eventlog.lifecycle import enqueue_lifecycle
+from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
+from backplane.eventlog.selectors import chain_verify
+from backplane.eventlog.writer import EventDraft
+from recovery import detector, leases, subtasks
 from tests.recovery.test_circuit_breaker import cool_down, fail_one
 
 # What a lifecycle row holds apart from its own identity (id, message_id).
@@ -43,7 +44,7 @@ def claim_new(agent: Agent, *, kind: str = "k", max_attempts: int = 3, lease_sec
 
 
 def claim_next(agent: Agent, expected: Task, *, lease_seconds: int = 30) -> tuple[Task, int]:
-    claim = recovery.lease_claim(agent=agent, kinds=None, lease_seconds=lease_seconds)
+    claim = leases.lease_claim(agent=agent, kinds=None, lease_seconds=lease_seconds)
     assert claim is not None and claim.task.pk == expected.pk
     return claim.task, claim.lease_epoch
 
@@ -58,7 +59,7 @@ def expire_in_order(tasks: list[Task]) -> None:
 def sweep_until_idle(*, now: datetime, batch_size: int = 100) -> list[tuple[int, int, int]]:
     sweeps = []
     while True:
-        step = recovery.lease_expire_stalled(now=now, batch_size=batch_size)
+        step = detector.lease_expire_stalled(now=now, batch_size=batch_size)
         sweeps.append((step.expired, step.requeued, step.dead_lettered))
         if not step.expired:
             return sweeps
@@ -101,17 +102,17 @@ def test_a_mixed_sweep_in_batches_writes_what_the_one_task_path_writes(db, setti
     retry, _ = claim_new(worker, kind="lead-qualification")
     last_try, _ = claim_new(worker, kind="lead-qualification", max_attempts=1)
     parent, parent_epoch = claim_new(worker, kind="research")
-    retry_child = recovery.subtask_dispatch(namespace="acme", parent_task_id=parent.pk, step=1, kind="lookup",
+    retry_child = subtasks.subtask_dispatch(namespace="acme", parent_task_id=parent.pk, step=1, kind="lookup",
                                             input={"q": 1}, agent="worker", lease_epoch=parent_epoch).child
     settings.BACKPLANE_MAX_ATTEMPTS = 1  # a sub-task gets the global max_attempts
-    doomed_child = recovery.subtask_dispatch(namespace="acme", parent_task_id=parent.pk, step=2, kind="lookup",
+    doomed_child = subtasks.subtask_dispatch(namespace="acme", parent_task_id=parent.pk, step=2, kind="lookup",
                                              input={"q": 2}, agent="worker", lease_epoch=parent_epoch).child
     settings.BACKPLANE_MAX_ATTEMPTS = 3
     claim_next(helper, retry_child)
     claim_next(helper, doomed_child)
     # Heartbeating, so the lease is live, but silent for longer than the no-progress limit.
     silent, silent_epoch = claim_new(helper, kind="lead-qualification", lease_seconds=600)
-    recovery.lease_heartbeat(namespace="acme", task_id=silent.pk, lease_epoch=silent_epoch)
+    leases.lease_heartbeat(namespace="acme", task_id=silent.pk, lease_epoch=silent_epoch)
     Task.objects.filter(pk=silent.pk).update(last_event_at=timezone.now() - timedelta(seconds=300))
     globex_retry, _ = claim_new(globex_worker, kind="enrich")
     globex_last_try, _ = claim_new(scout, kind="enrich", max_attempts=1)
@@ -175,7 +176,7 @@ def test_a_mixed_sweep_in_batches_writes_what_the_one_task_path_writes(db, setti
             services.event_append(namespace=task.namespace, task_id=task.pk, agent=old.lease_holder,
                                   lease_epoch=old.lease_epoch, draft=EventDraft(type="Noted"))
         with pytest.raises(StaleLease):
-            recovery.lease_heartbeat(namespace=task.namespace, task_id=task.pk, lease_epoch=old.lease_epoch)
+            leases.lease_heartbeat(namespace=task.namespace, task_id=task.pk, lease_epoch=old.lease_epoch)
 
     assert OutboxMessage.objects.filter(id__gt=outbox_before).count() == len(everyone)
 
@@ -273,7 +274,7 @@ def test_a_half_open_trial_whose_lease_expires_opens_the_breaker_again(flaky, se
     assert transitions[-1][2:] == ("trial failed: lease expired", trial.pk, now)
     # A new cool-down: the trial's task is pending again, but the agent may not take it.
     with pytest.raises(CircuitOpen):
-        recovery.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+        leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
 
 
 def test_leases_of_one_agent_expiring_in_one_sweep_count_as_that_many_failures(flaky, settings) -> None:  # type: ignore[no-untyped-def]
@@ -349,7 +350,7 @@ def test_the_sweep_locks_the_holders_agent_rows_in_id_order(committed_db) -> Non
     def sweep() -> None:
         try:
             sweep_pid.append(backend_pid())
-            outcome.append(recovery.lease_expire_stalled())
+            outcome.append(detector.lease_expire_stalled())
         except BaseException as exc:  # noqa: BLE001 - asserted below
             outcome.append(exc)
         finally:
@@ -373,7 +374,7 @@ def test_the_sweep_locks_the_holders_agent_rows_in_id_order(committed_db) -> Non
         holder.join()
         sweeper.join()
     (step,) = outcome
-    assert isinstance(step, recovery.StallSweep) and step.expired == 2
+    assert isinstance(step, detector.StallSweep) and step.expired == 2
     assert set(Agent.objects.values_list("name", "consecutive_failures")) == {("zed", 1), ("amy", 1)}
 
 
@@ -411,7 +412,7 @@ def test_two_sweeps_at_once_expire_each_of_30_leases_once(committed_db) -> None:
 
     def sweep() -> int:
         total = 0
-        while expired := recovery.lease_expire_stalled(now=now, batch_size=4).expired:
+        while expired := detector.lease_expire_stalled(now=now, batch_size=4).expired:
             total += expired
         return total
 
@@ -439,14 +440,14 @@ def test_sweeps_crossing_parents_and_children_retry_a_deadlocked_batch(committed
     for n in range(2):
         parent, epoch = claim_new(worker, kind="research")
         settings.BACKPLANE_MAX_ATTEMPTS = 1
-        child = recovery.subtask_dispatch(namespace="acme", parent_task_id=parent.pk, step=n, kind="lookup",
+        child = subtasks.subtask_dispatch(namespace="acme", parent_task_id=parent.pk, step=n, kind="lookup",
                                           input={"n": n}, agent="worker", lease_epoch=epoch).child
         settings.BACKPLANE_MAX_ATTEMPTS = 3
         claim_next(helper, child)
         pairs.append((parent, child))
     (parent_1, child_1), (parent_2, child_2) = pairs
     expire_in_order([parent_1, child_2, parent_2, child_1])
-    totals, errors = in_two_threads(lambda: recovery.lease_expire_stalled_until_idle(batch_size=2).expired)
+    totals, errors = in_two_threads(lambda: detector.lease_expire_stalled_until_idle(batch_size=2).expired)
 
     assert errors == [] and sum(totals) == 4
     for parent, child in pairs:

@@ -6,9 +6,10 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from backplane import dead_letters, services
-from backplane.models import DeadLetter, Event, OutboxMessage, Task
-from recovery import services as recovery
+from backplane.delivery.models import DeadLetter, OutboxMessage
+from backplane.eventlog import services
+from backplane.eventlog.models import Event, Task
+from recovery import dead_letters, detector, leases
 from recovery.models import ToolCall
 from tests.api.conftest import assert_error, claim, create_task
 
@@ -84,10 +85,10 @@ def test_a_task_without_compensations_just_fails(alice) -> None:  # type: ignore
 def test_discarding_a_task_dead_letter_with_compensate_runs_the_saga(alice) -> None:  # type: ignore[no-untyped-def]
     agent = services.agent_create(name="runner", namespace="acme").agent
     task = create_task(alice, max_attempts=1)
-    lease = recovery.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    lease = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
     succeed_three_steps(alice, task["task_id"], lease.lease_epoch)
     Task.objects.filter(pk=task["task_id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    recovery.lease_expire_stalled()
+    detector.lease_expire_stalled()
     dead_letter = DeadLetter.objects.get(source="task")
     dead_letters.dead_letter_discard(dead_letter_id=dead_letter.pk, decided_by="user:op", reason="give up",
                                      compensate=True)

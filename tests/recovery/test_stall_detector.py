@@ -11,17 +11,18 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from backplane import dead_letters, services
-from backplane.errors import StaleLease
-from backplane.models import Agent, DeadLetter, Event, OutboxMessage, Task
-from backplane.services import EventDraft
-from recovery import services as recovery
+from backplane.delivery.models import DeadLetter, OutboxMessage
+from backplane.eventlog import services
+from backplane.eventlog.errors import StaleLease
+from backplane.eventlog.models import Agent, Event, Task
+from backplane.eventlog.writer import EventDraft
+from recovery import dead_letters, detector, leases, tool_calls
 
 
 def claimed_task(max_attempts: int = 3, lease_seconds: int = 30) -> tuple[Task, int]:
     agent = Agent.objects.filter(name="worker").first() or services.agent_create(name="worker", namespace="acme").agent
     services.task_create(namespace="acme", kind="k", input={"n": 1}, agent="planner", max_attempts=max_attempts)
-    claim = recovery.lease_claim(agent=agent, kinds=None, lease_seconds=lease_seconds)
+    claim = leases.lease_claim(agent=agent, kinds=None, lease_seconds=lease_seconds)
     assert claim is not None
     return claim.task, claim.lease_epoch
 
@@ -33,7 +34,7 @@ def expire(task: Task) -> None:
 def test_an_expired_lease_is_fenced_off_and_the_task_goes_back_to_pending(db) -> None:  # type: ignore[no-untyped-def]
     task, epoch = claimed_task()
     expire(task)
-    sweep = recovery.lease_expire_stalled()
+    sweep = detector.lease_expire_stalled()
     assert (sweep.expired, sweep.requeued, sweep.dead_lettered) == (1, 1, 0)
     task.refresh_from_db()
     assert (task.status, task.attempts, task.lease_holder, task.lease_epoch) == ("pending", 1, None, epoch + 1)
@@ -43,13 +44,13 @@ def test_an_expired_lease_is_fenced_off_and_the_task_goes_back_to_pending(db) ->
         services.event_append(namespace="acme", task_id=task.pk, agent="worker", lease_epoch=epoch,
                               draft=EventDraft(type="Noted"))
     assert OutboxMessage.objects.filter(key=str(task.pk), payload__status="pending").count() == 2
-    again = recovery.lease_claim(agent=Agent.objects.get(name="worker"), kinds=None, lease_seconds=30)
+    again = leases.lease_claim(agent=Agent.objects.get(name="worker"), kinds=None, lease_seconds=30)
     assert again is not None and again.recovered and again.lease_epoch == epoch + 2
 
 
 def test_a_live_lease_is_left_alone(db) -> None:  # type: ignore[no-untyped-def]
     task, epoch = claimed_task()
-    assert recovery.lease_expire_stalled().expired == 0
+    assert detector.lease_expire_stalled().expired == 0
     task.refresh_from_db()
     assert (task.status, task.lease_epoch) == ("running", epoch)
 
@@ -57,7 +58,7 @@ def test_a_live_lease_is_left_alone(db) -> None:  # type: ignore[no-untyped-def]
 def test_the_last_attempt_dead_letters_the_task_for_review(db) -> None:  # type: ignore[no-untyped-def]
     task, _ = claimed_task(max_attempts=1)
     expire(task)
-    assert recovery.lease_expire_stalled().dead_lettered == 1
+    assert detector.lease_expire_stalled().dead_lettered == 1
     task.refresh_from_db()
     assert task.status == "dead_lettered" and task.attempts == 1
     types = list(Event.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
@@ -90,17 +91,17 @@ def test_a_lease_renewed_while_the_detector_runs_is_never_expired(committed_db) 
     thread = threading.Thread(target=slow_heartbeat)
     thread.start()
     assert renewing.wait(5)
-    during = recovery.lease_expire_stalled()
+    during = detector.lease_expire_stalled()
     thread.join()
-    after = recovery.lease_expire_stalled()
+    after = detector.lease_expire_stalled()
     assert (during.expired, after.expired) == (0, 0)
     task.refresh_from_db()
     assert (task.status, task.lease_epoch, task.attempts) == ("running", epoch, 0)
     assert not Event.objects.filter(task=task, type="TaskStalled").exists()
     # And the real heartbeat path renews an already run-out lease that was not yet expired.
     expire(task)
-    recovery.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch)
-    assert recovery.lease_expire_stalled().expired == 0
+    leases.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch)
+    assert detector.lease_expire_stalled().expired == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -113,7 +114,7 @@ def test_detectors_running_at_once_expire_each_lease_once(committed_db) -> None:
     def sweep() -> None:
         barrier.wait()
         total = 0
-        while (step := recovery.lease_expire_stalled(batch_size=5)).expired:
+        while (step := detector.lease_expire_stalled(batch_size=5)).expired:
             total += step.expired
         counts.append(total)
         connection.close()
@@ -136,10 +137,10 @@ def test_a_heartbeating_task_without_progress_is_flagged_then_stalled(db, settin
     Task.objects.filter(pk=task.pk).update(last_event_at=timezone.now() - timedelta(minutes=10))
     (flagged,) = selectors.tasks_without_progress()
     assert flagged["id"] == task.pk and flagged["silent_seconds"] >= 600
-    assert recovery.lease_expire_stalled().expired == 0  # flagged, not yet taken back
+    assert detector.lease_expire_stalled().expired == 0  # flagged, not yet taken back
     Task.objects.filter(pk=task.pk).update(
         last_event_at=timezone.now() - timedelta(seconds=settings.BACKPLANE_NO_PROGRESS_STALL_SECONDS + 1))
-    assert recovery.lease_expire_stalled().expired == 1
+    assert detector.lease_expire_stalled().expired == 1
     stalled = Event.objects.get(task=task, type="TaskStalled")
     assert stalled.payload["reason"] == "no progress"
     task.refresh_from_db()
@@ -151,7 +152,7 @@ def test_tool_calls_in_flight_past_their_timeout_are_flagged_with_their_age(db) 
     from recovery.models import ToolCall
 
     task, epoch = claimed_task()
-    recovery.tool_call_dispatch(namespace="acme", task_id=task.pk, step=1, tool="crm", input={}, agent="worker",
+    tool_calls.tool_call_dispatch(namespace="acme", task_id=task.pk, step=1, tool="crm", input={}, agent="worker",
                                 lease_epoch=epoch)
     assert selectors.tool_calls_overdue() == []
     ToolCall.objects.update(dispatched_at=timezone.now() - timedelta(hours=1))
@@ -165,7 +166,7 @@ def test_concurrent_sweeps_over_leases_of_many_agents_do_not_deadlock(committed_
     agents = [services.agent_create(name=f"holder-{n}", namespace="acme").agent for n in range(5)]
     for n in range(60):
         services.task_create(namespace="acme", kind="k", input={"n": n}, agent="planner", max_attempts=5)
-        recovery.lease_claim(agent=agents[(n * 7) % 5], kinds=None, lease_seconds=30)
+        leases.lease_claim(agent=agents[(n * 7) % 5], kinds=None, lease_seconds=30)
     # Expiry order interleaves the holders differently in every batch.
     for position, task in enumerate(Task.objects.order_by("?")):
         Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=100 - position))
@@ -175,7 +176,7 @@ def test_concurrent_sweeps_over_leases_of_many_agents_do_not_deadlock(committed_
     def sweep() -> None:
         try:
             barrier.wait()
-            while recovery.lease_expire_stalled(batch_size=7).expired:
+            while detector.lease_expire_stalled(batch_size=7).expired:
                 pass
         except BaseException as exc:  # noqa: BLE001 - asserted below
             errors.append(exc)

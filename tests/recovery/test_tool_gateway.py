@@ -21,11 +21,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from backplane import services
-from backplane.errors import CircuitOpen
-from backplane.models import Event, Task
-from recovery import gateway
-from recovery import services as recovery
+from backplane.eventlog import services
+from backplane.eventlog.errors import CircuitOpen
+from backplane.eventlog.models import Event, Task
+from recovery import detector, gateway, leases
 from recovery.models import Tool, ToolCall
 from tests.api.conftest import assert_error, row_counts
 
@@ -385,6 +384,27 @@ def test_a_probe_refused_by_the_rate_limit_hands_the_probe_on(alice, make_tool, 
     assert (tool.breaker_state, tool.consecutive_failures) == ("closed", 0)
 
 
+def test_a_probe_that_never_reported_is_given_up_and_another_call_probes(alice, make_tool, tool_server) -> None:  # type: ignore[no-untyped-def]
+    tool = make_tool()  # timeout 5 s, cool-down 30 s: a probe is given up after 35 s
+    task = new_task()
+
+    def probe_out_since(seconds: int) -> None:
+        started = timezone.now() - timedelta(seconds=seconds)
+        Tool.objects.filter(pk=tool.pk).update(breaker_state="half_open", opened_at=started - timedelta(minutes=1),
+                                               probe_started_at=started, consecutive_failures=3)
+
+    probe_out_since(20)
+    refused = invoke(alice, task)
+    assert_error(refused, 503, "circuit_open")
+    assert 1 <= int(refused["Retry-After"]) <= 30 and tool_server.calls() == 0
+
+    probe_out_since(36)
+    assert invoke(alice, task).status_code == 200
+    tool.refresh_from_db()
+    assert (tool.breaker_state, tool.consecutive_failures, tool.probe_started_at) == ("closed", 0, None)
+    assert tool_server.calls() == 1
+
+
 def run_in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
     results: list[Any] = [None] * count
     barrier = threading.Barrier(count)
@@ -514,12 +534,12 @@ def test_an_answer_is_recorded_even_when_the_lease_moved_on_during_the_call(comm
     Tool.objects.create(name="send-email", url=tool_server.url("/naive"), timeout_seconds=5)
     worker = services.agent_create(name="worker", namespace="acme").agent
     task = new_task()
-    first = recovery.lease_claim(agent=worker, kinds=None, lease_seconds=30)
+    first = leases.lease_claim(agent=worker, kinds=None, lease_seconds=30)
     assert first is not None
 
     def lease_expires() -> None:
         Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-        recovery.lease_expire_stalled()
+        detector.lease_expire_stalled()
         connection.close()
 
     tool_server.on_request = lease_expires
@@ -528,7 +548,7 @@ def test_an_answer_is_recorded_even_when_the_lease_moved_on_during_the_call(comm
     tool_server.on_request = None
     assert answer.call.status == "succeeded"
 
-    second = recovery.lease_claim(agent=worker, kinds=None, lease_seconds=30)
+    second = leases.lease_claim(agent=worker, kinds=None, lease_seconds=30)
     assert second is not None and second.lease_epoch > first.lease_epoch
     replay = gateway.tool_invoke(namespace="acme", task_id=task.pk, step=1, tool_name="send-email", input={},
                                  agent="worker", lease_epoch=second.lease_epoch)

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from backplane.audit import export
+from backplane.integrity.audit import export
 
 
 class Command(BaseCommand):

@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from backplane import services
-from backplane.errors import BackplaneError
+from backplane.eventlog import services
+from backplane.eventlog.errors import BackplaneError
 
 
 class Command(BaseCommand):

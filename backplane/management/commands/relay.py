@@ -17,8 +17,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from backplane import outbox
-from backplane.sinks import Sinks
+from backplane.delivery import relay
+from backplane.delivery.sinks import Sinks
 
 logger = logging.getLogger("backplane.relay")
 
@@ -47,7 +47,7 @@ class Command(BaseCommand):
                 try:
                     if listener is None or listener.closed:
                         listener = self._listen()
-                    step = outbox.outbox_relay_once(publish=sinks, batch_size=options["batch_size"])
+                    step = relay.outbox_relay_once(publish=sinks, batch_size=options["batch_size"])
                     if step.claimed and step.delivered:
                         continue  # more may be due right away
                     self._wait(listener, options["poll_seconds"])

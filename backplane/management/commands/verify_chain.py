@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from backplane import selectors
+from backplane.eventlog import selectors
 
 
 class Command(BaseCommand):

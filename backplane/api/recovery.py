@@ -1,0 +1,365 @@
+"""Leases, the tool-call proxy and sub-agent hand-off over REST (API.md)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from backplane.api.base import REPLAY_HEADER, ApiView, errors, principal_of, validated, written_or_replayed
+from backplane.api.serializers import (
+    JSONObjectField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    TaskOut,
+    name_field,
+    optional_timestamp,
+    task_as_api_dict,
+)
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.models import Agent
+from recovery import gateway, leases, selectors, subtasks, tool_calls
+from recovery.models import ToolCall, ToolCallStatus
+
+# --- shapes --------------------------------------------------------------------------------
+
+
+class LeaseClaimIn(StrictSerializer):
+    kinds = serializers.ListField(child=name_field(), required=False, min_length=1, max_length=100)
+    lease_seconds = StrictIntegerField(required=False, min_value=1, max_value=3600)
+
+
+class LeaseClaimOut(serializers.Serializer):
+    task = TaskOut()
+    lease_epoch = serializers.IntegerField()
+    expires_at = serializers.CharField()
+    recovered = serializers.BooleanField()
+
+
+class LeaseEpochIn(StrictSerializer):
+    lease_epoch = StrictIntegerField(min_value=0)
+
+
+class HeartbeatOut(serializers.Serializer):
+    expires_at = serializers.CharField()
+
+
+class CompensationIn(StrictSerializer):
+    tool = StrictCharField(max_length=200, min_length=1)
+    input = JSONObjectField()
+
+
+class ToolCallDispatchIn(StrictSerializer):
+    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
+    tool = StrictCharField(max_length=200, min_length=1)
+    input = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+    compensation = CompensationIn(required=False, allow_null=True)
+
+
+class ToolCallDispatchOut(serializers.Serializer):
+    idempotency_key = serializers.CharField()
+    status = serializers.ChoiceField(choices=["dispatched", "in_flight", "succeeded", "failed"])
+    dispatched_at = serializers.CharField(required=False)
+    result = JSONObjectField(required=False, allow_null=True)
+    replayed = serializers.BooleanField()
+
+
+class ToolCallResultIn(StrictSerializer):
+    status = serializers.ChoiceField(choices=[ToolCallStatus.SUCCEEDED.value, ToolCallStatus.FAILED.value])
+    result = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+
+
+class ToolCallOut(serializers.Serializer):
+    idempotency_key = serializers.CharField()
+    task_id = serializers.UUIDField()
+    step = serializers.IntegerField()
+    tool = serializers.CharField()
+    input = JSONObjectField()
+    compensation = JSONObjectField(allow_null=True)
+    status = serializers.ChoiceField(choices=["in_flight", "succeeded", "failed"])
+    result = JSONObjectField(allow_null=True)
+    dispatched_at = serializers.CharField()
+    completed_at = serializers.CharField(allow_null=True)
+    expires_at = serializers.CharField()
+    replayed = serializers.BooleanField(required=False)
+
+
+class SubtaskIn(StrictSerializer):
+    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
+    kind = name_field()
+    input = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+
+
+class SubtaskOut(serializers.Serializer):
+    task = TaskOut()
+    dispatch_key = serializers.CharField()
+
+
+def _public_status(call: ToolCall) -> str:
+    # Stored as "dispatched"; the contract calls an unanswered replayed call "in_flight".
+    return "in_flight" if call.status == ToolCallStatus.DISPATCHED else call.status
+
+
+def tool_call_as_api_dict(call: ToolCall) -> dict[str, Any]:
+    return {
+        "idempotency_key": call.idempotency_key,
+        "task_id": str(call.task_id),
+        "step": call.step,
+        "tool": call.tool,
+        "input": call.input,
+        "compensation": call.compensation,
+        "status": _public_status(call),
+        "result": call.result,
+        "dispatched_at": optional_timestamp(call.dispatched_at),
+        "completed_at": optional_timestamp(call.completed_at),
+        "expires_at": optional_timestamp(call.expires_at),
+    }
+
+
+def calling_agent(request: Request) -> Agent:
+    agent = principal_of(request).agent
+    if agent is None:
+        raise PermissionDenied("only agents hold leases; use an agent token")
+    return agent
+
+
+# --- leases --------------------------------------------------------------------------------
+
+
+class LeasesView(ApiView):
+    @extend_schema(
+        operation_id="leases_claim",
+        summary="Claim the oldest pending task of some kinds under a lease",
+        request=LeaseClaimIn,
+        responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"), **errors(403)},
+    )
+    def post(self, request: Request) -> Response:
+        agent = calling_agent(request)
+        data = validated(LeaseClaimIn, request.data)
+        claim = leases.lease_claim(
+            agent=agent,
+            kinds=data.get("kinds"),
+            lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS),
+        )
+        if claim is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(
+            {
+                "task": task_as_api_dict(claim.task),
+                "lease_epoch": claim.lease_epoch,
+                "expires_at": format_timestamp(claim.expires_at),
+                "recovered": claim.recovered,
+            }
+        )
+
+
+class HeartbeatView(ApiView):
+    @extend_schema(
+        operation_id="tasks_heartbeat",
+        summary="Extend the lease",
+        request=LeaseEpochIn,
+        responses={200: HeartbeatOut, **errors(404, 409)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        data = validated(LeaseEpochIn, request.data)
+        task = leases.lease_heartbeat(
+            namespace=principal_of(request).namespace, task_id=task_id, lease_epoch=data["lease_epoch"]
+        )
+        return Response({"expires_at": optional_timestamp(task.lease_expires_at)})
+
+
+class ReleaseView(ApiView):
+    @extend_schema(
+        operation_id="tasks_release",
+        summary="Give the task back to pending without counting an attempt",
+        request=LeaseEpochIn,
+        responses={200: TaskOut, **errors(404, 409)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        data = validated(LeaseEpochIn, request.data)
+        task = leases.lease_release(
+            namespace=principal_of(request).namespace, task_id=task_id, lease_epoch=data["lease_epoch"]
+        )
+        return Response(task_as_api_dict(task))
+
+
+# --- tool calls ----------------------------------------------------------------------------
+
+
+class ToolCallDispatchView(ApiView):
+    @extend_schema(
+        operation_id="tasks_tool_calls_dispatch",
+        summary="Record a tool call before making it; a repeat answers from the record",
+        request=ToolCallDispatchIn,
+        responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut, **errors(404, 409, 422)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        principal = principal_of(request)
+        data = validated(ToolCallDispatchIn, request.data)
+        outcome = tool_calls.tool_call_dispatch(
+            namespace=principal.namespace,
+            task_id=task_id,
+            step=data["step"],
+            tool=data["tool"],
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+            compensation=dict(data["compensation"]) if data.get("compensation") else None,
+        )
+        call = outcome.call
+        if not outcome.replayed:
+            body = {
+                "idempotency_key": call.idempotency_key,
+                "status": "dispatched",
+                "dispatched_at": optional_timestamp(call.dispatched_at),
+                "replayed": False,
+            }
+            return Response(body, status=status.HTTP_201_CREATED)
+        if call.status == ToolCallStatus.DISPATCHED:
+            body = {
+                "idempotency_key": call.idempotency_key,
+                "status": "in_flight",
+                "dispatched_at": optional_timestamp(call.dispatched_at),
+                "replayed": True,
+            }
+        else:
+            body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
+                    "replayed": True}
+        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+
+
+class ToolCallResultView(ApiView):
+    @extend_schema(
+        operation_id="tool_calls_result",
+        summary="Record a tool call's answer once",
+        request=ToolCallResultIn,
+        responses={201: ToolCallOut, 200: ToolCallOut, **errors(404, 409, 422)},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        principal = principal_of(request)
+        data = validated(ToolCallResultIn, request.data)
+        outcome = tool_calls.tool_call_record_result(
+            namespace=principal.namespace,
+            key=key,
+            status=data["status"],
+            result=data["result"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+        )
+        body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
+        return written_or_replayed(body, replayed=outcome.replayed)
+
+
+class ToolCallDetailView(ApiView):
+    @extend_schema(operation_id="tool_calls_retrieve", responses={200: ToolCallOut, **errors(404)})
+    def get(self, request: Request, key: str) -> Response:
+        call = selectors.tool_call_visible(namespace=principal_of(request).namespace, key=key)
+        return Response(tool_call_as_api_dict(call))
+
+
+# --- sub-agents ----------------------------------------------------------------------------
+
+
+class SubtasksView(ApiView):
+    @extend_schema(
+        operation_id="tasks_subtasks_dispatch",
+        summary="Hand work to a sub-agent: a child task and SubAgentDispatched in the parent",
+        request=SubtaskIn,
+        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422)},
+    )
+    def post(self, request: Request, task_id: uuid.UUID) -> Response:
+        principal = principal_of(request)
+        data = validated(SubtaskIn, request.data)
+        outcome = subtasks.subtask_dispatch(
+            namespace=principal.namespace,
+            parent_task_id=task_id,
+            step=data["step"],
+            kind=data["kind"],
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+        )
+        body = {"task": task_as_api_dict(outcome.child), "dispatch_key": outcome.dispatch_key}
+        return written_or_replayed(body, replayed=not outcome.created)
+
+
+class RecoveryContextView(ApiView):
+    @extend_schema(
+        operation_id="tasks_recovery_context",
+        summary="What a recovering agent needs to resume (built from the event log)",
+        responses={200: OpenApiResponse(description="recovery context"), **errors(404, 501)},
+    )
+    def get(self, request: Request, task_id: uuid.UUID) -> Response:
+        context = selectors.recovery_context(namespace=principal_of(request).namespace, task_id=task_id)
+        return Response(context)
+
+
+# --- the tool gateway ----------------------------------------------------------------------
+
+
+class ToolInvokeIn(StrictSerializer):
+    task_id = serializers.UUIDField()
+    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
+    input = JSONObjectField()
+    lease_epoch = StrictIntegerField(required=False, min_value=0)
+
+
+# A pattern, not an enum: drf-spectacular names enums by field, and a second "status" enum
+# with ToolCallResultIn's choices would rename that one's component (ENUM_NAME_OVERRIDES
+# in settings would be the other way out).
+@extend_schema_field({"type": "string", "pattern": "^(succeeded|failed)$", "description": "succeeded or failed"})
+class AnswerStatusField(serializers.CharField):
+    pass
+
+
+class ToolInvokeOut(serializers.Serializer):
+    idempotency_key = serializers.CharField()
+    status = AnswerStatusField()
+    result = JSONObjectField()
+    replayed = serializers.BooleanField()
+
+
+class ToolInvokeView(ApiView):
+    @extend_schema(
+        operation_id="tools_invoke",
+        summary="The backplane calls a registered tool with an Idempotency-Key, or answers from the record",
+        description=(
+            "The key is the tool call's: sha256(\"{task_id}:{step}:{name}\"). `ToolCallDispatched` is committed "
+            "before the tool is called and `ToolCallResultReceived` when it answers; the answer is kept for the "
+            "tool's TTL and a repeat gets it with `replayed: true` without calling the tool. A 2xx answer is "
+            "`succeeded` (a body that is not a JSON object comes as `{\"value\": ...}`), a 4xx refusal is "
+            "`failed` with `{\"status_code\", \"body\"}`. No usable answer (transport error, timeout, 5xx, 408, "
+            "429) is `502 tool_unavailable`: the call stays in flight and a retry sends the same key. "
+            "`503 circuit_open` while the tool's breaker is open and `429 rate_limited` beyond its per-minute "
+            "limit, both with `Retry-After`, without calling the tool."
+        ),
+        request=ToolInvokeIn,
+        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502)},
+    )
+    def post(self, request: Request, name: str) -> Response:
+        principal = principal_of(request)
+        data = validated(ToolInvokeIn, request.data)
+        outcome = gateway.tool_invoke(
+            namespace=principal.namespace,
+            task_id=data["task_id"],
+            step=data["step"],
+            tool_name=name,
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+        )
+        call = outcome.call
+        body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
+                "replayed": outcome.replayed}
+        headers = {REPLAY_HEADER: "true"} if outcome.replayed else None
+        return Response(body, status=status.HTTP_200_OK, headers=headers)

@@ -1,0 +1,122 @@
+"""Delivery's tables: webhook subscriptions, the outbox and dead letters (app ``backplane``)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+class WebhookSubscription(models.Model):
+    """Administrators subscribe URLs to topics; each matching message gets its own outbox row."""
+
+    name = models.CharField(max_length=100, unique=True)
+    topic_pattern = models.CharField(
+        max_length=255,
+        help_text="AMQP-style: words separated by '.', '*' matches one word, '#' zero or more.",
+    )
+    url = models.URLField(max_length=1000)
+    secret = models.CharField(max_length=200, help_text="HMAC-SHA256 key for the Backplane-Signature header.")
+    timeout_seconds = models.PositiveIntegerField(default=5)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.topic_pattern} -> {self.url})"
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+
+
+class OutboxDestination(models.TextChoices):
+    BROKER = "broker"
+    WEBHOOK = "webhook"
+
+
+class OutboxMessage(models.Model):
+    """A message committed in the same transaction as the change that causes it.
+
+    The relay delivers it at least once; ``message_id`` is stable across attempts so
+    consumers can drop duplicates. One row per destination.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    destination = models.CharField(max_length=20, choices=OutboxDestination.choices, default=OutboxDestination.BROKER)
+    subscription = models.ForeignKey(
+        WebhookSubscription, null=True, blank=True, on_delete=models.PROTECT, related_name="messages"
+    )
+    topic = models.CharField(max_length=255)
+    key = models.CharField(max_length=255)
+    payload = models.JSONField(default=dict)
+    headers = models.JSONField(default=dict)
+    task = models.ForeignKey("backplane.Task", null=True, blank=True, on_delete=models.PROTECT, related_name="outbox")
+    event_position = models.BigIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["next_attempt_at", "id"], name="outbox_due_idx", condition=Q(status="pending")),
+            # Per-key order: "is an earlier message for this key and destination still undelivered?"
+            models.Index(
+                fields=["key", "destination", "subscription", "id"],
+                name="outbox_key_order_idx",
+                condition=Q(status="pending"),
+            ),
+            models.Index(fields=["delivered_at"], name="outbox_delivered_idx", condition=Q(status="delivered")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} {self.message_id} ({self.status})"
+
+
+class DeadLetterSource(models.TextChoices):
+    OUTBOX = "outbox"
+    TASK = "task"
+    TOOL_CALL = "tool_call"
+    COMPENSATION = "compensation"
+    AUDIT_EXPORT = "audit_export"
+
+
+class DeadLetterStatus(models.TextChoices):
+    PENDING = "pending"
+    REQUEUED = "requeued"
+    DISCARDED = "discarded"
+
+
+class DeadLetter(models.Model):
+    """Work automation gave up on, waiting for a person to requeue or discard it."""
+
+    source = models.CharField(max_length=20, choices=DeadLetterSource.choices)
+    reference = models.CharField(max_length=255, help_text="What failed: an outbox message id, a task id, ...")
+    task = models.ForeignKey(
+        "backplane.Task", null=True, blank=True, on_delete=models.PROTECT, related_name="dead_letters"
+    )
+    outbox_message = models.ForeignKey(
+        OutboxMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="dead_letters"
+    )
+    topic = models.CharField(max_length=255, blank=True, default="")
+    payload = models.JSONField(default=dict)
+    error = models.TextField(blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=20, choices=DeadLetterStatus.choices, default=DeadLetterStatus.PENDING)
+    created_at = models.DateTimeField()
+    decided_by = models.CharField(max_length=150, null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        permissions = [("review_deadletter", "Can requeue or discard dead letters")]
+        indexes = [models.Index(fields=["status", "created_at"], name="deadletter_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.reference} ({self.status})"

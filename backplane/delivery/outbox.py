@@ -1,0 +1,166 @@
+"""The transactional outbox: messages written with the change that causes them, then
+relayed at least once, in order per key, with retries that end in a dead letter.
+
+Writing (``outbox_enqueue``) happens inside the caller's transaction. Relaying is a loop
+of small steps (``outbox_relay_once``), each one transaction: claim due rows with
+``FOR UPDATE SKIP LOCKED``, publish them, record what happened. The row locks are held
+while publishing, so a second relay skips those rows instead of delivering them again;
+a relay killed mid-batch leaves its rows pending and they are delivered again later
+(at least once; consumers drop duplicates by ``message_id``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from backplane.delivery.models import OutboxDestination, OutboxMessage
+from backplane.lib.sql_rows import recordset
+
+logger = logging.getLogger(__name__)
+
+def topic_matches(pattern: str, topic: str) -> bool:
+    """AMQP topic matching: '.'-separated words, '*' is one word, '#' zero or more."""
+    words, parts = topic.split("."), pattern.split(".")
+
+    def match(i: int, j: int) -> bool:
+        if j == len(parts):
+            return i == len(words)
+        if parts[j] == "#":
+            return any(match(k, j + 1) for k in range(i, len(words) + 1))
+        return i < len(words) and parts[j] in ("*", words[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def outbox_enqueue(
+    *,
+    topic: str,
+    key: str,
+    payload: dict[str, Any],
+    headers: dict[str, Any],
+    now: datetime,
+    task_id: str | None = None,
+    event_position: int | None = None,
+) -> list[OutboxMessage]:
+    """Write one message for the broker plus one per matching webhook subscription.
+
+    Must run inside the transaction of the change it announces: that is the whole point.
+    """
+    rows = _rows_for(
+        topic=topic, key=key, payload=payload, headers=headers, task_id=task_id,
+        event_position=event_position, subscriptions=_active_subscriptions(), first=0,
+    )
+    inserted = _insert_rows(rows, now=now)
+    return [
+        OutboxMessage(
+            id=pk, message_id=message_id, destination=row["destination"], subscription_id=row["subscription_id"],
+            topic=topic, key=key, payload=payload, headers=headers, task_id=task_id, event_position=event_position,
+            next_attempt_at=now, created_at=now,
+        )
+        for row, (pk, message_id) in zip(rows, inserted, strict=True)
+    ]
+
+
+def _active_subscriptions() -> list[tuple[int, str]]:
+    """(id, topic pattern) of the active webhook subscriptions, in id order: read in the
+    transaction that enqueues, so a subscription added a moment ago already gets messages."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, topic_pattern FROM backplane_webhooksubscription WHERE is_active ORDER BY id")
+        return cursor.fetchall()
+
+
+def _rows_for(
+    *,
+    topic: str,
+    key: str,
+    payload: dict[str, Any],
+    headers: dict[str, Any],
+    task_id: str | None,
+    event_position: int | None,
+    subscriptions: list[tuple[int, str]],
+    first: int,
+) -> list[dict[str, Any]]:
+    """One message's rows: the broker's, then one per subscription whose pattern matches."""
+    matching = [pk for pk, pattern in subscriptions if topic_matches(pattern, topic)]
+    return [
+        {
+            "n": first + offset,  # ids follow this order (per-key delivery order)
+            "message_id": str(uuid.uuid4()),
+            "destination": OutboxDestination.BROKER if subscription_id is None else OutboxDestination.WEBHOOK,
+            "subscription_id": subscription_id,
+            "topic": topic,
+            "key": key,
+            "payload": payload,
+            "headers": headers,
+            "task_id": task_id,
+            "event_position": event_position,
+        }
+        for offset, subscription_id in enumerate([None, *matching])
+    ]
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to enqueue with others (``outbox_enqueue_many``)."""
+
+    topic: str
+    key: str
+    payload: dict[str, Any]
+    headers: dict[str, Any]
+    task_id: str | None = None
+    event_position: int | None = None
+
+
+def outbox_enqueue_many(messages: Sequence[Message], *, now: datetime) -> int:
+    """``outbox_enqueue`` for several messages: the subscriptions read once, every row in one
+    INSERT, ids in the order given. Returns how many rows were written."""
+    if not messages:
+        return 0
+    subscriptions = _active_subscriptions()
+    rows: list[dict[str, Any]] = []
+    for message in messages:
+        rows += _rows_for(
+            topic=message.topic, key=message.key, payload=message.payload, headers=message.headers,
+            task_id=message.task_id, event_position=message.event_position, subscriptions=subscriptions,
+            first=len(rows),
+        )
+    _insert_rows(rows, now=now)
+    return len(rows)
+
+
+# Every enqueue is one INSERT of a JSON array of records: its text is quoted once by the
+# client-side binding, where the queryset API (bulk_create) cost ~1.5 ms of Python per call and
+# a multi-row VALUES list ~15 ms per 100 rows to compile and quote. Ids follow ``n``.
+_ENQUEUED_FIELDS = (
+    "message_id", "destination", "subscription", "topic", "key", "payload", "headers", "task", "event_position",
+)
+
+
+@functools.cache
+def _insert_sql() -> str:
+    rows = recordset(OutboxMessage, _ENQUEUED_FIELDS)
+    return f"""
+INSERT INTO backplane_outboxmessage ({rows.column_list}, status, attempts, next_attempt_at, last_error, created_at)
+SELECT {rows.column_list}, 'pending', 0, %s, '', %s
+FROM jsonb_to_recordset(%s::jsonb) AS {rows.definition("m", extra=[("n", "integer")])}
+ORDER BY m.n
+RETURNING id, message_id
+"""
+
+
+def _insert_rows(rows: list[dict[str, Any]], *, now: datetime) -> list[tuple[int, uuid.UUID]]:
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(), [now, now, json.dumps(rows)])
+        return sorted(cursor.fetchall())

@@ -1,0 +1,121 @@
+"""Where relayed messages go: the broker through kombu, and signed webhooks."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+from django.conf import settings
+from kombu import Connection, Exchange
+
+from backplane.delivery.models import OutboxDestination, OutboxMessage
+from backplane.delivery.relay import PublishError
+
+logger = logging.getLogger(__name__)
+
+
+def webhook_signature(secret: str, body: bytes, timestamp: int) -> str:
+    """``t=<unix seconds>,v1=<hex HMAC-SHA256 over "<t>." + body>``, in the style of Stripe's."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+class KombuSink:
+    """Publishes to a topic exchange, routing key = topic, persistent messages.
+
+    Keeps one connection per relay process and reconnects after a failure; a publish
+    that fails raises PublishError so the relay backs the row off.
+    """
+
+    def __init__(self, url: str | None = None, exchange_name: str | None = None) -> None:
+        self.url = url or settings.BACKPLANE_OUTBOX_BROKER_URL
+        self.exchange = Exchange(exchange_name or settings.BACKPLANE_OUTBOX_EXCHANGE, type="topic", durable=True)
+        self._connection: Connection | None = None
+        self._producer: Any = None
+
+    def _ensure_producer(self) -> Any:
+        if self._producer is None:
+            options = settings.CELERY_BROKER_TRANSPORT_OPTIONS if self.url == settings.CELERY_BROKER_URL else {}
+            self._connection = Connection(self.url, transport_options=options, connect_timeout=3)
+            # No retries here: the relay's backoff is the retry policy.
+            self._connection.ensure_connection(max_retries=0, timeout=3)
+            self._producer = self._connection.Producer(serializer="json")
+            self.exchange(self._producer.channel).declare()
+        return self._producer
+
+    def publish(self, message: OutboxMessage, body: dict[str, Any]) -> None:
+        try:
+            producer = self._ensure_producer()
+            producer.publish(
+                body,
+                exchange=self.exchange,
+                routing_key=message.topic,
+                delivery_mode=2,
+                message_id=str(message.message_id),
+                headers={"backplane-message-id": str(message.message_id)},
+                retry=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - kombu raises many transport-specific errors
+            self.close()
+            raise PublishError(f"broker: {exc.__class__.__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.release()
+            except Exception:  # noqa: BLE001 - the connection is being thrown away anyway
+                logger.debug("closing a broken broker connection failed", exc_info=True)
+        self._connection = None
+        self._producer = None
+
+
+class WebhookSink:
+    """POSTs the envelope with a Backplane-Signature header; any 2xx means delivered."""
+
+    def __init__(self) -> None:
+        self.client = httpx.Client(follow_redirects=False)
+
+    def publish(self, message: OutboxMessage, body: dict[str, Any]) -> None:
+        subscription = message.subscription
+        if subscription is None:
+            raise PublishError("webhook message without a subscription")
+        raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "Backplane-Signature": webhook_signature(subscription.secret, raw, int(time.time())),
+            "Backplane-Message-Id": str(message.message_id),
+            "User-Agent": "agent-backplane-relay/1",
+        }
+        try:
+            response = self.client.post(subscription.url, content=raw, headers=headers,
+                                        timeout=subscription.timeout_seconds)
+        except httpx.HTTPError as exc:
+            raise PublishError(f"webhook {subscription.name}: {exc.__class__.__name__}: {exc}") from exc
+        if not 200 <= response.status_code < 300:
+            raise PublishError(f"webhook {subscription.name}: HTTP {response.status_code}: {response.text[:200]}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class Sinks:
+    """The relay's publisher: sends each message to the sink its destination names."""
+
+    def __init__(self, broker: KombuSink | None = None, webhooks: WebhookSink | None = None) -> None:
+        self.broker = broker or KombuSink()
+        self.webhooks = webhooks or WebhookSink()
+
+    def __call__(self, message: OutboxMessage, body: dict[str, Any]) -> None:
+        if message.destination == OutboxDestination.WEBHOOK:
+            self.webhooks.publish(message, body)
+        else:
+            self.broker.publish(message, body)
+
+    def close(self) -> None:
+        self.broker.close()
+        self.webhooks.close()

@@ -1,0 +1,199 @@
+"""The event log's tables: agents, the task projection and the append-only events.
+
+They belong to the ``backplane`` app (``backplane/models.py`` imports them), so their tables,
+migrations and permissions kept their names when the modules moved here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from backplane.eventlog.chain import GENESIS_HASH
+
+NAME_VALIDATOR = RegexValidator(
+    r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,99}$",
+    "letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)",
+)
+
+
+def hash_token(token: str) -> str:
+    """Agent tokens are 256-bit random strings, so a plain SHA-256 is a sufficient at-rest hash."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Agent(models.Model):
+    name = models.CharField(max_length=100, validators=[NAME_VALIDATOR])
+    namespace = models.CharField(max_length=100, validators=[NAME_VALIDATOR], db_index=True)
+    kinds = ArrayField(
+        models.CharField(max_length=100),
+        default=list,
+        blank=True,
+        help_text="Task kinds this agent may claim; empty means every kind.",
+    )
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    # A token may act for a staff user (e.g. a dead-letter reviewer bot).
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agents"
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Circuit breaker (recovery/breakers.py): consecutive failures open it, claims are refused
+    # while open, a cool-down half-opens it for one trial claim, a success closes it. While
+    # half-open, breaker_opened_at holds when the trial started (so a lost trial can be given up).
+    breaker_state = models.CharField(
+        max_length=10, choices=[("closed", "closed"), ("open", "open"), ("half_open", "half open")], default="closed"
+    )
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    breaker_opened_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "name"], name="agent_unique_name_per_namespace"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def token_matches(self, token: str) -> bool:
+        return hmac.compare_digest(self.token_hash, hash_token(token))
+
+    def may_claim(self, kind: str) -> bool:
+        return not self.kinds or kind in self.kinds
+
+
+class BreakerTransition(models.Model):
+    """Every change of an agent's circuit breaker, for the people who watch the fleet."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="breaker_transitions")
+    from_state = models.CharField(max_length=10)
+    to_state = models.CharField(max_length=10)
+    reason = models.CharField(max_length=255)
+    task_id = models.UUIDField(null=True, blank=True)
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["agent", "-at"], name="breaker_transition_agent_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.agent}: {self.from_state} -> {self.to_state} ({self.reason})"
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+
+
+# No event may be appended once a task is in one of these.
+CLOSED_STATUSES = frozenset(
+    {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED, TaskStatus.COMPENSATED}
+)
+
+
+class Task(models.Model):
+    """The projection of a task's events, updated in the same transaction as every append."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    namespace = models.CharField(max_length=100)
+    kind = models.CharField(max_length=100)
+    status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.PENDING)
+    input = models.JSONField(default=dict)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    # The fencing token: every new lease increments it, and a write carrying an older one is refused.
+    lease_holder = models.CharField(max_length=100, null=True, blank=True)
+    lease_epoch = models.PositiveBigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_seconds = models.PositiveIntegerField(default=30)
+    # Set on sub-agent tasks: the parent's dispatch, so a repeated dispatch finds the same child.
+    dispatch_key = models.CharField(max_length=64, null=True, blank=True, unique=True)
+    last_seq = models.PositiveIntegerField(default=0)
+    head_hash = models.CharField(max_length=64, default=GENESIS_HASH)
+    lamport = models.PositiveBigIntegerField(default=0)
+    created_by = models.CharField(max_length=100, null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    last_event_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Claims: oldest pending task of some kinds in a namespace.
+            models.Index(
+                fields=["namespace", "kind", "created_at"],
+                name="task_pending_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            models.Index(fields=["namespace", "status", "created_at"], name="task_ns_status_idx"),
+            # The stall detector scans leases that have run out.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="task_lease_expiry_idx",
+                condition=Q(lease_holder__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.status})"
+
+    @property
+    def is_closed(self) -> bool:
+        return self.status in CLOSED_STATUSES
+
+    @property
+    def is_leased(self) -> bool:
+        return self.lease_holder is not None
+
+
+class Event(models.Model):
+    """One immutable entry of a task's log. Database triggers reject UPDATE, DELETE and TRUNCATE."""
+
+    position = models.BigAutoField(primary_key=True)
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="events", db_index=False)
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    agent = models.CharField(max_length=100, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # Digest of what the client sent under idempotency_key, so a reuse with another body is caught.
+    request_digest = models.CharField(max_length=64, null=True, blank=True)
+    lamport = models.PositiveBigIntegerField()
+    causation_id = models.CharField(max_length=255, null=True, blank=True)
+    correlation_id = models.CharField(max_length=255, null=True, blank=True)
+    trace_id = models.CharField(max_length=255, null=True, blank=True)
+    recorded_at = models.DateTimeField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "seq"], name="event_unique_seq_per_task"),
+            models.UniqueConstraint(
+                fields=["task", "idempotency_key"],
+                name="event_unique_idempotency_key_per_task",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
+        ]
+        indexes = [models.Index(fields=["type"], name="event_type_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}#{self.seq} {self.type}"

@@ -1,0 +1,322 @@
+"""Client writes to the event log: tasks, appends, agents. Every public function is one transaction.
+
+The append path (DESIGN.md), from the request to the writer (``backplane.eventlog.writer``):
+1. lock the task row, so appends to one task serialize and different tasks run in parallel;
+2. check the lease epoch (a fenced-off holder gets 409, never a silent write);
+3. answer a known idempotency key with the original event (another body is 422);
+4. refuse appends to a closed task, then check ``expected_seq`` (optimistic concurrency);
+5. number, clock and hash the events, insert them, update the projection; commit.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from backplane.eventlog import event_types as et
+from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
+from backplane.eventlog.errors import (
+    IdempotencyMismatch,
+    InvalidInput,
+    SeqConflict,
+    TaskClosed,
+    TaskExists,
+)
+from backplane.eventlog.lifecycle import enqueue_lifecycle
+from backplane.eventlog.models import Agent, Event, Task, hash_token
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+
+
+@dataclass(frozen=True)
+class AppendOutcome:
+    events: list[Event]
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class TaskCreateOutcome:
+    task: Task
+    created: bool
+
+
+@dataclass(frozen=True)
+class AgentCreated:
+    agent: Agent
+    token: str
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+
+def task_create(
+    *,
+    namespace: str,
+    kind: str,
+    input: dict[str, Any],
+    agent: str | None = None,
+    task_id: uuid.UUID | None = None,
+    parent_task_id: uuid.UUID | None = None,
+    max_attempts: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> TaskCreateOutcome:
+    """Create a task with ``TaskStarted`` as event 1. Idempotent on ``task_id``."""
+    ensure_storable_json(input, "input")
+    ensure_storable_json(metadata or {}, "metadata")
+    with transaction.atomic(durable=True):
+        return task_create_in_transaction(
+            namespace=namespace,
+            kind=kind,
+            input=input,
+            agent=agent,
+            task_id=task_id or uuid.uuid4(),
+            parent_task_id=parent_task_id,
+            max_attempts=max_attempts if max_attempts is not None else settings.BACKPLANE_MAX_ATTEMPTS,
+            metadata=metadata or {},
+        )
+
+
+def task_create_in_transaction(
+    *,
+    namespace: str,
+    kind: str,
+    input: dict[str, Any],
+    agent: str | None,
+    task_id: uuid.UUID,
+    parent_task_id: uuid.UUID | None,
+    max_attempts: int,
+    metadata: dict[str, Any],
+) -> TaskCreateOutcome:
+    parent = None
+    if parent_task_id is not None:
+        parent = Task.objects.filter(pk=parent_task_id, namespace=namespace).first()
+        if parent is None:
+            raise InvalidInput("parent task not found", {"parent_task_id": "no such task in this namespace"})
+
+    now = timezone.now()
+    try:
+        # The savepoint keeps the outer transaction usable when a concurrent create of
+        # the same task_id wins the race and our INSERT hits the primary key.
+        with transaction.atomic():
+            task = Task.objects.create(
+                id=task_id,
+                namespace=namespace,
+                kind=kind,
+                input=input,
+                metadata=metadata,
+                parent=parent,
+                max_attempts=max_attempts,
+                created_by=agent,
+                created_at=now,
+                updated_at=now,
+            )
+    except IntegrityError:
+        existing = Task.objects.filter(pk=task_id).first()
+        if existing is None:  # pragma: no cover - the conflicting row must exist once we see the error
+            raise
+        if existing.namespace != namespace or existing.kind != kind or existing.input != input:
+            raise TaskExists(
+                "a task with this task_id exists with a different kind or input",
+                {"task_id": str(task_id)},
+            ) from None
+        return TaskCreateOutcome(task=existing, created=False)
+
+    write_events(
+        task,
+        [
+            EventDraft(
+                type=et.TASK_STARTED,
+                payload={
+                    "kind": kind,
+                    "input": input,
+                    "parent_task_id": str(parent.pk) if parent else None,
+                    "max_attempts": max_attempts,
+                    "metadata": metadata,
+                },
+            )
+        ],
+        agent=agent,
+        now=now,
+    )
+    enqueue_lifecycle(task=task, previous_status=None, seq=task.last_seq, event_hash=task.head_hash, now=now)
+    return TaskCreateOutcome(task=task, created=True)
+
+
+# --- appends -------------------------------------------------------------------------------
+
+
+def event_append(
+    *,
+    namespace: str | None,
+    task_id: uuid.UUID,
+    draft: EventDraft,
+    agent: str | None,
+    expected_seq: int | None = None,
+    lease_epoch: int | None = None,
+) -> AppendOutcome:
+    """Append one client event to a task's log."""
+    return event_append_batch(
+        namespace=namespace,
+        task_id=task_id,
+        drafts=[draft],
+        agent=agent,
+        expected_seq=expected_seq,
+        lease_epoch=lease_epoch,
+    )
+
+
+def event_append_batch(
+    *,
+    namespace: str | None,
+    task_id: uuid.UUID,
+    drafts: Sequence[EventDraft],
+    agent: str | None,
+    expected_seq: int | None = None,
+    lease_epoch: int | None = None,
+) -> AppendOutcome:
+    """Append client events to one task, all or nothing."""
+    if not drafts:
+        raise InvalidInput("events must not be empty", {"events": "at least one event is required"})
+    if len(drafts) > settings.BACKPLANE_BATCH_MAX_EVENTS:
+        raise InvalidInput(
+            "too many events in one batch",
+            {"events": f"at most {settings.BACKPLANE_BATCH_MAX_EVENTS} events per batch"},
+        )
+    digests = _validate_client_drafts(drafts)
+    with transaction.atomic(durable=True):
+        task = lock_task(namespace=namespace, task_id=task_id)
+        check_lease(task, lease_epoch)
+        replay = _find_replay(task, drafts, digests)
+        if replay is not None:
+            return AppendOutcome(events=replay, replayed=True)
+        if task.is_closed:
+            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+        if expected_seq is not None and expected_seq != task.last_seq:
+            raise SeqConflict(
+                f"expected_seq {expected_seq} but the task is at {task.last_seq}",
+                {"last_seq": task.last_seq, "expected_seq": expected_seq},
+            )
+        events = write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
+    return AppendOutcome(events=events, replayed=False)
+
+
+def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
+    """Check every draft before any lock is taken; return each keyed draft's request digest."""
+    digests: list[str | None] = []
+    seen_keys: set[str] = set()
+    for index, draft in enumerate(drafts):
+        prefix = f"events[{index}]." if len(drafts) > 1 else ""
+        try:
+            et.validate_client_event(draft.type, draft.payload)
+            # Only a keyed draft needs its digest; an unkeyed one is canonicalised here all
+            # the same, so a payload JSON cannot hash is refused before any lock is taken.
+            digest = draft.request_digest() if draft.idempotency_key is not None else None
+            if digest is None:
+                canonical_json(draft.payload)
+            _reject_nul(draft.payload, "payload")
+            for item in draft.outbox:
+                _reject_nul(item.payload, "outbox")
+        except InvalidInput as exc:
+            raise InvalidInput(exc.message, {prefix + k: v for k, v in exc.details.items()}) from None
+        except CanonicalizationError as exc:
+            raise InvalidInput(
+                "payload cannot be represented as canonical JSON",
+                {prefix + "payload": str(exc)},
+            ) from None
+        key = draft.idempotency_key
+        if key is not None:
+            if key in seen_keys:
+                raise InvalidInput(
+                    "an idempotency_key appears twice in one batch",
+                    {prefix + "idempotency_key": "duplicate within the batch"},
+                )
+            seen_keys.add(key)
+        digests.append(digest)
+    return digests
+
+
+def _find_replay(task: Task, drafts: Sequence[EventDraft], digests: list[str | None]) -> list[Event] | None:
+    """The original events when this request was already applied; None when it is new."""
+    keys = [d.idempotency_key for d in drafts if d.idempotency_key is not None]
+    if not keys:
+        return None
+    found = {e.idempotency_key: e for e in Event.objects.filter(task=task, idempotency_key__in=keys)}
+    if not found:
+        return None
+    for draft, digest in zip(drafts, digests, strict=True):
+        original = found.get(draft.idempotency_key) if draft.idempotency_key else None
+        if original is None:
+            raise IdempotencyMismatch(
+                "this batch mixes events already recorded with new ones",
+                {"idempotency_key": draft.idempotency_key},
+            )
+        if original.request_digest != digest:
+            raise IdempotencyMismatch(
+                "idempotency_key was used with a different body",
+                {"idempotency_key": draft.idempotency_key, "seq": original.seq},
+            )
+    return [found[d.idempotency_key] for d in drafts if d.idempotency_key]
+
+
+def ensure_storable_json(value: Any, name: str) -> None:
+    """Refuse JSON we could neither hash canonically nor store in JSONB, as bad input."""
+    try:
+        canonical_sha256(value)
+    except CanonicalizationError as exc:
+        raise InvalidInput(f"{name} cannot be represented as canonical JSON", {name: str(exc)}) from None
+    _reject_nul(value, name)
+
+
+def _reject_nul(value: Any, name: str) -> None:
+    """PostgreSQL's JSONB cannot store U+0000; refuse it as bad input rather than fail at INSERT."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidInput(f"{name} contains U+0000, which cannot be stored", {name: "contains U+0000"})
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _reject_nul(key, name)
+            _reject_nul(item, name)
+    elif isinstance(value, list):
+        for item in value:
+            _reject_nul(item, name)
+
+
+# --- agents --------------------------------------------------------------------------------
+
+
+def agent_token_issue() -> tuple[str, str]:
+    """A new random agent token and the hash that is all we keep of it."""
+    token = "bp_" + secrets.token_urlsafe(32)
+    return token, hash_token(token)
+
+
+def agent_create(*, name: str, namespace: str, kinds: Sequence[str] = ()) -> AgentCreated:
+    """Register an agent and return its token; only the token's hash is stored."""
+    token, token_hash = agent_token_issue()
+    with transaction.atomic(durable=True):
+        if Agent.objects.filter(namespace=namespace, name=name).exists():
+            raise InvalidInput("an agent with this name exists in the namespace", {"name": name})
+        agent = Agent(name=name, namespace=namespace, kinds=list(kinds), token_hash=token_hash)
+        try:
+            agent.full_clean()
+        except ValidationError as exc:
+            raise InvalidInput("invalid agent", {k: " ".join(v) for k, v in exc.message_dict.items()}) from None
+        agent.save()
+    return AgentCreated(agent=agent, token=token)
+
+
+def agent_rotate_token(*, agent_id: int) -> AgentCreated:
+    """Issue a new token for an agent; the old one stops working at commit."""
+    token, token_hash = agent_token_issue()
+    with transaction.atomic(durable=True):
+        agent = Agent.objects.select_for_update().get(pk=agent_id)
+        agent.token_hash = token_hash
+        agent.save(update_fields=["token_hash"])
+    return AgentCreated(agent=agent, token=token)

@@ -1,0 +1,81 @@
+"""Periodic integrity work: chain verification, sealing, audit export. Thin, like every task.
+
+Task names are the wire names beat and the broker use; they stayed ``backplane.tasks.*`` when
+the code moved here, so queued messages and schedules from before still find their task.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Task, shared_task
+from django.conf import settings
+
+from backplane.integrity import verification
+from backplane.integrity.models import VerificationMode
+
+logger = logging.getLogger(__name__)
+
+
+def _verify_chains(mode: str) -> dict[str, int]:
+    run = verification.verification_run_start(mode=mode)
+    after = None
+    raised = 0
+    while (
+        step := verification.verification_run_batch(
+            run=run, after_task_id=after, batch_size=settings.BACKPLANE_VERIFY_BATCH_SIZE
+        )
+    ).tasks_checked:
+        after = step.last_task_id
+        raised += step.alerts_raised
+    run = verification.verification_run_finish(run_id=run.pk)
+    if run.failures:
+        logger.warning(
+            "chain verification (%s run %d): %d task(s) with a broken chain or a row that differs from its log, "
+            "of %d task(s), %d new alert(s)",
+            mode, run.pk, run.failures, run.tasks_checked, raised,
+        )
+    return {"run": run.pk, "tasks": run.tasks_checked, "events": run.events_checked, "failures": run.failures,
+            "alerts_raised": raised}
+
+
+# Beat fires this every minute. An overlapping run only repeats work: verified heads it writes
+# are true either way, and an alert is raised once per break.
+@shared_task(name="backplane.tasks.verify_chains_incremental", ignore_result=True)
+def verify_chains_incremental() -> dict[str, int]:
+    return _verify_chains(VerificationMode.INCREMENTAL)
+
+
+# A run that dies part-way stays on record with no finished_at; a retry starts a new run.
+@shared_task(name="backplane.tasks.verify_chains_full", ignore_result=True, autoretry_for=(Exception,),
+             retry_backoff=True, max_retries=3)
+def verify_chains_full() -> dict[str, int]:
+    return _verify_chains(VerificationMode.FULL)
+
+
+@shared_task(name="backplane.tasks.seal_events", ignore_result=True)
+def seal_events() -> int:
+    """Seal new events into the Merkle tree and sign the head (one sealer at a time cluster-wide)."""
+    from backplane.integrity import sealing
+
+    total = 0
+    while (step := sealing.seal_new_events()).sealed:
+        total += step.sealed
+    return total
+
+
+# Beat fires this hourly. A failure is retried after up to 1, 2, 4 and 8 minutes (full jitter), so a
+# short outage of the destination heals by itself; after the last attempt it becomes a dead letter
+# (one per failing segment while it stays pending), never only a log line. Segments exported before
+# the failure stay exported: each commits on its own, and a retry continues after them.
+@shared_task(name="backplane.tasks.audit_export", bind=True, ignore_result=True, autoretry_for=(Exception,),
+             retry_backoff=60, retry_backoff_max=600, max_retries=4)
+def audit_export(self: Task) -> list[int]:
+    from backplane.integrity.audit import export
+
+    try:
+        return [segment.number for segment in export.audit_export_until_idle().segments]
+    except Exception as exc:
+        if self.request.retries >= self.max_retries:
+            export.audit_export_record_failure(error=exc, attempts=self.request.retries + 1)
+        raise

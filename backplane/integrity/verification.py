@@ -1,0 +1,377 @@
+"""Periodic chain verification: every task's hash chain re-checked, each run recorded, each
+break raised as an alert that a person acknowledges (DESIGN.md, "Integrity and audit").
+
+Two modes:
+
+- **incremental** (every minute): a task's chain is checked only from where the previous
+  run left it (its ``VerifiedHead``) up to the task's current head. The history behind the
+  head is pinned by one indexed lookup per task: the event at ``verified_seq`` must still
+  carry ``verified_hash``, or something at or before it was rewritten.
+- **full** (every few hours): every chain from seq 1 with ``chain_verify``. This also catches
+  an edit behind the head that left the stored hashes alone, which only recomputing shows.
+
+Both also prove each checked task's row is what its log makes of it (DESIGN.md, "the log is the
+truth"): the pass that hashes the events folds them through the reducer too, and the result is
+compared with the row read together with the head. An incremental run folds only the new events,
+on top of the checkpoint (``VerifiedHead.projection``) kept with the verified head; a full run
+replays from scratch. A row that differs raises a ``projection`` alert at the row's ``last_seq``;
+the chain itself is fine, so the head still moves, and the checkpoint is what the log says.
+
+A run is one ``VerificationRun`` row and a loop of batches of tasks (``verification_run_batch``);
+each batch writes what it found (verified heads, alerts, the run's counters) in one transaction.
+A broken chain never moves its task's verified head, so every later run finds the break again;
+an alert is raised once per finding (task, kind, seq), and later runs only count it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F, OuterRef, Subquery
+from django.utils import timezone
+
+from backplane.eventlog.chain import GENESIS_HASH
+from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.projections import describe_differences, projection_replay
+from backplane.eventlog.reducer import (
+    REDUCED_FIELDS,
+    TaskState,
+    projection_differences,
+    task_state_as_json,
+    task_state_from_json,
+    task_state_of,
+)
+from backplane.eventlog.selectors import ChainVerification, chain_verify, chain_verify_range
+from backplane.integrity.models import (
+    IntegrityAlert,
+    IntegrityAlertKind,
+    VerificationMode,
+    VerificationRun,
+    VerifiedHead,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# --- one run: start, batches, finish -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Head:
+    """A task's row as a batch sees it (the reducer's fields, read in one go, so ``last_seq``
+    bounds the log the rest is compared with), its verified head and the hash now stored there."""
+
+    task_id: uuid.UUID
+    row: TaskState
+    verified_seq: int
+    verified_hash: str
+    pinned_hash: str | None  # the hash the event at verified_seq carries now (None: it is gone)
+    checkpoint: TaskState | None = None  # the projection through verified_seq, if one was kept
+
+    @property
+    def last_seq(self) -> int:
+        return self.row.last_seq
+
+    @property
+    def head_hash(self) -> str:
+        return self.row.head_hash
+
+    @property
+    def history_changed(self) -> bool:
+        return self.verified_seq > 0 and self.pinned_hash != self.verified_hash
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    task_id: uuid.UUID
+    events_checked: int
+    verified: tuple[int, str] | None = None  # the new verified head (seq, hash), if it moves
+    checkpoint: TaskState | None = None  # the projection through the new verified head
+    broken: tuple[int, str] | None = None  # (first bad seq, problem)
+    drifted: tuple[int, str] | None = None  # (the row's last_seq, the fields where it differs)
+
+    @property
+    def failed(self) -> bool:
+        return self.broken is not None or self.drifted is not None
+
+
+@dataclass(frozen=True)
+class VerifyStep:
+    tasks_checked: int
+    events_checked: int
+    failures: int
+    alerts_raised: int
+    last_task_id: uuid.UUID | None  # where the next batch starts; None when there was nothing left
+
+
+def verification_run_start(*, mode: str) -> VerificationRun:
+    if mode not in VerificationMode.values:
+        raise InvalidInput(f"unknown verification mode {mode!r}", {"mode": "incremental or full"})
+    return VerificationRun.objects.create(mode=mode, started_at=timezone.now())
+
+
+def verification_run_batch(
+    *, run: VerificationRun, after_task_id: uuid.UUID | None, batch_size: int
+) -> VerifyStep:
+    """Verify the next ``batch_size`` tasks (in id order, after ``after_task_id``) and record
+    what was found in one transaction. Returns an empty step when no task is left."""
+    heads = _heads_after(after_task_id=after_task_id, batch_size=batch_size)
+    if not heads:
+        return VerifyStep(0, 0, 0, 0, None)
+    if run.mode == VerificationMode.FULL:
+        outcomes = [_verify_full(head) for head in heads]
+    else:
+        outcomes = [_verify_incremental(head) for head in heads]
+
+    now = timezone.now()
+    failed = [outcome for outcome in outcomes if outcome.failed]
+    raised: list[IntegrityAlert] = []
+    with transaction.atomic(durable=True):
+        # Two runs may overlap (a slow incremental run and the next, or a full pass): each
+        # head they write is a true (seq, hash) of the chain, so if the older one commits
+        # last the head only moves back, and the next run re-checks those events. The checkpoint
+        # goes in the same row as its head, so the two always describe the same seq.
+        moved = [
+            VerifiedHead(
+                task_id=o.task_id,
+                verified_seq=o.verified[0],
+                verified_hash=o.verified[1],
+                projection=None if o.checkpoint is None else task_state_as_json(o.checkpoint),
+                verified_at=now,
+            )
+            for o in outcomes
+            if o.verified
+        ]
+        VerifiedHead.objects.bulk_create(
+            moved,
+            update_conflicts=True,
+            unique_fields=["task"],
+            update_fields=["verified_seq", "verified_hash", "projection", "verified_at"],
+        )
+        for outcome in outcomes:
+            findings = ((IntegrityAlertKind.CHAIN, outcome.broken), (IntegrityAlertKind.PROJECTION, outcome.drifted))
+            for kind, finding in findings:
+                if finding is None:
+                    continue
+                seq, problem = finding
+                # The unique constraint on (task, kind, first_invalid_seq) settles a race between
+                # two overlapping runs: get_or_create falls back to the row the other one inserted.
+                alert, created = IntegrityAlert.objects.get_or_create(
+                    task_id=outcome.task_id,
+                    kind=kind,
+                    first_invalid_seq=seq,
+                    defaults={"run": run, "problem": problem, "created_at": now},
+                )
+                if created:
+                    raised.append(alert)
+        events_checked = sum(outcome.events_checked for outcome in outcomes)
+        VerificationRun.objects.filter(pk=run.pk).update(
+            tasks_checked=F("tasks_checked") + len(outcomes),
+            events_checked=F("events_checked") + events_checked,
+            failures=F("failures") + len(failed),
+        )
+    for alert in raised:
+        what = "row differs from its log" if alert.kind == IntegrityAlertKind.PROJECTION else "chain broken"
+        logger.warning(
+            "integrity alert %d: task %s %s at seq %d (%s)",
+            alert.pk, alert.task_id, what, alert.first_invalid_seq, alert.problem,
+        )
+    return VerifyStep(len(outcomes), events_checked, len(failed), len(raised), heads[-1].task_id)
+
+
+def verification_run_finish(*, run_id: int) -> VerificationRun:
+    VerificationRun.objects.filter(pk=run_id).update(finished_at=timezone.now())
+    return VerificationRun.objects.get(pk=run_id)
+
+
+def _heads_after(*, after_task_id: uuid.UUID | None, batch_size: int) -> list[_Head]:
+    """One query: the tasks (the reducer's fields), their verified heads with checkpoints and
+    the hash stored at each head now (an index lookup on (task, seq) per task)."""
+    pinned = Event.objects.filter(task_id=OuterRef("pk"), seq=OuterRef("verified_head__verified_seq")).values("hash")
+    tasks = Task.objects.order_by("pk")
+    if after_task_id is not None:
+        tasks = tasks.filter(pk__gt=after_task_id)
+    rows = tasks.annotate(pinned_hash=Subquery(pinned[:1])).values_list(
+        "pk",
+        "verified_head__verified_seq",
+        "verified_head__verified_hash",
+        "verified_head__projection",
+        "pinned_hash",
+        *REDUCED_FIELDS,
+    )[:batch_size]
+    return [
+        _Head(
+            task_id,
+            TaskState(**dict(zip(REDUCED_FIELDS, row, strict=True))),
+            verified_seq or 0,
+            verified_hash or GENESIS_HASH,
+            pinned_hash,
+            None if checkpoint is None else task_state_from_json(checkpoint),
+        )
+        for task_id, verified_seq, verified_hash, checkpoint, pinned_hash, *row in rows
+    ]
+
+
+def _verify_incremental(head: _Head) -> _Outcome:
+    if head.history_changed:
+        found = chain_verify(task=Task.objects.get(pk=head.task_id))
+        return _Outcome(head.task_id, found.checked, broken=_rewrite_break(head, found))
+    if head.last_seq < head.verified_seq:
+        return _Outcome(
+            head.task_id,
+            0,
+            broken=(
+                head.last_seq + 1,
+                f"the task records {head.last_seq} events but {head.verified_seq} were verified before",
+            ),
+        )
+    if head.last_seq == head.verified_seq:
+        if head.head_hash != head.verified_hash:
+            return _Outcome(
+                head.task_id, 0, broken=(head.last_seq, "the task's head_hash differs from the last verified hash")
+            )
+        return _Outcome(head.task_id, 0)
+    checkpoint = head.checkpoint
+    if checkpoint is None:
+        # Verified before checkpoints were kept: replay the verified part once (no hashing,
+        # only the transitions' payloads); the head written for this run carries one.
+        checkpoint = projection_replay(task_id=head.task_id, through_seq=head.verified_seq)
+    result = chain_verify_range(
+        task_id=head.task_id,
+        after_seq=head.verified_seq,
+        after_hash=head.verified_hash,
+        through_seq=head.last_seq,
+        through_hash=head.head_hash,
+        replay_from=checkpoint,
+    )
+    if not result.valid:
+        return _Outcome(head.task_id, result.checked, broken=_reported(result))
+    return _projection_compared(head.task_id, head.row, result)
+
+
+def _verify_full(head: _Head) -> _Outcome:
+    result, row = _chain_verify_confirmed(head)
+    # A rewrite that was re-hashed all the way to the head (task row included) is a valid
+    # chain: only the head pinned by an earlier run shows it, and overwriting that head
+    # with the new hash would launder the rewrite.
+    if head.history_changed:
+        return _Outcome(head.task_id, result.checked, broken=_rewrite_break(head, result))
+    if not result.valid:
+        return _Outcome(head.task_id, result.checked, broken=_reported(result))
+    return _projection_compared(head.task_id, row, result)
+
+
+def _projection_compared(task_id: uuid.UUID, row: TaskState, result: ChainVerification) -> _Outcome:
+    """A valid chain's outcome: the head moves to the row's, with the replayed projection as its
+    checkpoint, and a row that is not that projection is a finding at the row's ``last_seq``.
+
+    ``row`` was read together with the ``last_seq`` that bounded the replay, so an append
+    racing the check cannot make the two differ (the same rule as ``projection_check``)."""
+    replayed = result.state
+    if replayed is None:  # every caller asked for a replay; a valid chain always folds
+        raise AssertionError("chain verified without a replay")
+    differences = projection_differences(row, replayed)
+    return _Outcome(
+        task_id,
+        result.checked,
+        verified=(row.last_seq, result.head_hash),
+        checkpoint=replayed,
+        drifted=(row.last_seq, describe_differences(differences)) if differences else None,
+    )
+
+
+def _reported(result: ChainVerification) -> tuple[int, str]:
+    """(first bad seq, problem) of a failed verification; both are set whenever valid is False."""
+    return result.first_invalid_seq or 0, result.problem or ""
+
+
+def _chain_verify_confirmed(head: _Head) -> tuple[ChainVerification, TaskState]:
+    """The whole chain checked and replayed from scratch, and the row it was checked against."""
+    result = chain_verify_range(
+        task_id=head.task_id,
+        after_seq=0,
+        after_hash=GENESIS_HASH,
+        through_seq=head.last_seq,
+        through_hash=head.head_hash,
+        replay_from=TaskState(),
+    )
+    if result.valid:
+        return result, head.row
+    # The log is read after the task row was: an append committed in between looks like a log
+    # longer than the task records. Before calling the chain broken, check again with the row
+    # locked, so no append can slip in (they wait for this lock).
+    with transaction.atomic(durable=True):
+        task = Task.objects.select_for_update().get(pk=head.task_id)
+        return chain_verify(task=task, replay_from=TaskState()), task_state_of(task)
+
+
+def _rewrite_break(head: _Head, found: ChainVerification) -> tuple[int, str]:
+    """Where to report a change behind the verified head.
+
+    chain_verify names the first bad seq when it finds one at or before the pinned seq.
+    Otherwise the history was rewritten and re-hashed consistently up to there (a
+    problem chain_verify reports further on, say a stale task row, changes nothing),
+    and the pinned seq is the first one that can be proved bad.
+    """
+    pinned = head.verified_seq
+    prefix = f"history verified through seq {pinned} has changed"
+    if not found.valid and found.first_invalid_seq is not None and found.first_invalid_seq <= pinned:
+        return found.first_invalid_seq, f"{prefix}: {found.problem}"
+    what = "is missing" if head.pinned_hash is None else "no longer carries the verified hash"
+    return pinned, f"{prefix}: the event at seq {pinned} {what} (rewritten and re-hashed at or before it)"
+
+
+# --- people and the dashboard -------------------------------------------------------------------
+
+
+def integrity_alert_acknowledge(*, alert_id: int, by: str, note: str) -> IntegrityAlert:
+    """Record that a person has seen a broken chain and what they did about it. Once only:
+    the row lock and the check make a second, concurrent acknowledgement fail."""
+    note = (note or "").strip()
+    if not note:
+        raise InvalidInput("a note is required", {"note": "required"})
+    with transaction.atomic(durable=True):
+        alert = IntegrityAlert.objects.select_for_update().filter(pk=alert_id).first()
+        if alert is None:
+            raise NotFound("integrity alert not found", {"id": alert_id})
+        if alert.acknowledged_at is not None:
+            raise AlreadyDecided(
+                "this alert was already acknowledged",
+                {"acknowledged_by": alert.acknowledged_by, "acknowledged_at": alert.acknowledged_at.isoformat()},
+            )
+        alert.acknowledged_by = by
+        alert.acknowledged_at = timezone.now()
+        alert.note = note
+        alert.save(update_fields=["acknowledged_by", "acknowledged_at", "note"])
+    return alert
+
+
+@dataclass(frozen=True)
+class IntegritySummary:
+    """What the dashboard's integrity page and /metrics show.
+
+    The last runs are the last *finished* ones: a verifier that died or hangs shows as a
+    last run older than its schedule.
+    """
+
+    last_incremental: VerificationRun | None
+    last_full: VerificationRun | None
+    open_alert_count: int
+    open_alerts: list[IntegrityAlert]  # newest first, at most ``alert_limit``
+
+
+def integrity_summary(*, alert_limit: int = 50) -> IntegritySummary:
+    finished = VerificationRun.objects.filter(finished_at__isnull=False).order_by("-finished_at", "-pk")
+    open_alerts = IntegrityAlert.objects.filter(acknowledged_at__isnull=True)
+    return IntegritySummary(
+        last_incremental=finished.filter(mode=VerificationMode.INCREMENTAL).first(),
+        last_full=finished.filter(mode=VerificationMode.FULL).first(),
+        open_alert_count=open_alerts.count(),
+        open_alerts=list(open_alerts.select_related("task").order_by("-created_at", "-pk")[:alert_limit])
+        if alert_limit
+        else [],
+    )

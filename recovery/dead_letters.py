@@ -1,0 +1,154 @@
+"""Decisions on dead letters: requeue (optionally with an edited payload) or discard.
+
+The dashboard, the admin and the API call these same services. Each decision is recorded on
+the dead letter (who, when, why) and, where a task is involved, as an event in its log
+(``DeadLetterRequeued`` / ``DeadLetterDiscarded``), which is also what changes the task.
+A dead letter is decided once: the row lock and the status check make a second,
+concurrent decision fail instead of acting twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus, OutboxMessage, OutboxStatus
+from backplane.eventlog import event_types as et
+from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
+from backplane.eventlog.models import Task, TaskStatus
+from backplane.eventlog.services import ensure_storable_json
+from backplane.eventlog.writer import EventDraft, write_events
+from backplane.integrity.tasks import audit_export
+from recovery.sagas import saga_retry_compensation, saga_skip_compensation
+
+
+def _lock_pending(dead_letter_id: int) -> DeadLetter:
+    dead_letter = DeadLetter.objects.select_for_update().filter(pk=dead_letter_id).first()
+    if dead_letter is None:
+        raise NotFound("dead letter not found", {"id": dead_letter_id})
+    if dead_letter.status != DeadLetterStatus.PENDING:
+        raise AlreadyDecided(
+            f"this dead letter was already {dead_letter.status}",
+            {"status": dead_letter.status, "decided_by": dead_letter.decided_by},
+        )
+    return dead_letter
+
+
+def _require_reason(reason: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise InvalidInput("a reason is required", {"reason": "required"})
+    return reason
+
+
+def _record_in_task_log(dead_letter: DeadLetter, event_type: str, *, decided_by: str, reason: str,
+                        extra: dict[str, Any] | None = None) -> Task | None:
+    """Write the decision into the log of the task it concerns (if any); returns that task, locked."""
+    if dead_letter.task_id is None:
+        return None
+    task = Task.objects.select_for_update().get(pk=dead_letter.task_id)
+    write_events(
+        task,
+        [
+            EventDraft(
+                type=event_type,
+                payload={"dead_letter_id": dead_letter.pk, "source": dead_letter.source,
+                         "reference": dead_letter.reference, "decided_by": decided_by, "reason": reason,
+                         **(extra or {})},
+            )
+        ],
+        agent=decided_by,
+        now=timezone.now(),
+        allow_closed=True,
+    )
+    return task
+
+
+def dead_letter_requeue(
+    *, dead_letter_id: int, decided_by: str, reason: str, payload: dict[str, Any] | None = None
+) -> DeadLetter:
+    """Send the failed work back: an outbox message is retried from attempt 0 (with the edited
+    payload if one is given); a dead-lettered task goes back to pending with fresh attempts."""
+    reason = _require_reason(reason)
+    if payload is not None:
+        ensure_storable_json(payload, "payload")
+    with transaction.atomic(durable=True):
+        dead_letter = _lock_pending(dead_letter_id)
+        now = timezone.now()
+        if dead_letter.source == DeadLetterSource.OUTBOX:
+            message = OutboxMessage.objects.select_for_update().filter(pk=dead_letter.outbox_message_id).first()
+            if message is None:
+                raise InvalidInput("the outbox message is gone (pruned)", {"id": dead_letter.pk})
+            message.status = OutboxStatus.PENDING
+            message.attempts = 0
+            message.next_attempt_at = now
+            message.last_error = ""
+            if payload is not None:
+                message.payload = payload
+            message.save(update_fields=["status", "attempts", "next_attempt_at", "last_error", "payload"])
+        elif dead_letter.source == DeadLetterSource.TASK:
+            task = Task.objects.select_for_update().get(pk=dead_letter.task_id)
+            if task.status != TaskStatus.DEAD_LETTERED:
+                raise InvalidInput("the task is no longer dead-lettered", {"status": task.status})
+            if payload is not None:
+                raise InvalidInput("a task is requeued as it is", {"payload": "not allowed for task dead letters"})
+        elif dead_letter.source == DeadLetterSource.COMPENSATION:
+            if payload is not None:
+                raise InvalidInput("a compensation is retried as declared", {"payload": "not allowed here"})
+        elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
+            if payload is not None:
+                raise InvalidInput("an audit export is retried as it is", {"payload": "not allowed here"})
+        else:
+            raise InvalidInput(
+                f"requeueing {dead_letter.source} dead letters is not supported",
+                {"source": dead_letter.source},
+            )
+        dead_letter.status = DeadLetterStatus.REQUEUED
+        dead_letter.decided_by = decided_by
+        dead_letter.decided_at = now
+        dead_letter.reason = reason
+        if payload is not None:
+            dead_letter.payload = payload
+        dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason", "payload"])
+        # For a task's own dead letter the event is the requeue: the reducer sends the task
+        # back to pending with fresh attempts. Otherwise it records the decision in the log.
+        task = _record_in_task_log(
+            dead_letter, et.DEAD_LETTER_REQUEUED, decided_by=decided_by, reason=reason,
+            extra={"edited_payload": payload is not None, **({"payload": payload} if payload is not None else {})},
+        )
+        if dead_letter.source == DeadLetterSource.COMPENSATION:
+            assert task is not None  # a compensation always belongs to a task
+            saga_retry_compensation(task, dead_letter.reference, now=now)
+        elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
+            # The export continues from the last recorded segment, so requeueing is an export run
+            # now rather than at the next hourly beat (which would retry it anyway).
+            transaction.on_commit(audit_export.delay)
+    return dead_letter
+
+
+def dead_letter_discard(*, dead_letter_id: int, decided_by: str, reason: str, compensate: bool = False) -> DeadLetter:
+    """Give up on the work for good, with the reason on record.
+
+    ``compensate`` (task dead letters only): the task fails for good, so the compensations
+    its succeeded tool calls declared are run (a saga)."""
+    reason = _require_reason(reason)
+    with transaction.atomic(durable=True):
+        dead_letter = _lock_pending(dead_letter_id)
+        if compensate and dead_letter.source != DeadLetterSource.TASK:
+            raise InvalidInput("only a task's dead letter can be compensated", {"compensate": "task dead letters only"})
+        dead_letter.status = DeadLetterStatus.DISCARDED
+        dead_letter.decided_by = decided_by
+        dead_letter.decided_at = timezone.now()
+        dead_letter.reason = reason
+        dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason"])
+        # With ``compensate`` the event fails the task for good (the reducer), and the failure
+        # starts its saga (recovery's follow-up to the write).
+        task = _record_in_task_log(dead_letter, et.DEAD_LETTER_DISCARDED, decided_by=decided_by, reason=reason,
+                                   extra={"compensate": compensate})
+        if dead_letter.source == DeadLetterSource.COMPENSATION:
+            # Nobody will undo this step: the saga goes on with the steps before it.
+            assert task is not None
+            saga_skip_compensation(task, dead_letter.reference, now=dead_letter.decided_at)
+    return dead_letter

@@ -1,0 +1,78 @@
+"""Recovery's follow-ups to event writes, plugged into the event log's writer.
+
+``RecoveryConfig.ready`` registers them with ``backplane.eventlog.writer.register_follow_up``;
+the writer runs them in this order inside its transaction, after the events and the
+projection are in. They may lock more rows: the agent behind a completion or failure, a
+sub-task's parent.
+"""
+
+from __future__ import annotations
+
+from backplane.eventlog import event_types as et
+from backplane.eventlog.models import Task, TaskStatus
+from backplane.eventlog.writer import EventDraft, WrittenEvents, write_events
+from recovery.breakers import breaker_record_failure, breaker_record_success
+from recovery.sagas import saga_start_if_due
+
+
+def feed_agent_breakers(written: WrittenEvents) -> None:
+    """Completions and failures count towards the circuit breaker of the agent behind them.
+
+    Expired leases count too, but the stall detector records those itself, once per agent
+    per sweep and in id order, so concurrent sweeps cannot deadlock on agent rows."""
+    task = written.task
+    for event in written.events:
+        if event.type == et.TASK_COMPLETED:
+            breaker_record_success(namespace=task.namespace, agent_name=event.agent, task_id=task.pk,
+                                   now=written.now)
+        elif event.type == et.TASK_FAILED:
+            breaker_record_failure(namespace=task.namespace, agent_name=event.agent, task_id=task.pk,
+                                   now=written.now, reason=f"TaskFailed: {event.payload['error'][:200]}")
+
+
+def start_saga_on_failure(written: WrittenEvents) -> None:
+    """A task that has just failed for good compensates what its tool calls did."""
+    if written.previous_status != TaskStatus.FAILED and written.status == TaskStatus.FAILED:
+        saga_start_if_due(written.task, now=written.now)
+
+
+# A child task in one of these has a result its parent must hear about.
+REPORTED_TO_PARENT = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED})
+
+
+def report_to_parent(written: WrittenEvents) -> None:
+    """Two-phase hand-off, second phase: the child's result enters the parent's log in the
+    transaction that ends the child, so it cannot be lost between the two.
+
+    Lock order is always child, then parent (claims and completions); a dispatch locks
+    only the parent and creates the child, which nobody else can hold yet.
+    """
+    child = written.task
+    if not written.was_open or written.status not in REPORTED_TO_PARENT or child.parent_id is None:
+        return
+    parent = Task.objects.select_for_update().get(pk=child.parent_id)
+    write_events(
+        parent,
+        [
+            EventDraft(
+                type=et.SUB_AGENT_RESULT_RECEIVED,
+                payload={
+                    "child_task_id": str(child.pk),
+                    "dispatch_key": child.dispatch_key,
+                    "kind": child.kind,
+                    # What the child's final event made of it, even if its saga has begun since.
+                    "status": written.status,
+                    "output": child.output,
+                    "error": child.error,
+                },
+                causation_id=f"{child.pk}:{child.last_seq}",
+            )
+        ],
+        agent=None,
+        now=written.now,
+        # A parent that already finished still gets the record: nothing is dropped.
+        allow_closed=True,
+    )
+
+
+FOLLOW_UPS = (feed_agent_breakers, start_saga_on_failure, report_to_parent)

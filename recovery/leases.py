@@ -1,0 +1,132 @@
+"""Leases: claim (consume and lock the oldest pending task), heartbeat, release. One transaction each."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from backplane.eventlog import event_types as et
+from backplane.eventlog.errors import InvalidInput, StaleLease
+from backplane.eventlog.models import Agent, Task, TaskStatus
+from backplane.eventlog.reducer import lease_extended, task_state_apply, task_state_of
+from backplane.eventlog.writer import EventDraft, lock_task, write_events
+from recovery.breakers import breaker_gate_claim, breaker_trial_unused
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    task: Task
+    lease_epoch: int
+    expires_at: datetime
+    recovered: bool
+
+
+def lease_claim(*, agent: Agent, kinds: Sequence[str] | None, lease_seconds: int) -> Claim | None:
+    """Give ``agent`` the oldest pending task of ``kinds`` under a new lease, or None.
+
+    ``SKIP LOCKED`` makes concurrent claimers pass over rows another claimer is taking
+    instead of queueing behind it, so two agents never win the same task and neither waits.
+    """
+    allowed = list(kinds) if kinds else list(agent.kinds)
+    if agent.kinds and not set(allowed) <= set(agent.kinds):
+        raise InvalidInput(
+            "this agent may not claim some of these kinds",
+            {"kinds": f"allowed: {sorted(agent.kinds)}"},
+        )
+    # Before the claim's own transaction: see recovery/breakers.py on lock order.
+    gate = breaker_gate_claim(agent_id=agent.pk)
+    claim = _claim_oldest_pending(agent=agent, kinds=allowed, lease_seconds=lease_seconds)
+    if claim is None and gate.trial:
+        breaker_trial_unused(agent_id=agent.pk, trial_started_at=gate.trial_started_at)
+    return claim
+
+
+def _claim_oldest_pending(*, agent: Agent, kinds: list[str], lease_seconds: int) -> Claim | None:
+    with transaction.atomic(durable=True):
+        candidates = Task.objects.select_for_update(skip_locked=True, of=("self",)).filter(
+            namespace=agent.namespace, status=TaskStatus.PENDING
+        )
+        if kinds:
+            candidates = candidates.filter(kind__in=kinds)
+        task = candidates.order_by("created_at", "id").first()
+        if task is None:
+            return None
+        now = timezone.now()
+        # An attempt is counted when one stalls or fails, so any counted attempt means
+        # this claimer picks up work an earlier holder left unfinished.
+        recovered = task.attempts > 0
+        # The event is the claim: the reducer gives the task its new lease from it.
+        write_events(
+            task,
+            [
+                EventDraft(
+                    type=et.TASK_CLAIMED,
+                    payload={
+                        "agent": agent.name,
+                        "lease_epoch": task.lease_epoch + 1,
+                        "lease_seconds": lease_seconds,
+                        "expires_at": (now + timedelta(seconds=lease_seconds)).isoformat(),
+                        "attempt": task.attempts + 1,
+                        "recovered": recovered,
+                    },
+                )
+            ],
+            agent=agent.name,
+            now=now,
+        )
+        if task.parent_id is not None and task.lease_epoch == 1:
+            parent = Task.objects.select_for_update().get(pk=task.parent_id)
+            write_events(
+                parent,
+                [
+                    EventDraft(
+                        type=et.SUB_AGENT_ACCEPTED,
+                        payload={"child_task_id": str(task.pk), "dispatch_key": task.dispatch_key, "agent": agent.name},
+                    )
+                ],
+                agent=agent.name,
+                now=now,
+                allow_closed=True,
+            )
+    return Claim(task=task, lease_epoch=task.lease_epoch, expires_at=task.lease_expires_at, recovered=recovered)
+
+
+def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+    task = lock_task(namespace=namespace, task_id=task_id)
+    if not task.is_leased or task.lease_epoch != lease_epoch:
+        raise StaleLease("lease epoch is not the task's current lease", {"lease_epoch": lease_epoch})
+    return task
+
+
+def lease_heartbeat(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+    """Extend the current lease by its length. Holds the row lock, so the stall detector
+    (which expires leases under the same lock) sees either the old or the new expiry.
+
+    No event: a heartbeat is liveness, not history (see ``backplane.eventlog.reducer``); the
+    reducer's ``lease_extended`` still decides the new deadline."""
+    with transaction.atomic(durable=True):
+        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch)
+        task_state_apply(task, lease_extended(task_state_of(task), now=timezone.now()))
+        task.save(update_fields=["lease_expires_at"])
+    return task
+
+
+def lease_release(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+    """Hand the task back to pending without counting an attempt (``LeaseReleased``)."""
+    with transaction.atomic(durable=True):
+        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch)
+        write_events(
+            task,
+            [EventDraft(type=et.LEASE_RELEASED, payload={"agent": task.lease_holder, "lease_epoch": lease_epoch})],
+            agent=task.lease_holder,
+            now=timezone.now(),
+        )
+    return task

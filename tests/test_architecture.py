@@ -1,0 +1,340 @@
+"""Imports run one way (STYLE.md, "Layout shows the architecture"; docs/architecture.md).
+
+Every module under backplane/, recovery/ and dashboard/ is read with ``ast``, not imported:
+``import x`` and ``from x import y`` anywhere in a file count, inside functions and under
+``if TYPE_CHECKING:`` too, with relative imports resolved. A lower part that reached up "only
+lazily" would still depend on the part above it.
+
+The offline verifier is the exception to "anywhere": what matters there is what runs when it
+is imported, so only imports at module level (not in a function, not under ``TYPE_CHECKING``)
+count, followed through every first-party module they load, parent packages included.
+tests/backplane/test_audit_verify.py checks the same in a real process; this one says which
+line is to blame.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("backplane", "recovery", "dashboard")
+
+LOWER_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity", "backplane.runtime")
+CORE_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity")
+# What ``python -m backplane.integrity.audit verify`` loads: the package's __main__, then the verifier.
+OFFLINE_VERIFIER = ("backplane.integrity.audit.__main__", "backplane.integrity.audit.verify")
+DATABASE_LIBRARIES = ("django", "psycopg", "psycopg2", "psycopg_pool")
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted, e.g. "backplane.eventlog.writer"; a package is named by its __init__
+    path: str  # relative to the repository, for messages
+    source: str
+
+    @property
+    def is_package(self) -> bool:
+        return self.path.endswith("__init__.py")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: Module
+    line: int
+    target: str  # the dotted name the statement reaches: "recovery.sagas.x" for ``from recovery.sagas import x``
+    statement: str  # as written, on one line
+    at_import_time: bool  # at module level and not under ``if TYPE_CHECKING:``
+
+    def __str__(self) -> str:
+        return f"{self.module.path}:{self.line}: {self.statement}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    description: str
+    sources: tuple[str, ...]  # modules in these packages...
+    forbidden: tuple[str, ...]  # ...may not import anything in these
+
+
+RULES = (
+    Rule(
+        "the event log, delivery, integrity and runtime do not import recovery, the dashboard or the API",
+        sources=LOWER_PARTS,
+        forbidden=("recovery", "dashboard", "backplane.api"),
+    ),
+    Rule("recovery does not import the dashboard or the API", sources=("recovery",),
+         forbidden=("dashboard", "backplane.api")),
+    Rule("the runtime does not import the event log, delivery or integrity", sources=("backplane.runtime",),
+         forbidden=CORE_PARTS),
+    # The event log writes into delivery's outbox in its transaction; delivery knows tasks only by
+    # id, so the two never import each other both ways.
+    Rule("delivery does not import the event log or integrity", sources=("backplane.delivery",),
+         forbidden=("backplane.eventlog", "backplane.integrity")),
+    Rule("the shared helpers import no part", sources=("backplane.lib",),
+         forbidden=(*CORE_PARTS, "backplane.runtime", "recovery", "dashboard", "backplane.api")),
+)
+
+
+# --- reading the code ----------------------------------------------------------------------
+
+
+def module_name(relative: Path) -> str:
+    parts = relative.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def load_tree(root: Path = ROOT) -> dict[str, Module]:
+    modules: dict[str, Module] = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root)
+            name = module_name(relative)
+            modules[name] = Module(name=name, path=relative.as_posix(), source=path.read_text(encoding="utf-8"))
+    return modules
+
+
+def fake_module(path: str, source: str) -> Module:
+    return Module(name=module_name(Path(path)), path=path, source=source)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve(module: Module, level: int, name: str | None) -> str:
+    """The absolute module a ``from`` statement names, with ``level`` leading dots."""
+    if not level:
+        return name or ""
+    package = module.name.split(".") if module.is_package else module.name.split(".")[:-1]
+    if level - 1 >= len(package):
+        raise ValueError(f"{module.path}: relative import beyond the top-level package")
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, name] if name else base)
+
+
+def imports_of(module: Module) -> Iterator[Import]:
+    tree = ast.parse(module.source, filename=module.path)
+
+    def statement(node: ast.stmt) -> str:
+        return " ".join((ast.get_source_segment(module.source, node) or "").split())
+
+    def visit(node: ast.AST, at_import_time: bool) -> Iterator[Import]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, node.lineno, alias.name, statement(node), at_import_time)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node.level, node.module)
+            for alias in node.names:
+                target = base if alias.name == "*" else f"{base}.{alias.name}"
+                yield Import(module, node.lineno, target, statement(node), at_import_time)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            for child in ast.iter_child_nodes(node):
+                yield from visit(child, False)
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                yield from visit(child, False)
+            for child in node.orelse:  # the ``else`` of ``if TYPE_CHECKING`` is what runs
+                yield from visit(child, at_import_time)
+        else:
+            for child in ast.iter_child_nodes(node):
+                yield from visit(child, at_import_time)
+
+    yield from visit(tree, True)
+
+
+def within(name: str, packages: Iterable[str]) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in packages)
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+
+def rule_violations(rule: Rule, modules: Iterable[Module]) -> list[str]:
+    found: list[str] = []
+    for module in modules:
+        if not within(module.name, rule.sources):
+            continue
+        for imp in imports_of(module):
+            if within(imp.target, rule.forbidden) and str(imp) not in found:
+                found.append(str(imp))
+    return found
+
+
+def _loaded_module(target: str, modules: Mapping[str, Module]) -> str | None:
+    """The first-party module an import of ``target`` executes (``a.b.name`` -> ``a.b``)."""
+    parts = target.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def _with_parents(name: str, modules: Mapping[str, Module]) -> list[str]:
+    """Importing ``a.b.c`` runs ``a``, then ``a.b``, then ``a.b.c``."""
+    parts = name.split(".")
+    return [p for p in (".".join(parts[:end]) for end in range(1, len(parts) + 1)) if p in modules]
+
+
+def verifier_violations(modules: Mapping[str, Module], entries: Iterable[str] = OFFLINE_VERIFIER) -> list[str]:
+    """Imports of Django or psycopg that run when the offline verifier is imported, each with
+    the chain of first-party imports that leads to it."""
+    how: dict[str, tuple[str, ...]] = {}  # module -> the imports that load it, from an entry
+    queue: list[str] = []
+    for entry in entries:
+        for name in _with_parents(entry, modules):
+            if name not in how:
+                how[name] = ()
+                queue.append(name)
+    found: list[str] = []
+    while queue:
+        name = queue.pop(0)
+        for imp in imports_of(modules[name]):
+            if not imp.at_import_time:
+                continue
+            chain = (*how[name], str(imp))
+            if within(imp.target, DATABASE_LIBRARIES):
+                found.append(" -> ".join(chain))
+                continue
+            loaded = _loaded_module(imp.target, modules)
+            for next_name in _with_parents(loaded, modules) if loaded else []:
+                if next_name not in how:
+                    how[next_name] = chain
+                    queue.append(next_name)
+    return found
+
+
+def violations_message(description: str, found: list[str]) -> str:
+    return f"{description}; {len(found)} import(s) break it:\n  " + "\n  ".join(found)
+
+
+# --- the real tree -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tree() -> dict[str, Module]:
+    return load_tree()
+
+
+def test_it_reads_the_whole_code_base(tree: dict[str, Module]) -> None:
+    # A wrong root or pattern would make every check below pass on nothing.
+    assert len(tree) > 40, sorted(tree)
+    for name in ("backplane.eventlog.writer", "backplane.delivery.relay", "backplane.integrity.sealing",
+                 "backplane.runtime.launcher", "backplane.api.views", "recovery.handlers", "dashboard.routing",
+                 *OFFLINE_VERIFIER):
+        assert name in tree, name
+    assert sum(1 for _ in imports_of(tree["backplane.eventlog.writer"])) > 10
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.description)
+def test_imports_run_one_way(rule: Rule, tree: dict[str, Module]) -> None:
+    found = rule_violations(rule, tree.values())
+    assert not found, violations_message(rule.description, found)
+
+
+def test_the_offline_verifier_loads_neither_django_nor_psycopg(tree: dict[str, Module]) -> None:
+    found = verifier_violations(tree)
+    assert not found, violations_message("the offline verifier must import without Django or psycopg", found)
+
+
+# --- the checker catches what it is there to catch -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rule", "path", "source", "reported"),
+    [
+        (RULES[0], "backplane/eventlog/fake.py", "from recovery.sagas import x\n", "1: from recovery.sagas import x"),
+        (RULES[0], "backplane/delivery/fake.py", "def f():\n    from backplane.api import views\n",
+         "2: from backplane.api import views"),
+        (RULES[0], "backplane/integrity/audit/fake.py",
+         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import dashboard.routing\n",
+         "3: import dashboard.routing"),
+        (RULES[0], "backplane/runtime/fake.py", "from ..api.views import TasksView\n",
+         "1: from ..api.views import TasksView"),
+        (RULES[0], "backplane/eventlog/__init__.py", "from .. import api\n", "1: from .. import api"),
+        (RULES[1], "recovery/fake.py", "from backplane import api\n", "1: from backplane import api"),
+        (RULES[1], "recovery/fake.py", "class C:\n    import dashboard\n", "2: import dashboard"),
+        (RULES[2], "backplane/runtime/fake.py", "from backplane.eventlog.writer import write_events\n",
+         "1: from backplane.eventlog.writer import write_events"),
+        (RULES[2], "backplane/runtime/fake.py", "def f():\n    from .. import delivery\n",
+         "2: from .. import delivery"),
+        (RULES[2], "backplane/runtime/fake.py", "import backplane.integrity.sealing as s\n",
+         "1: import backplane.integrity.sealing as s"),
+        (RULES[3], "backplane/delivery/fake.py", "from backplane.eventlog.models import Task\n",
+         "1: from backplane.eventlog.models import Task"),
+        (RULES[4], "backplane/lib/fake.py", "from backplane.delivery import outbox\n",
+         "1: from backplane.delivery import outbox"),
+    ],
+)
+def test_each_rule_reports_a_violation_with_its_line(rule: Rule, path: str, source: str, reported: str) -> None:
+    assert rule_violations(rule, [fake_module(path, source)]) == [f"{path}:{reported}"]
+
+
+@pytest.mark.parametrize(
+    ("path", "source"),
+    [
+        ("recovery/fake.py", "from backplane.eventlog.writer import write_events\nfrom backplane import metrics\n"),
+        ("backplane/api/fake.py", "from recovery import leases\n"),
+        ("backplane/eventlog/fake.py", "from backplane.delivery.outbox import Message\nfrom . import chain\n"),
+        ("backplane/runtime/fake.py", "from backplane.runtime import embedded_db\nimport backplane.apps\n"),
+        ("dashboard/fake.py", "from backplane.api import views\nfrom recovery import selectors\n"),
+    ],
+)
+def test_imports_that_respect_the_layers_are_not_reported(path: str, source: str) -> None:
+    module = fake_module(path, source)
+    assert [rule_violations(rule, [module]) for rule in RULES] == [[] for _ in RULES]
+
+
+def _tree_with(tree: Mapping[str, Module], path: str, source: str) -> dict[str, Module]:
+    module = fake_module(path, source)
+    return {**tree, module.name: module}
+
+
+@pytest.mark.parametrize(
+    ("source", "reported"),
+    [
+        ("import django\n", "import django"),
+        ("from django.conf import settings\n", "from django.conf import settings"),
+        ("try:\n    import psycopg\nexcept ImportError:\n    psycopg = None\n", "import psycopg"),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    from psycopg import sql\n",
+         "from psycopg import sql"),
+    ],
+)
+def test_the_verifier_check_reports_a_database_import_at_module_level(
+    tree: dict[str, Module], source: str, reported: str
+) -> None:
+    path = "backplane/integrity/audit/verify.py"
+    found = verifier_violations(_tree_with(tree, path, source))
+    assert len(found) == 1 and found[0].startswith(f"{path}:") and found[0].endswith(reported), found
+
+
+def test_the_verifier_check_follows_first_party_imports(tree: dict[str, Module]) -> None:
+    # chain.py is what the verifier imports for hashing; a model import there would load Django.
+    path = "backplane/eventlog/chain.py"
+    found = verifier_violations(_tree_with(tree, path, tree["backplane.eventlog.chain"].source
+                                           + "\nfrom backplane.eventlog.models import Event\n"))
+    models = tree["backplane.eventlog.models"]
+    assert found, "a module-level model import in chain.py was not followed"
+    assert all(f"{path}:" in chain and f"{models.path}:" in chain for chain in found), found
+    assert any("from django.db import models" in chain for chain in found), found
+
+
+def test_the_verifier_check_follows_parent_packages(tree: dict[str, Module]) -> None:
+    path = "backplane/integrity/__init__.py"
+    found = verifier_violations(_tree_with(tree, path, "from django.db import connection\n"))
+    assert found == [f"{path}:1: from django.db import connection"]
+
+
+def test_the_verifier_check_allows_lazy_and_type_only_imports(tree: dict[str, Module]) -> None:
+    source = tree["backplane.integrity.audit.verify"].source + (
+        "\nif TYPE_CHECKING:\n    from django.db.models import QuerySet\n"
+        "\ndef _later():\n    import psycopg\n"
+    )
+    assert verifier_violations(_tree_with(tree, "backplane/integrity/audit/verify.py", source)) == []
