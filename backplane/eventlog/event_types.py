@@ -29,6 +29,9 @@ LEASE_RELEASED = "LeaseReleased"
 COMPENSATION_STARTED = "CompensationStarted"
 # Every due compensation ran (or a reviewer discarded it): the saga is over.
 TASK_COMPENSATED = "TaskCompensated"
+# An operator decided a task row is right where its log falls short (histories written before
+# every transition was an event): the log records the row's values, who decided and why.
+PROJECTION_RECONCILED = "ProjectionReconciled"
 
 # Written only by the backplane itself; a client sending one gets 400 (API.md).
 SERVER_ONLY_TYPES = frozenset(
@@ -49,6 +52,7 @@ SERVER_ONLY_TYPES = frozenset(
         LEASE_RELEASED,
         COMPENSATION_STARTED,
         TASK_COMPENSATED,
+        PROJECTION_RECONCILED,
     }
 )
 

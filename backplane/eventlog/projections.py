@@ -24,7 +24,8 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from backplane.eventlog.errors import NotFound
+from backplane.eventlog import event_types as et
+from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.models import Task
 from backplane.eventlog.reducer import (
     REDUCED_FIELDS,
@@ -33,10 +34,11 @@ from backplane.eventlog.reducer import (
     projection_differences,
     task_replay,
     task_state_apply,
+    task_state_as_json,
     task_state_of,
 )
 from backplane.eventlog.selectors import STREAMS_IN_CHUNKS, StreamedEvent, use_c_timestamp_loader
-from backplane.eventlog.writer import lock_task
+from backplane.eventlog.writer import EventDraft, lock_task, write_events
 
 # What the reducer reads of a task's events, in seq order (an index range scan on (task, seq)).
 # Only transitions have their payload read (reducer.TRANSITION_TYPES): the others' payloads,
@@ -127,6 +129,55 @@ def _rebuild_one(*, task_id: uuid.UUID) -> int:
         task_state_apply(task, replayed)
         task.updated_at = timezone.now()
         task.save(update_fields=[*differences, "updated_at"])
+    return 1
+
+
+def projection_reconcile(*, task_ids: Sequence[uuid.UUID] | None = None, decided_by: str, reason: str,
+                         batch_size: int = 500) -> int:
+    """Record in the log what each differing row says, instead of rewriting the row; how many.
+
+    For logs written before every transition was an event (a saga that set ``compensated`` on
+    the row only, a release that wrote nothing): an operator who has checked that the row is
+    right appends ``ProjectionReconciled`` with the row's values, the log's, who and why. The
+    row keeps its values and from then on is what its log replays to. This is a decision with
+    a name on it, never automatic: on a row edited behind the log's back it would record the
+    edit, so ``--check`` comes first and ``rebuild`` is the answer to tampering.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise InvalidInput("a reason is required", {"reason": "required"})
+    reconciled = 0
+    for row in _rows(task_ids=task_ids, batch_size=batch_size):
+        reconciled += _reconcile_one(task_id=row.task_id, decided_by=decided_by, reason=reason)
+    return reconciled
+
+
+def _reconcile_one(*, task_id: uuid.UUID, decided_by: str, reason: str) -> int:
+    with transaction.atomic(durable=True):
+        try:
+            task = lock_task(namespace=None, task_id=task_id)
+        except NotFound:
+            return 0
+        replayed = projection_replay(task_id=task_id)
+        differences = projection_differences(task_state_of(task), replayed)
+        if not differences:
+            return 0
+        row_json, log_json = task_state_as_json(task_state_of(task)), task_state_as_json(replayed)
+        write_events(
+            task,
+            [
+                EventDraft(
+                    type=et.PROJECTION_RECONCILED,
+                    payload={"fields": {name: row_json[name] for name in differences},
+                             "log_had": {name: log_json[name] for name in differences},
+                             "decided_by": decided_by, "reason": reason},
+                )
+            ],
+            agent=decided_by,
+            now=timezone.now(),
+            # Reconciling is bookkeeping of the backplane's own; a closed task gets it too.
+            allow_closed=True,
+        )
     return 1
 
 

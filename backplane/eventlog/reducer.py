@@ -152,7 +152,22 @@ def _transition(state: TaskState, event: EventFacts) -> TaskState:
         return dataclasses.replace(state, status=COMPENSATING)
     if kind == et.TASK_COMPENSATED:
         return dataclasses.replace(state, status=COMPENSATED)
+    if kind == et.PROJECTION_RECONCILED:
+        return _reconciled(state, event)
     return state
+
+
+# What a reconciliation may set: the chain fields always come from the event itself.
+RECONCILABLE_FIELDS = frozenset(REDUCED_FIELDS) - {"last_seq", "head_hash", "lamport", "last_event_at"}
+_TIME_FIELDS = frozenset({"lease_expires_at", "last_event_at"})
+
+
+def _reconciled(state: TaskState, event: EventFacts) -> TaskState:
+    fields = {name: value for name, value in event.payload["fields"].items() if name in RECONCILABLE_FIELDS}
+    for name in _TIME_FIELDS & fields.keys():
+        if fields[name] is not None:
+            fields[name] = datetime.fromisoformat(fields[name])
+    return dataclasses.replace(state, **fields)
 
 
 # Event types that change more than the chain fields; every other type only advances the head.
@@ -169,6 +184,7 @@ TRANSITION_TYPES = frozenset(
         et.DEAD_LETTER_DISCARDED,
         et.COMPENSATION_STARTED,
         et.TASK_COMPENSATED,
+        et.PROJECTION_RECONCILED,
     }
 )
 

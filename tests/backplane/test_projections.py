@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from backplane.eventlog import services
-from backplane.eventlog.models import Agent, Task
+from backplane.eventlog.models import Agent, Event, Task
 from backplane.eventlog.projections import projection_check, projection_rebuild, projection_replay
 from backplane.eventlog.reducer import task_state_of
 from backplane.eventlog.writer import EventDraft
@@ -137,3 +137,22 @@ def test_an_earlier_deadline_or_another_holder_is_drift(running_task: Task) -> N
     Task.objects.filter(pk=running_task.pk).update(lease_expires_at=replayed_deadline.replace(year=2000))
     [drift] = projection_check()
     assert drift.differences["lease_expires_at"][1] == replayed_deadline
+
+
+def test_reconcile_records_the_row_in_the_log_with_who_and_why(make_task) -> None:  # type: ignore[no-untyped-def]
+    task = make_task()
+    # A history from before every transition was an event: the row moved, the log did not.
+    Task.objects.filter(pk=task.pk).update(status="compensated")
+    with pytest.raises(CommandError, match="--reason"):
+        call_command("rebuild_projections", "--reconcile", stdout=io.StringIO())
+
+    call_command("rebuild_projections", "--reconcile", "--by", "user:olga", "--reason", "old saga",
+                 stdout=io.StringIO())
+
+    event = Event.objects.filter(task=task).order_by("-seq").first()
+    assert event is not None and event.type == "ProjectionReconciled"
+    assert event.payload == {"fields": {"status": "compensated"}, "log_had": {"status": "pending"},
+                             "decided_by": "user:olga", "reason": "old saga"}
+    assert Task.objects.get(pk=task.pk).status == "compensated"
+    assert projection_replay(task_id=task.pk).status == "compensated"
+    assert list(projection_check()) == []

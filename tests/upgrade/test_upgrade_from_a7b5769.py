@@ -159,6 +159,26 @@ def test_a7b5769_database_upgrades_without_losing_data(upgraded_url: str) -> Non
     assert verify.returncode == 0, f"verify_chain failed:\n{verify.stdout}\n{verify.stderr}"
     assert "BROKEN" not in verify.stdout, verify.stdout
 
+    # a7b5769's sagas set `compensated` on the row only: the one history there that is not all
+    # events. --check names exactly that task; an operator records the row in its log and the
+    # check is clean, with the row unchanged and every chain still valid.
+    drift = _manage("rebuild_projections", "--check", database_url=upgraded_url)
+    assert drift.returncode == 1, drift.stdout + drift.stderr
+    assert drift.stdout.count("differs from its log") == 1, drift.stdout
+    assert "status: row='compensated' log='failed'" in drift.stdout, drift.stdout
+    reconcile = _manage("rebuild_projections", "--reconcile", "--by", "user:admin", "--reason",
+                        "sagas before the upgrade wrote no status events", database_url=upgraded_url)
+    assert reconcile.returncode == 0 and "recorded 1 task row(s)" in reconcile.stdout, reconcile.stderr
+    clean = _manage("rebuild_projections", "--check", database_url=upgraded_url)
+    assert clean.returncode == 0, clean.stdout
+    with psycopg.connect(upgraded_url) as conn:
+        statuses = dict(conn.execute("SELECT status, count(*) FROM backplane_task GROUP BY status").fetchall())
+        assert statuses == EXPECTED_TASK_STATUSES
+        reconciled = conn.execute("SELECT count(*) FROM backplane_event WHERE type = 'ProjectionReconciled'")
+        assert reconciled.fetchone() == (1,)
+    verify = _manage("verify_chain", "--all", database_url=upgraded_url)
+    assert verify.returncode == 0 and "BROKEN" not in verify.stdout, verify.stdout + verify.stderr
+
 
 def _assert_chains_verify(conn: psycopg.Connection) -> None:
     """Every stored event hash recomputes with today's code and links to the one before; every

@@ -1,4 +1,5 @@
-"""``manage.py rebuild_projections [--check] [--task UUID ...]``: task rows against their logs."""
+"""``manage.py rebuild_projections [--check | --reconcile --reason TEXT] [--task UUID ...]``:
+task rows against their logs."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a row differs")
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--check", action="store_true", help="change nothing; exit 1 if a row differs")
+        mode.add_argument(
+            "--reconcile", action="store_true",
+            help="keep the rows and record their values in the logs (ProjectionReconciled), for histories "
+                 "written before every transition was an event; needs --reason",
+        )
+        parser.add_argument("--reason", default="", help="why the rows are right (with --reconcile)")
+        parser.add_argument("--by", default="operator", help="who decided (with --reconcile)")
         parser.add_argument(
             "--task", dest="task_ids", action="append", type=uuid.UUID, metavar="UUID",
             help="only this task (repeatable)",
@@ -30,6 +39,13 @@ class Command(BaseCommand):
             missing = set(task_ids) - set(Task.objects.filter(pk__in=task_ids).values_list("pk", flat=True))
             if missing:
                 raise CommandError(f"no task {', '.join(sorted(map(str, missing)))}")
+        if options["reconcile"]:
+            if not options["reason"].strip():
+                raise CommandError("--reconcile needs --reason")
+            count = projections.projection_reconcile(task_ids=task_ids, decided_by=options["by"],
+                                                     reason=options["reason"])
+            self.stdout.write(f"recorded {count} task row(s) in their logs (ProjectionReconciled)")
+            return
         if not options["check"]:
             changed = projections.projection_rebuild(task_ids=task_ids)
             self.stdout.write(f"rebuilt {changed} task row(s) from their logs")
