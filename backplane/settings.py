@@ -282,6 +282,9 @@ BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS = env_int("BACKPLANE_TOOL_CALL_TIMEOUT_SECON
 BACKPLANE_SIGNING_KEY = env_str("BACKPLANE_SIGNING_KEY", "")
 BACKPLANE_BREAKER_THRESHOLD = env_int("BACKPLANE_BREAKER_THRESHOLD", 3, minimum=1)
 BACKPLANE_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_BREAKER_COOLDOWN_SECONDS", 60, minimum=1)
+# The same breaker per registered tool (recovery/gateway.py): no usable answer counts a failure.
+BACKPLANE_TOOL_BREAKER_THRESHOLD = env_int("BACKPLANE_TOOL_BREAKER_THRESHOLD", 3, minimum=1)
+BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS", 30, minimum=1)
 # Per agent token, DRF's "<count>/<s|m|h|d>" syntax.
 BACKPLANE_RATE_LIMIT = env_str("BACKPLANE_RATE_LIMIT", "600/s")
 # Django refuses bodies above this before any view runs; keep it in step with the payload limit.

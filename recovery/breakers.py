@@ -468,8 +468,8 @@ def breaker_reset(*, agent_id: int, decided_by: str) -> Agent:
 def _tool_policy(tool: Tool) -> Policy:
     # A probe reports within the tool's timeout, or its process died.
     return Policy(
-        threshold=int(getattr(settings, "BACKPLANE_TOOL_BREAKER_THRESHOLD", 3)),
-        cooldown=timedelta(seconds=int(getattr(settings, "BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS", 30))),
+        threshold=settings.BACKPLANE_TOOL_BREAKER_THRESHOLD,
+        cooldown=timedelta(seconds=settings.BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS),
         trial_timeout=timedelta(seconds=tool.timeout_seconds),
     )
 

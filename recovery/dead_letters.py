@@ -105,6 +105,8 @@ def dead_letter_requeue(
                 f"requeueing {dead_letter.source} dead letters is not supported",
                 {"source": dead_letter.source},
             )
+        # An edit replaces the payload on the dead letter and the message; the log keeps both.
+        edit = {} if payload is None else {"payload": payload, "original_payload": dead_letter.payload}
         dead_letter.status = DeadLetterStatus.REQUEUED
         dead_letter.decided_by = decided_by
         dead_letter.decided_at = now
@@ -116,7 +118,7 @@ def dead_letter_requeue(
         # back to pending with fresh attempts. Otherwise it records the decision in the log.
         task = _record_in_task_log(
             dead_letter, et.DEAD_LETTER_REQUEUED, decided_by=decided_by, reason=reason,
-            extra={"edited_payload": payload is not None, **({"payload": payload} if payload is not None else {})},
+            extra={"edited_payload": payload is not None, **edit},
         )
         if dead_letter.source == DeadLetterSource.COMPENSATION:
             assert task is not None  # a compensation always belongs to a task

@@ -25,6 +25,7 @@ import hashlib
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Q
 
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.delivery.outbox import outbox_enqueue
@@ -54,18 +55,16 @@ def _skipped_keys(task: Task) -> list[str]:
 
 def _next_to_compensate(task: Task) -> ToolCall | None:
     """The latest-step succeeded call with a compensation that has been neither compensated
-    nor given up on (a discarded compensation's dead letter)."""
-    done = set(
-        ToolCall.objects.filter(task=task, compensation_of__isnull=False, status=ToolCallStatus.SUCCEEDED)
-        .values_list("compensation_of", flat=True)
-    ) | set(
-        ToolCall.objects.filter(task=task, compensation_of__isnull=False, pk__in=_skipped_keys(task))
-        .values_list("compensation_of", flat=True)
+    nor given up on (a discarded compensation's dead letter). One query."""
+    settled = ToolCall.objects.filter(task=task, compensation_of__isnull=False).filter(
+        Q(status=ToolCallStatus.SUCCEEDED)
+        | Q(pk__in=DeadLetter.objects.filter(task=task, source=DeadLetterSource.COMPENSATION,
+                                             status=DeadLetterStatus.DISCARDED).values("reference"))
     )
     candidates = (
         ToolCall.objects.filter(task=task, compensation_of__isnull=True, status=ToolCallStatus.SUCCEEDED,
                                 compensation__isnull=False)
-        .exclude(pk__in=done)
+        .exclude(pk__in=settled.values("compensation_of"))
         .order_by("-step", "-dispatched_at")
     )
     return candidates.first()

@@ -113,19 +113,27 @@ def projection_rebuild(*, task_ids: Sequence[uuid.UUID] | None = None, batch_siz
     return changed
 
 
+def _locked_drift(task_id: uuid.UUID) -> tuple[Task, TaskState, dict[str, tuple[Any, Any]]] | None:
+    """Inside the caller's transaction: the task, locked (appends to it wait, so its whole log is
+    the one the row must match), its replayed log and where the row differs; None when it
+    matches or the task is gone."""
+    try:
+        task = lock_task(namespace=None, task_id=task_id)
+    except NotFound:
+        return None
+    replayed = projection_replay(task_id=task_id)
+    differences = projection_differences(task_state_of(task), replayed)
+    return (task, replayed, differences) if differences else None
+
+
 def _rebuild_one(*, task_id: uuid.UUID) -> int:
     with transaction.atomic(durable=True):
-        try:
-            task = lock_task(namespace=None, task_id=task_id)
-        except NotFound:
-            return 0  # gone since it was listed
-        row = task_state_of(task)
-        replayed = projection_replay(task_id=task_id)
-        differences = projection_differences(row, replayed)
-        if not differences:
+        drift = _locked_drift(task_id)
+        if drift is None:
             return 0
+        task, replayed, differences = drift
         if "lease_expires_at" not in differences:
-            replayed = dataclasses.replace(replayed, lease_expires_at=row.lease_expires_at)
+            replayed = dataclasses.replace(replayed, lease_expires_at=task.lease_expires_at)
         task_state_apply(task, replayed)
         task.updated_at = timezone.now()
         task.save(update_fields=[*differences, "updated_at"])
@@ -154,14 +162,10 @@ def projection_reconcile(*, task_ids: Sequence[uuid.UUID] | None = None, decided
 
 def _reconcile_one(*, task_id: uuid.UUID, decided_by: str, reason: str) -> int:
     with transaction.atomic(durable=True):
-        try:
-            task = lock_task(namespace=None, task_id=task_id)
-        except NotFound:
+        drift = _locked_drift(task_id)
+        if drift is None:
             return 0
-        replayed = projection_replay(task_id=task_id)
-        differences = projection_differences(task_state_of(task), replayed)
-        if not differences:
-            return 0
+        task, replayed, differences = drift
         row_json, log_json = task_state_as_json(task_state_of(task)), task_state_as_json(replayed)
         write_events(
             task,

@@ -159,14 +159,12 @@ def _transition(state: TaskState, event: EventFacts) -> TaskState:
 
 # What a reconciliation may set: the chain fields always come from the event itself.
 RECONCILABLE_FIELDS = frozenset(REDUCED_FIELDS) - {"last_seq", "head_hash", "lamport", "last_event_at"}
-_TIME_FIELDS = frozenset({"lease_expires_at", "last_event_at"})
 
 
 def _reconciled(state: TaskState, event: EventFacts) -> TaskState:
     fields = {name: value for name, value in event.payload["fields"].items() if name in RECONCILABLE_FIELDS}
-    for name in _TIME_FIELDS & fields.keys():
-        if fields[name] is not None:
-            fields[name] = datetime.fromisoformat(fields[name])
+    if fields.get("lease_expires_at") is not None:  # the one time among them, stored as ISO 8601
+        fields["lease_expires_at"] = datetime.fromisoformat(fields["lease_expires_at"])
     return dataclasses.replace(state, **fields)
 
 

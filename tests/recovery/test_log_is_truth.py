@@ -160,6 +160,7 @@ def test_every_kind_of_transition_leaves_every_row_equal_to_its_replayed_log(wor
                                      payload={"score": 8})
     edit = Event.objects.get(task=noisy, type=et.DEAD_LETTER_REQUEUED)
     assert edit.payload["edited_payload"] is True and edit.payload["payload"] == {"score": 8}
+    assert edit.payload["original_payload"] == {"score": 7}
     assert OutboxMessage.objects.get(pk=dead.outbox_message_id).payload == {"score": 8}
     assert status_of(noisy.pk) == "pending"
 
