@@ -8,7 +8,9 @@ request makes one hop to a thread of a2wsgi's pool and runs the whole synchronou
 there (docs/benchmarks.md has the figures).
 """
 
+import asyncio
 import os
+from typing import Any
 
 from a2wsgi import WSGIMiddleware
 from django.core.wsgi import get_wsgi_application
@@ -21,15 +23,23 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from dashboard import live  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 # Threads that run HTTP requests; each holds at most one pooled database connection.
 ASGI_THREADS = int(os.environ.get("BACKPLANE_HTTP_THREADS", "16"))
 
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         "http": WSGIMiddleware(django_wsgi_app, workers=ASGI_THREADS),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    # Live notices are sent from the server's own loop, the one the consumers' channel layer
+    # connections belong to (dashboard/live.py); binding is a no-op after the first request.
+    live.bind_event_loop(asyncio.get_running_loop())
+    await router(scope, receive, send)

@@ -7,6 +7,7 @@ two may generate a secret key under ``var/`` or find the embedded database there
 
 from __future__ import annotations
 
+import importlib.util
 import secrets
 from pathlib import Path
 
@@ -129,7 +130,14 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# Plotly's JavaScript is served from the installed ``plotly`` package (no CDN: the product
+# runs offline), at static/vendor/plotly/plotly.min.js.
+_plotly = importlib.util.find_spec("plotly")
+assert _plotly is not None and _plotly.submodule_search_locations, "the plotly package is not installed"
+STATICFILES_DIRS = [
+    BASE_DIR / "static",
+    ("vendor/plotly", Path(list(_plotly.submodule_search_locations)[0]) / "package_data"),
+]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 # Straight from the finders in development and tests, so no collectstatic step is needed.
 WHITENOISE_USE_FINDERS = IS_LOCAL
@@ -137,7 +145,10 @@ WHITENOISE_AUTOREFRESH = DEBUG
 if IS_LOCAL:
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
-LOGIN_URL = "/admin/login/"
+# The dashboard's own login page; the admin keeps its own at /admin/login/.
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 # --- Broker and Channels: embedded defaults, Redis when REDIS_URL is set ---------------------
 REDIS_URL = env_str("REDIS_URL", "")
@@ -175,6 +186,8 @@ else:
     _layer_db.setdefault("PASSWORD", "")
     _layer_db["TIME_ZONE"] = None
     _layer_db.setdefault("OPTIONS", {})
+    # Its pool holds connections per process (web, each Celery child); a few are plenty.
+    _layer_db["PSYCOPG_OPTIONS"] = {"min_size": 1, "max_size": 4}
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_postgres.core.PostgresChannelLayer",
@@ -182,6 +195,16 @@ else:
         }
     }
     INSTALLED_APPS.append("channels_postgres")
+    # Its group_discard goes through the ORM on a connection of this name (the same database;
+    # in tests, the same test database).
+    DATABASES["channels_postgres"] = {
+        **DATABASES["default"],
+        "OPTIONS": {k: v for k, v in DATABASES["default"]["OPTIONS"].items() if k != "pool"},
+        "TEST": {"MIRROR": "default"},
+    }
+
+# Every event write announces itself to open dashboard pages after commit (dashboard/live.py).
+BACKPLANE_LIVE_NOTICES = env_bool("BACKPLANE_LIVE_NOTICES", True)
 
 # Where the relay publishes outbox messages (a kombu URL); by default the Celery broker.
 BACKPLANE_OUTBOX_BROKER_URL = env_str("BACKPLANE_OUTBOX_BROKER_URL", "") or CELERY_BROKER_URL
@@ -296,4 +319,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # channels_postgres warns on every group_send to a group nobody has joined, which is
+    # every live notice while no dashboard page is open.
+    "loggers": {"channels_postgres.database": {"level": "ERROR"}},
 }

@@ -1,5 +1,10 @@
-"""WebSocket routes of the live dashboard (filled in by the dashboard issue)."""
+"""WebSocket routes of the live dashboard."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-websocket_urlpatterns: list[URLPattern] = []
+from dashboard import consumers
+
+websocket_urlpatterns: list[URLPattern] = [
+    path("ws/fleet/", consumers.FleetConsumer.as_asgi()),
+    path("ws/tasks/<uuid:task_id>/", consumers.TaskConsumer.as_asgi()),
+]

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, TaskClosed
-from backplane.eventlog.services import ensure_storable_json
+from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
 from recovery.models import ToolCall, ToolCallStatus
 from recovery.sagas import saga_record_compensation_result
@@ -64,6 +64,7 @@ def tool_call_dispatch(
                     "this step and tool were dispatched with a different input",
                     {"idempotency_key": key, "step": step, "tool": tool},
                 )
+            replay_count(task_id=task.pk, kind="tool_call", now=timezone.now())
             return ToolCallOutcome(call=existing, replayed=True)
         if task.is_closed:
             raise TaskClosed(f"task is {task.status}", {"status": task.status})
@@ -126,6 +127,7 @@ def tool_call_record_result(
         call = ToolCall.objects.select_for_update().get(pk=key)
         if call.status != ToolCallStatus.DISPATCHED:
             if call.status == status and call.result == result:
+                replay_count(task_id=task.pk, kind="tool_result", now=timezone.now())
                 return ToolCallOutcome(call=call, replayed=True)
             raise IdempotencyMismatch(
                 "this tool call was already answered differently",

@@ -15,6 +15,15 @@ from backplane.eventlog import services
 from backplane.eventlog.models import Task
 
 
+@pytest.fixture(autouse=True)
+def _no_live_notices_unless_asked(settings: Any) -> None:
+    """Live notices (dashboard/live.py) are off in the test process: its channel layer is
+    configured with the database's original name, not pytest-django's test database. The
+    tests of live updates turn them on with ``live_channel_layer``; servers the tests start
+    as processes read their own environment and have them on."""
+    settings.BACKPLANE_LIVE_NOTICES = False
+
+
 @pytest.fixture
 def committed_db(transactional_db: None) -> Iterator[None]:
     """Like ``transactional_db`` (real commits, visible to other connections and threads).

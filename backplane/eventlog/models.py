@@ -143,6 +143,10 @@ class Task(models.Model):
                 condition=Q(status="pending"),
             ),
             models.Index(fields=["namespace", "status", "created_at"], name="task_ns_status_idx"),
+            # The dashboard's task list: newest first, keyset-paginated on (created_at, id),
+            # over all namespaces or one status.
+            models.Index(fields=["-created_at", "-id"], name="task_created_idx"),
+            models.Index(fields=["status", "-created_at", "-id"], name="task_status_created_idx"),
             # The stall detector scans leases that have run out.
             models.Index(
                 fields=["lease_expires_at"],
@@ -193,7 +197,39 @@ class Event(models.Model):
             ),
             models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
         ]
-        indexes = [models.Index(fields=["type"], name="event_type_idx")]
+        indexes = [
+            models.Index(fields=["type"], name="event_type_idx"),
+            # The dashboard's agent filter: which tasks an agent has claimed. Claims are a
+            # small share of events, so the partial index costs other appends nothing.
+            models.Index(fields=["agent", "task"], name="event_claims_by_agent_idx", condition=Q(type="TaskClaimed")),
+        ]
+        # Two more indexes are made by migration 0011 in SQL, as Django cannot declare them:
+        # event_payload_search_idx (GIN over the payload's words, the dashboard's payload
+        # search) and event_recorded_at_brin (BRIN: events arrive in time order, so a few
+        # hundred bytes per block range serve "events in the last hour" without a B-tree).
 
     def __str__(self) -> str:
         return f"{self.task_id}#{self.seq} {self.type}"
+
+
+class IdempotentReplay(models.Model):
+    """Requests answered from what was already recorded instead of being applied again,
+    counted per task, kind of request and minute (the dashboard's "idempotent replays").
+
+    Counted in the database rather than in a process's memory so that every web process
+    and the dashboard see the same figure.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+", db_index=False)
+    kind = models.CharField(max_length=20)  # event | task_create | tool_call | tool_result
+    minute = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "kind", "minute"], name="idempotent_replay_one_row_per_minute"),
+        ]
+        indexes = [models.Index(fields=["minute"], name="idempotent_replay_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.count} {self.kind} replays of {self.task_id} at {self.minute:%Y-%m-%d %H:%M}"

@@ -14,11 +14,12 @@ import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
@@ -126,6 +127,7 @@ def task_create_in_transaction(
                 "a task with this task_id exists with a different kind or input",
                 {"task_id": str(task_id)},
             ) from None
+        replay_count(task_id=existing.pk, kind="task_create", now=now)
         return TaskCreateOutcome(task=existing, created=False)
 
     write_events(
@@ -195,6 +197,7 @@ def event_append_batch(
         check_lease(task, lease_epoch)
         replay = _find_replay(task, drafts, digests)
         if replay is not None:
+            replay_count(task_id=task.pk, kind="event", now=timezone.now())
             return AppendOutcome(events=replay, replayed=True)
         if task.is_closed:
             raise TaskClosed(f"task is {task.status}", {"status": task.status})
@@ -205,6 +208,24 @@ def event_append_batch(
             )
         events = write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
     return AppendOutcome(events=events, replayed=False)
+
+
+def replay_count(*, task_id: uuid.UUID, kind: str, now: datetime) -> None:
+    """Count a request answered from what was already recorded (``IdempotentReplay``).
+
+    Runs inside the caller's transaction, so a replay is counted exactly when its answer is
+    given. Rows are per task and minute, so concurrent replays of different tasks never wait
+    on one counter row.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO backplane_idempotentreplay (task_id, kind, minute, count)
+            VALUES (%s, %s, date_trunc('minute', %s::timestamptz), 1)
+            ON CONFLICT (task_id, kind, minute) DO UPDATE SET count = backplane_idempotentreplay.count + 1
+            """,
+            [task_id, kind, now],
+        )
 
 
 def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:

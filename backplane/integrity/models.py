@@ -12,6 +12,8 @@ from backplane.eventlog.chain import GENESIS_HASH
 class VerificationMode(models.TextChoices):
     INCREMENTAL = "incremental"
     FULL = "full"
+    # One task's whole chain, asked for by a person ("verify chain now" on the dashboard).
+    ON_DEMAND = "on_demand"
 
 
 class VerificationRun(models.Model):

@@ -115,14 +115,16 @@ def verification_run_start(*, mode: str) -> VerificationRun:
 
 
 def verification_run_batch(
-    *, run: VerificationRun, after_task_id: uuid.UUID | None, batch_size: int
+    *, run: VerificationRun, after_task_id: uuid.UUID | None, batch_size: int,
+    task_ids: list[uuid.UUID] | None = None,
 ) -> VerifyStep:
-    """Verify the next ``batch_size`` tasks (in id order, after ``after_task_id``) and record
-    what was found in one transaction. Returns an empty step when no task is left."""
-    heads = _heads_after(after_task_id=after_task_id, batch_size=batch_size)
+    """Verify the next ``batch_size`` tasks (in id order, after ``after_task_id``; only those
+    of ``task_ids`` when given) and record what was found in one transaction. Returns an
+    empty step when no task is left."""
+    heads = _heads_after(after_task_id=after_task_id, batch_size=batch_size, task_ids=task_ids)
     if not heads:
         return VerifyStep(0, 0, 0, 0, None)
-    if run.mode == VerificationMode.FULL:
+    if run.mode in (VerificationMode.FULL, VerificationMode.ON_DEMAND):
         outcomes = [_verify_full(head) for head in heads]
     else:
         outcomes = [_verify_incremental(head) for head in heads]
@@ -183,16 +185,30 @@ def verification_run_batch(
     return VerifyStep(len(outcomes), events_checked, len(failed), len(raised), heads[-1].task_id)
 
 
+def task_chain_verify_now(*, task_id: uuid.UUID) -> VerificationRun:
+    """One task's whole chain and row checked now and recorded like any run (its head moves,
+    a break raises an alert), as a run of its own mode so the periodic runs' figures stay theirs."""
+    if not Task.objects.filter(pk=task_id).exists():
+        raise NotFound("no such task")
+    run = verification_run_start(mode=VerificationMode.ON_DEMAND)
+    verification_run_batch(run=run, after_task_id=None, batch_size=1, task_ids=[task_id])
+    return verification_run_finish(run_id=run.pk)
+
+
 def verification_run_finish(*, run_id: int) -> VerificationRun:
     VerificationRun.objects.filter(pk=run_id).update(finished_at=timezone.now())
     return VerificationRun.objects.get(pk=run_id)
 
 
-def _heads_after(*, after_task_id: uuid.UUID | None, batch_size: int) -> list[_Head]:
+def _heads_after(
+    *, after_task_id: uuid.UUID | None, batch_size: int, task_ids: list[uuid.UUID] | None = None
+) -> list[_Head]:
     """One query: the tasks (the reducer's fields), their verified heads with checkpoints and
     the hash stored at each head now (an index lookup on (task, seq) per task)."""
     pinned = Event.objects.filter(task_id=OuterRef("pk"), seq=OuterRef("verified_head__verified_seq")).values("hash")
     tasks = Task.objects.order_by("pk")
+    if task_ids is not None:
+        tasks = tasks.filter(pk__in=task_ids)
     if after_task_id is not None:
         tasks = tasks.filter(pk__gt=after_task_id)
     rows = tasks.annotate(pinned_hash=Subquery(pinned[:1])).values_list(

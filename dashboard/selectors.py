@@ -1,0 +1,591 @@
+"""Reads of the dashboard: the overview's figures, the task list and a task's page.
+
+Every function here runs a fixed number of queries whatever the number of rows (the tests
+hold them to it with ``django_assert_max_num_queries``), and none counts or offsets through
+a whole table: lists are keyset-paginated, time windows go through the BRIN index on
+``recorded_at``, payload search through the GIN index over the payloads' words (migration
+``backplane.0011``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KT
+from django.utils import timezone
+
+from backplane.eventlog import event_types as et
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.models import Event, Task, TaskStatus
+from backplane.integrity.models import IntegrityAlert, IntegrityAlertKind, VerificationRun, VerifiedHead
+
+# --- the overview ------------------------------------------------------------------------------
+
+# Events that are drawn on the overview's chart, per minute.
+CHART_SERIES = {
+    "events": None,
+    "completions": et.TASK_COMPLETED,
+    "stalls": et.TASK_STALLED,
+    "recoveries": et.TASK_CLAIMED,  # only claims with "recovered": true
+}
+
+
+@dataclass(frozen=True)
+class Overview:
+    now: datetime
+    tasks_by_status: dict[str, int]
+    events_last_minute: int
+    outbox_pending: int
+    outbox_oldest_at: datetime | None
+    dead_letters_pending: int
+    stalled_last_hour: int
+    recovering: int
+    recoveries_last_hour: int
+    replays_last_hour: int
+    breakers_open: int
+    last_run: VerificationRun | None
+    open_alerts: int
+
+    @property
+    def hour_ago(self) -> datetime:
+        return self.now - timedelta(hours=1)
+
+
+_OVERVIEW_FIGURES_SQL = """
+SELECT
+  (SELECT count(*) FROM backplane_event WHERE recorded_at > %(minute_ago)s),
+  (SELECT count(*) FROM backplane_outboxmessage WHERE status = 'pending'),
+  (SELECT min(created_at) FROM backplane_outboxmessage WHERE status = 'pending'),
+  (SELECT count(*) FROM backplane_deadletter WHERE status = 'pending'),
+  (SELECT count(DISTINCT task_id) FROM backplane_event
+    WHERE recorded_at >= %(hour_ago)s AND type = 'TaskStalled'),
+  (SELECT count(*) FROM backplane_task WHERE status IN ('pending', 'running') AND attempts > 0),
+  (SELECT count(*) FROM backplane_event
+    WHERE recorded_at >= %(hour_ago)s AND type = 'TaskClaimed' AND payload @> '{"recovered": true}'),
+  (SELECT coalesce(sum(count), 0) FROM backplane_idempotentreplay WHERE minute >= %(replay_since)s),
+  (SELECT count(*) FROM backplane_agent WHERE breaker_state <> 'closed')
+    + (SELECT count(*) FROM recovery_tool WHERE breaker_state <> 'closed'),
+  (SELECT count(*) FROM backplane_integrityalert WHERE acknowledged_at IS NULL)
+"""
+
+
+def overview(*, now: datetime | None = None) -> Overview:
+    """The overview's tiles: three queries."""
+    now = now or timezone.now()
+    by_status = dict.fromkeys(TaskStatus.values, 0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT status, count(*) FROM backplane_task GROUP BY status")
+        by_status.update(dict(cursor.fetchall()))
+        cursor.execute(
+            _OVERVIEW_FIGURES_SQL,
+            {
+                "minute_ago": now - timedelta(minutes=1),
+                "hour_ago": now - timedelta(hours=1),
+                # Replays are counted per whole minute: the minute an hour ago counts whole.
+                "replay_since": (now - timedelta(hours=1)).replace(second=0, microsecond=0),
+            },
+        )
+        (events, outbox_pending, outbox_oldest, dead_letters, stalled, recovering, recoveries, replays,
+         breakers, alerts) = cursor.fetchone()
+    return Overview(
+        now=now,
+        tasks_by_status=by_status,
+        events_last_minute=events,
+        outbox_pending=outbox_pending,
+        outbox_oldest_at=outbox_oldest,
+        dead_letters_pending=dead_letters,
+        stalled_last_hour=stalled,
+        recovering=recovering,
+        recoveries_last_hour=recoveries,
+        replays_last_hour=int(replays),
+        breakers_open=breakers,
+        last_run=VerificationRun.objects.filter(finished_at__isnull=False)
+        .exclude(mode="on_demand")
+        .order_by("-finished_at", "-pk")
+        .first(),
+        open_alerts=alerts,
+    )
+
+
+def activity_per_minute(*, hours: int, now: datetime | None = None) -> dict[str, Any]:
+    """Events, completions, stalls and recoveries per minute over the last ``hours``, as the
+    chart's data: every minute present (zeros included), times in RFC 3339."""
+    now = now or timezone.now()
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - timedelta(hours=hours)
+    bucket = "date_trunc('minute', recorded_at)" if hours <= 6 else "date_bin('5 minutes', recorded_at, %(start)s)"
+    step = timedelta(minutes=1 if hours <= 6 else 5)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT {bucket} AS minute,
+                   count(*),
+                   count(*) FILTER (WHERE type = 'TaskCompleted'),
+                   count(*) FILTER (WHERE type = 'TaskStalled'),
+                   count(*) FILTER (WHERE type = 'TaskClaimed' AND payload @> '{{"recovered": true}}')
+              FROM backplane_event
+             WHERE recorded_at >= %(start)s AND recorded_at < %(end)s
+             GROUP BY 1
+            """,
+            {"start": start, "end": end},
+        )
+        counted = {row[0]: row[1:] for row in cursor.fetchall()}
+    minutes: list[str] = []
+    series: dict[str, list[int]] = {name: [] for name in CHART_SERIES}
+    at = start
+    while at < end:
+        minutes.append(format_timestamp(at))
+        for name, value in zip(CHART_SERIES, counted.get(at, (0, 0, 0, 0)), strict=True):
+            series[name].append(value)
+        at += step
+    return {"minutes": minutes, "series": series, "hours": hours, "step_minutes": int(step.total_seconds() // 60)}
+
+
+@dataclass(frozen=True)
+class FeedEvent:
+    position: int
+    task_id: uuid.UUID
+    seq: int
+    type: str
+    agent: str | None
+    recorded_at: datetime
+    task_kind: str
+    task_status: str
+
+
+def feed_events(*, after_position: int | None = None, limit: int = 30) -> list[FeedEvent]:
+    """The newest events (after ``after_position`` when given), newest first, with their task's kind."""
+    events = Event.objects.order_by("-position")
+    if after_position is not None:
+        events = events.filter(position__gt=after_position)
+    rows = events.values_list("position", "task_id", "seq", "type", "agent", "recorded_at", "task__kind",
+                              "task__status")[:limit]
+    return [FeedEvent(*row) for row in rows]
+
+
+# --- the task list -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskFilters:
+    q: str = ""
+    status: str = ""
+    kind: str = ""
+    namespace: str = ""
+    agent: str = ""
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    stalled_since: datetime | None = None
+    recovered_since: datetime | None = None
+    replayed_since: datetime | None = None
+    recovering: bool = False
+
+
+PAYLOAD_MATCH_SQL = (
+    "SELECT task_id FROM backplane_event WHERE jsonb_to_tsvector('simple'::regconfig, payload, "
+    "'[\"string\", \"numeric\"]'::jsonb) @@ phraseto_tsquery('simple', %s)"
+)
+
+
+def tasks_filtered(filters: TaskFilters) -> QuerySet[Task]:
+    tasks = Task.objects.all()
+    if filters.q:
+        # Words inside any event's payload (the task's input is in its TaskStarted), or the task's id.
+        match = Q(pk__in=RawSQL(PAYLOAD_MATCH_SQL, [filters.q]))
+        try:
+            match |= Q(pk=uuid.UUID(filters.q.strip()))
+        except ValueError:
+            pass
+        tasks = tasks.filter(match)
+    if filters.status:
+        tasks = tasks.filter(status=filters.status)
+    if filters.kind:
+        tasks = tasks.filter(kind=filters.kind)
+    if filters.namespace:
+        tasks = tasks.filter(namespace=filters.namespace)
+    if filters.agent:
+        claimed = Event.objects.filter(type=et.TASK_CLAIMED, agent=filters.agent).values("task_id")
+        tasks = tasks.filter(Q(pk__in=claimed) | Q(lease_holder=filters.agent) | Q(created_by=filters.agent))
+    for name, lookup in (
+        ("created_after", "created_at__gte"),
+        ("created_before", "created_at__lt"),
+        ("updated_after", "updated_at__gte"),
+        ("updated_before", "updated_at__lt"),
+    ):
+        value = getattr(filters, name)
+        if value is not None:
+            tasks = tasks.filter(**{lookup: value})
+    if filters.stalled_since is not None:
+        stalled = Event.objects.filter(type=et.TASK_STALLED, recorded_at__gte=filters.stalled_since)
+        tasks = tasks.filter(pk__in=stalled.values("task_id"))
+    if filters.recovered_since is not None:
+        recovered = Event.objects.filter(type=et.TASK_CLAIMED, recorded_at__gte=filters.recovered_since,
+                                         payload__contains={"recovered": True})
+        tasks = tasks.filter(pk__in=recovered.values("task_id"))
+    if filters.replayed_since is not None:
+        tasks = tasks.filter(
+            pk__in=RawSQL("SELECT task_id FROM backplane_idempotentreplay WHERE minute >= %s",
+                          [filters.replayed_since.replace(second=0, microsecond=0)])
+        )
+    if filters.recovering:
+        tasks = tasks.filter(status__in=[TaskStatus.PENDING, TaskStatus.RUNNING], attempts__gt=0)
+    return tasks
+
+
+LIST_FIELDS = ("id", "namespace", "kind", "status", "attempts", "max_attempts", "lease_holder", "lease_expires_at",
+               "last_seq", "parent_id", "created_at", "updated_at", "last_event_at")
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    tasks: list[Task]
+    next_cursor: str | None
+    cursor: str | None
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def encode_cursor(task: Task) -> str:
+    raw = f"{task.created_at.isoformat()}|{task.pk}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, task_id = raw.split("|")
+        at = datetime.fromisoformat(created)
+        if at.tzinfo is None:
+            raise ValueError("naive time")
+        return at, uuid.UUID(task_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise BadCursor("not a cursor of this list") from exc
+
+
+def task_page(filters: TaskFilters, *, cursor: str | None = None, limit: int = 50) -> TaskPage:
+    """One page of tasks, newest first: keyset pagination on (created_at, id), one query."""
+    tasks = tasks_filtered(filters).only(*LIST_FIELDS).order_by("-created_at", "-id")
+    if cursor:
+        created_at, task_id = decode_cursor(cursor)
+        # A row comparison, so the (created_at, id) index starts right after the cursor.
+        tasks = tasks.extra(where=["(backplane_task.created_at, backplane_task.id) < (%s, %s)"],
+                            params=[created_at, task_id])
+    rows = list(tasks[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return TaskPage(tasks=rows, next_cursor=encode_cursor(rows[-1]) if more and rows else None, cursor=cursor)
+
+
+# --- one task ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    id: uuid.UUID
+    kind: str
+    status: str
+    depth: int
+    parent_id: uuid.UUID | None
+    children: list[TreeNode] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TaskFamily:
+    """The task's ancestors (root first) and its descendants (a tree), up to a bound."""
+
+    ancestors: list[TreeNode]
+    children: list[TreeNode]
+    truncated: bool
+
+
+FAMILY_MAX_NODES = 200
+FAMILY_MAX_DEPTH = 4
+
+
+def task_family(task: Task) -> TaskFamily:
+    """Two recursive queries: up to the root, and down ``FAMILY_MAX_DEPTH`` levels."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH RECURSIVE up(id, kind, status, parent_id, depth) AS (
+              SELECT id, kind, status, parent_id, 0 FROM backplane_task WHERE id = %s
+              UNION ALL
+              SELECT t.id, t.kind, t.status, t.parent_id, up.depth - 1
+                FROM backplane_task t JOIN up ON t.id = up.parent_id WHERE up.depth > -50
+            )
+            SELECT id, kind, status, depth, parent_id FROM up WHERE depth < 0 ORDER BY depth
+            """,
+            [task.pk],
+        )
+        ancestors = [TreeNode(*row) for row in cursor.fetchall()]
+        cursor.execute(
+            """
+            WITH RECURSIVE down(id, kind, status, parent_id, depth, created_at) AS (
+              SELECT id, kind, status, parent_id, 1, created_at FROM backplane_task WHERE parent_id = %s
+              UNION ALL
+              SELECT t.id, t.kind, t.status, t.parent_id, down.depth + 1, t.created_at
+                FROM backplane_task t JOIN down ON t.parent_id = down.id WHERE down.depth < %s
+            )
+            SELECT id, kind, status, depth, parent_id FROM down ORDER BY depth, created_at LIMIT %s
+            """,
+            [task.pk, FAMILY_MAX_DEPTH, FAMILY_MAX_NODES + 1],
+        )
+        rows = cursor.fetchall()
+    truncated = len(rows) > FAMILY_MAX_NODES
+    nodes = {row[0]: TreeNode(*row) for row in rows[:FAMILY_MAX_NODES]}
+    top: list[TreeNode] = []
+    for node in nodes.values():
+        if node.parent_id == task.pk:
+            top.append(node)
+        elif node.parent_id in nodes:
+            nodes[node.parent_id].children.append(node)
+    return TaskFamily(ancestors=ancestors, children=top, truncated=truncated)
+
+
+@dataclass(frozen=True)
+class ChainState:
+    """What is known of a task's chain: verified through ``verified_seq``, broken at ``broken_seq``."""
+
+    verified_seq: int
+    verified_at: datetime | None
+    broken_seq: int | None
+    problem: str | None
+
+    def mark(self, seq: int) -> str:
+        if self.broken_seq is not None and seq >= self.broken_seq:
+            return "broken" if seq == self.broken_seq else "unverified"
+        return "verified" if seq <= self.verified_seq else "unverified"
+
+
+def chain_state(task_id: uuid.UUID) -> ChainState:
+    """One query: the verified head and the earliest open chain alert of the task."""
+    alert = IntegrityAlert.objects.filter(
+        task_id=task_id, kind=IntegrityAlertKind.CHAIN, acknowledged_at__isnull=True
+    ).order_by("first_invalid_seq")
+    head = (
+        VerifiedHead.objects.filter(task_id=task_id)
+        .annotate(
+            broken_seq=alert.values("first_invalid_seq")[:1],
+            problem=alert.values("problem")[:1],
+        )
+        .values_list("verified_seq", "verified_at", "broken_seq", "problem")
+        .first()
+    )
+    if head is None:
+        first = alert.values_list("first_invalid_seq", "problem").first()
+        return ChainState(0, None, first[0] if first else None, first[1] if first else None)
+    return ChainState(*head)
+
+
+EVENT_PAGE_SIZE = 200
+
+
+@dataclass(frozen=True)
+class EventRows:
+    events: list[Event]
+    earlier_before_seq: int | None  # link to the page before, when there is one
+    later_before_seq: int | None  # link to the page after, when this is not the latest
+    is_latest: bool
+
+
+def event_rows(task: Task, *, before_seq: int | None = None, after_seq: int | None = None,
+               limit: int = EVENT_PAGE_SIZE) -> EventRows:
+    """A page of the task's events in seq order: the latest ``limit`` by default, those before
+    ``before_seq``, or everything after ``after_seq`` (what a live page missed, up to ``limit``)."""
+    events = Event.objects.filter(task_id=task.pk)
+    if after_seq is not None:
+        rows = list(events.filter(seq__gt=after_seq).order_by("seq")[:limit])
+        return EventRows(rows, None, None, True)
+    if before_seq is not None:
+        events = events.filter(seq__lt=before_seq)
+    rows = list(events.order_by("-seq")[:limit])
+    rows.reverse()
+    first_seq = rows[0].seq if rows else 1
+    last_seq = rows[-1].seq if rows else 0
+    is_latest = last_seq >= task.last_seq
+    return EventRows(
+        rows,
+        earlier_before_seq=first_seq if first_seq > 1 else None,
+        later_before_seq=None if is_latest else min(task.last_seq + 1, last_seq + limit + 1),
+        is_latest=is_latest,
+    )
+
+
+# --- the timeline -------------------------------------------------------------------------------
+
+TIMELINE_MAX_EVENTS = 5000
+SERVER_LANE = "backplane"
+
+MARKERS: dict[str, tuple[str, str, str]] = {
+    # type: (legend name, Plotly symbol, colour)
+    et.TASK_STALLED: ("stall", "x", "#d62728"),
+    et.TASK_DEAD_LETTERED: ("dead-letter decision", "square", "#444444"),
+    et.DEAD_LETTER_REQUEUED: ("dead-letter decision", "square", "#444444"),
+    et.DEAD_LETTER_DISCARDED: ("dead-letter decision", "square", "#444444"),
+    et.COMPENSATION_STARTED: ("compensation", "diamond", "#9467bd"),
+    et.COMPENSATION_REQUESTED: ("compensation", "diamond", "#9467bd"),
+    et.COMPENSATION_COMPLETED: ("compensation", "diamond", "#9467bd"),
+    et.TASK_COMPENSATED: ("compensation", "diamond", "#9467bd"),
+    et.TASK_COMPLETED: ("end", "star", "#2ca02c"),
+    et.TASK_FAILED: ("end", "star", "#d62728"),
+}
+
+
+def task_timeline(task: Task, *, now: datetime | None = None) -> dict[str, Any]:
+    """The timeline's Plotly traces: one row per agent, reasoning steps as points, tool calls
+    and sub-agents as bars (open while in flight), the rest as markers. One query, reading
+    only the few payload fields it draws."""
+    now = now or timezone.now()
+    rows = list(
+        Event.objects.filter(task_id=task.pk)
+        .order_by("-seq")
+        .values_list(
+            "seq", "type", "agent", "recorded_at",
+            KT("payload__idempotency_key"), KT("payload__tool"), KT("payload__step"), KT("payload__status"),
+            KT("payload__child_task_id"), KT("payload__recovered"), KT("payload__kind"),
+        )[:TIMELINE_MAX_EVENTS]
+    )
+    rows.reverse()
+    lanes: list[str] = []
+
+    def lane(agent: str | None) -> str:
+        name = agent or SERVER_LANE
+        if name not in lanes:
+            lanes.append(name)
+        return name
+
+    reasoning: dict[str, list[Any]] = {"x": [], "y": [], "text": [], "customdata": []}
+    calls: dict[str, dict[str, Any]] = {}
+    subtasks: dict[str, dict[str, Any]] = {}
+    claims: dict[str, list[Any]] = {"x": [], "y": [], "text": [], "customdata": []}
+    recoveries: dict[str, list[Any]] = {"x": [], "y": [], "text": [], "customdata": []}
+    markers: dict[str, dict[str, Any]] = {}
+
+    for seq, kind, agent, at, key, tool, step, status, child, recovered, child_kind in rows:
+        when = format_timestamp(at)
+        if kind == et.REASONING_STEP_COMPLETED:
+            reasoning["x"].append(when)
+            reasoning["y"].append(lane(agent))
+            reasoning["text"].append(f"step {step} (seq {seq})")
+            reasoning["customdata"].append(seq)
+        elif kind == et.TOOL_CALL_DISPATCHED and key:
+            calls[key] = {"start": at, "end": None, "lane": lane(agent), "tool": tool, "step": step,
+                          "status": "in_flight", "seq": seq}
+        elif kind == et.TOOL_CALL_RESULT_RECEIVED and key in calls:
+            calls[key].update(end=at, status=status or "succeeded")
+        elif kind == et.SUB_AGENT_DISPATCHED and child:
+            subtasks[child] = {"start": at, "end": None, "lane": lane(agent), "kind": child_kind, "status": "running"}
+        elif kind == et.SUB_AGENT_RESULT_RECEIVED and child in subtasks:
+            subtasks[child].update(end=at, status=status or "done")
+        elif kind == et.TASK_CLAIMED:
+            target = recoveries if recovered == "true" else claims
+            target["x"].append(when)
+            target["y"].append(lane(agent))
+            target["text"].append(f"{'recovered by' if recovered == 'true' else 'claimed by'} {agent} (seq {seq})")
+            target["customdata"].append(seq)
+        elif kind in MARKERS:
+            name, symbol, colour = MARKERS[kind]
+            trace = markers.setdefault(name, {"x": [], "y": [], "text": [], "customdata": [], "symbol": symbol,
+                                              "colour": colour})
+            trace["x"].append(when)
+            trace["y"].append(lane(agent))
+            trace["text"].append(f"{kind} (seq {seq})")
+            trace["customdata"].append(seq)
+
+    # A call that took milliseconds on a timeline of minutes would be drawn narrower than a
+    # pixel: every bar is at least 0.4 % of the span wide (its label gives the real duration).
+    span_ms = ((now - rows[0][3]).total_seconds() * 1000) if rows else 0.0
+    min_bar_ms = max(1.0, span_ms * 0.004)
+    traces: list[dict[str, Any]] = []
+    done = [(k, c) for k, c in calls.items() if c["end"] is not None]
+    flying = [(k, c) for k, c in calls.items() if c["end"] is None]
+    traces.append(_bars("tool calls", done, now=now, min_ms=min_bar_ms, width=0.6,
+                        meta={"kind": "tool_call", "state": "done"},
+                        colour=lambda c: "#2ca02c" if c["status"] == "succeeded" else "#d62728",
+                        label=lambda c: f"{c['tool']} · step {c['step']} · {c['status']}"))
+    traces.append(_bars("tool calls in flight", flying, now=now, min_ms=min_bar_ms,
+                        meta={"kind": "tool_call", "state": "in_flight"},
+                        width=0.6, colour=lambda c: "rgba(0,0,0,0)", line="#ff7f0e",
+                        label=lambda c: f"{c['tool']} · step {c['step']} · in flight"))
+    ended = [(k, c) for k, c in subtasks.items() if c["end"] is not None]
+    running = [(k, c) for k, c in subtasks.items() if c["end"] is None]
+    traces.append(_bars("sub-agents", ended, now=now, min_ms=min_bar_ms, width=0.25,
+                        meta={"kind": "subtask", "state": "done"},
+                        colour=lambda c: "rgba(31,119,180,0.35)", line="#1f77b4",
+                        label=lambda c: f"sub-agent {c['kind']} · {c['status']}"))
+    traces.append(_bars("sub-agents running", running, now=now, min_ms=min_bar_ms,
+                        meta={"kind": "subtask", "state": "in_flight"},
+                        width=0.25, colour=lambda c: "rgba(0,0,0,0)", line="#1f77b4",
+                        label=lambda c: f"sub-agent {c['kind']} · in flight"))
+    traces.append(_points("reasoning steps", reasoning, symbol="circle", colour="#1f77b4", kind="reasoning"))
+    traces.append(_points("claims", claims, symbol="triangle-right", colour="#7f7f7f", kind="claim"))
+    traces.append(_points("recoveries", recoveries, symbol="triangle-up", colour="#17becf", kind="recovery"))
+    for name, trace in markers.items():
+        traces.append(_points(name, trace, symbol=trace["symbol"], colour=trace["colour"], kind=name))
+    return {
+        "traces": [trace for trace in traces if trace["x"]],
+        "lanes": lanes,
+        "now": format_timestamp(now),
+        "tool_calls": len(calls),
+        "in_flight": len(flying),
+        "truncated": task.last_seq > TIMELINE_MAX_EVENTS,
+    }
+
+
+def _bars(name: str, items: list[tuple[str, dict[str, Any]]], *, now: datetime, meta: dict[str, Any],
+          width: float, colour: Any, label: Any, line: str | None = None, min_ms: float = 1.0) -> dict[str, Any]:
+    """Horizontal bars on a date axis: ``base`` is where a bar starts, ``x`` its length in ms."""
+    lengths = [((item["end"] or now) - item["start"]).total_seconds() * 1000 for _, item in items]
+    return {
+        "type": "bar",
+        "orientation": "h",
+        "name": name,
+        "meta": meta,
+        "base": [format_timestamp(item["start"]) for _, item in items],
+        "x": [max(min_ms, length) for length in lengths],
+        "y": [item["lane"] for _, item in items],
+        "customdata": [key for key, _ in items],
+        "text": [
+            label(item) + ("" if item["end"] is None else f" · {_duration(length)}")
+            for (_, item), length in zip(items, lengths, strict=True)
+        ],
+        "width": width,
+        "marker": {
+            "color": [colour(item) for _, item in items],
+            "line": {"color": line or "rgba(0,0,0,0.4)", "width": 2 if line else 0.5},
+        },
+    }
+
+
+def _duration(ms: float) -> str:
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.0f} min {ms % 60_000 / 1000:.0f} s"
+
+
+def _points(name: str, trace: dict[str, Any], *, symbol: str, colour: str, kind: str) -> dict[str, Any]:
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": name,
+        "meta": {"kind": kind},
+        "x": trace["x"],
+        "y": trace["y"],
+        "text": trace["text"],
+        "customdata": trace["customdata"],
+        "marker": {"symbol": symbol, "color": colour, "size": 10},
+    }

@@ -1,0 +1,76 @@
+"""Template helpers of the dashboard: shortened ids with a copy button, times the browser
+shows in the viewer's timezone (``static/js/live.js`` rewrites every ``<time>``), JSON."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from backplane.eventlog.chain import format_timestamp
+
+register = template.Library()
+
+
+@register.simple_tag
+def short_id(value: Any, length: int = 8) -> SafeString:
+    """The first ``length`` characters, the whole value on hover and a copy button."""
+    if value is None or value == "":
+        return format_html('<span class="muted">—</span>')
+    full = str(value)
+    return format_html(
+        '<span class="id" title="{}"><code>{}</code><button type="button" class="copy" data-copy="{}" '
+        'aria-label="copy {}">⧉</button></span>',
+        full, full[:length] + ("…" if len(full) > length else ""), full, full,
+    )
+
+
+@register.simple_tag
+def when(value: datetime | None, relative: bool = False, short: bool = False) -> SafeString:
+    """A time the page shows in the viewer's timezone with seconds (UTC until the script runs);
+    ``relative`` shows "3 min ago" instead, kept current by the script; ``short`` leaves the
+    date out when it is today."""
+    if value is None:
+        return format_html('<span class="muted">—</span>')
+    stamp = format_timestamp(value)
+    utc = value.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if relative:
+        return format_html('<time datetime="{}" data-relative title="{}">{}</time>', stamp, utc, utc)
+    if short:
+        return format_html('<time datetime="{}" data-short title="{}">{}</time>', stamp, utc, utc)
+    return format_html('<time datetime="{}" title="{}">{}</time>', stamp, utc, utc)
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+@register.filter
+def compact_json(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@register.filter
+def short_hash(value: str | None, length: int = 12) -> str:
+    return (value or "")[:length]
+
+
+CHAIN_MARKS = {
+    "verified": ("✓", "verified up to and including this event"),
+    "unverified": ("○", "not verified yet"),
+    "broken": ("✕", "the chain is broken here"),
+}
+
+
+@register.simple_tag
+def chain_mark(chain: Any, seq: int) -> SafeString:
+    """The event's place in its chain: verified through here, not yet verified, or broken here."""
+    state = chain.mark(seq)
+    symbol, words = CHAIN_MARKS[state]
+    return format_html('<span class="chain-mark" data-chain="{}" title="{}">{}</span>', state, words, symbol)

@@ -1,0 +1,18 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.overview, name="overview"),
+    path("live/overview/", views.overview_live, name="overview-live"),
+    path("tasks/", views.task_list, name="tasks"),
+    path("tasks/<uuid:task_id>/", views.task_detail, name="task"),
+    path("tasks/<uuid:task_id>/live/", views.task_live, name="task-live"),
+    path("tasks/<uuid:task_id>/recovery-context/", views.task_recovery_context, name="task-recovery-context"),
+    path("tasks/<uuid:task_id>/verify/", views.task_verify, name="task-verify"),
+]

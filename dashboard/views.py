@@ -1,0 +1,210 @@
+"""The dashboard's pages and the small JSON reads their scripts make to catch up after a notice.
+
+Thin: check who asks, read through ``dashboard.selectors`` (or run one service), render.
+Every page is for logged-in staff: anonymous visitors go to the login page, other users get 403.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.models import Task
+from backplane.integrity.verification import task_chain_verify_now
+from dashboard import selectors
+from dashboard.access import may_view_dashboard
+from dashboard.forms import TaskFilterForm
+from recovery.selectors import recovery_context
+
+View = Callable[..., HttpResponse]
+
+
+def staff_only(view: View) -> View:
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not may_view_dashboard(request.user):
+            return render(request, "dashboard/forbidden.html", status=403)
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _int_param(request: HttpRequest, name: str) -> int | None:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+# --- overview ------------------------------------------------------------------------------------
+
+
+def _overview_parts(request: HttpRequest) -> dict[str, Any]:
+    figures = selectors.overview()
+    return {
+        "figures": figures,
+        "hour_ago": format_timestamp(figures.hour_ago),
+        "minute_ago": format_timestamp(figures.now - timedelta(minutes=1)),
+    }
+
+
+@require_GET
+@staff_only
+def overview(request: HttpRequest) -> HttpResponse:
+    feed = selectors.feed_events()
+    return render(
+        request,
+        "dashboard/overview.html",
+        {
+            **_overview_parts(request),
+            "feed": feed,
+            "last_position": feed[0].position if feed else 0,
+            "chart": selectors.activity_per_minute(hours=1),
+            "nav": "overview",
+        },
+    )
+
+
+@require_GET
+@staff_only
+def overview_live(request: HttpRequest) -> JsonResponse:
+    """What an open overview needs after a notice: tiles, the feed after ``after_position``, the chart."""
+    after = _int_param(request, "after_position")
+    hours = 24 if request.GET.get("hours") == "24" else 1
+    feed = selectors.feed_events(after_position=after)
+    return JsonResponse(
+        {
+            "tiles": render_to_string("dashboard/_tiles.html", _overview_parts(request), request=request),
+            "feed": render_to_string("dashboard/_feed_rows.html", {"feed": feed}, request=request),
+            "last_position": feed[0].position if feed else after,
+            "chart": selectors.activity_per_minute(hours=hours),
+        }
+    )
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+
+@require_GET
+@staff_only
+def task_list(request: HttpRequest) -> HttpResponse:
+    form = TaskFilterForm(request.GET)
+    page = None
+    error = None
+    if form.is_valid():
+        try:
+            page = selectors.task_page(form.filters(), cursor=request.GET.get("cursor") or None)
+        except selectors.BadCursor:
+            error = "That page link is not valid any more; showing the first page."
+            page = selectors.task_page(form.filters())
+    query = request.GET.copy()
+    query.pop("cursor", None)
+    query.pop("partial", None)
+    context = {"form": form, "page": page, "error": error, "query": query.urlencode(), "nav": "tasks"}
+    if request.GET.get("partial") == "rows":
+        return JsonResponse(
+            {
+                "rows": render_to_string("dashboard/_task_rows.html", context, request=request),
+                "next_cursor": page.next_cursor if page else None,
+            }
+        )
+    return render(request, "dashboard/tasks.html", context, status=200 if form.is_valid() else 400)
+
+
+def _task(task_id: uuid.UUID) -> Task:
+    return get_object_or_404(Task, pk=task_id)
+
+
+def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
+    return {
+        "task": task,
+        "family": selectors.task_family(task),
+        "chain": selectors.chain_state(task.pk),
+        "now": timezone.now(),
+    }
+
+
+@require_GET
+@staff_only
+def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+    task = _task(task_id)
+    rows = selectors.event_rows(task, before_seq=_int_param(request, "before_seq"))
+    parts = _task_parts(request, task)
+    return render(
+        request,
+        "dashboard/task_detail.html",
+        {
+            **parts,
+            "rows": rows,
+            "last_shown_seq": rows.events[-1].seq if rows.events else 0,
+            "timeline": selectors.task_timeline(task, now=parts["now"]),
+            "timeline_max": selectors.TIMELINE_MAX_EVENTS,
+            "nav": "tasks",
+        },
+    )
+
+
+@require_GET
+@staff_only
+def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
+    """What an open task page missed: the events after ``after_seq``, the header, the family
+    and the timeline, rendered by the same templates as the page."""
+    task = _task(task_id)
+    after = _int_param(request, "after_seq") or 0
+    rows = selectors.event_rows(task, after_seq=after)
+    parts = _task_parts(request, task)
+    return JsonResponse(
+        {
+            "last_seq": rows.events[-1].seq if rows.events else after,
+            "task_last_seq": task.last_seq,
+            "rows": render_to_string("dashboard/_event_rows.html", {**parts, "rows": rows}, request=request),
+            "header": render_to_string("dashboard/_task_header.html", parts, request=request),
+            "family": render_to_string("dashboard/_task_family.html", parts, request=request),
+            "timeline": selectors.task_timeline(task, now=parts["now"]),
+            "chain": {"verified_seq": parts["chain"].verified_seq, "broken_seq": parts["chain"].broken_seq},
+        }
+    )
+
+
+@require_GET
+@staff_only
+def task_recovery_context(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+    """The recovery context exactly as the next agent would receive it (API.md), as a fragment."""
+    context = recovery_context(namespace=None, task_id=_task(task_id).pk)
+    return render(request, "dashboard/_recovery_context.html", {"context": context})
+
+
+@require_POST
+@staff_only
+def task_verify(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
+    """"Verify chain now": the task's whole chain, recorded as an on-demand verification run."""
+    run = task_chain_verify_now(task_id=_task(task_id).pk)
+    chain = selectors.chain_state(task_id)
+    return JsonResponse(
+        {
+            "valid": run.failures == 0,
+            "verified_seq": chain.verified_seq,
+            "broken_seq": chain.broken_seq,
+            "problem": chain.problem,
+            "checked_events": run.events_checked,
+            "verified_at": format_timestamp(chain.verified_at) if chain.verified_at else None,
+            "seconds": round((run.finished_at - run.started_at) / timedelta(seconds=1), 3) if run.finished_at else None,
+        }
+    )

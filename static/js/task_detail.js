@@ -1,0 +1,140 @@
+/* Task page: the timeline (Plotly), the event table with chain marks, live appends without
+   duplicates, "verify chain now" and the recovery context. */
+(function () {
+  "use strict";
+  const page = document.getElementById("task-page");
+  const taskId = page.dataset.taskId;
+  const isLatest = page.dataset.latest === "true";
+  let lastSeq = Number(page.dataset.lastSeq || 0);
+  const timelineEl = document.getElementById("timeline");
+  const tbody = document.querySelector("#event-table tbody");
+  let timeline = JSON.parse(document.getElementById("timeline-data").textContent);
+
+  // --- timeline -------------------------------------------------------------------------------
+  function plotted(trace) {
+    const copy = Object.assign({}, trace);
+    copy.x = trace.type === "bar" ? trace.x.slice() : trace.x.map(BP.plotlyLocal);
+    if (trace.base) copy.base = trace.base.map(BP.plotlyLocal);
+    copy.hovertemplate = "%{text}<extra>%{fullData.name}</extra>";
+    copy.textposition = "none";
+    return copy;
+  }
+  function drawTimeline() {
+    const lanes = timeline.lanes.length ? timeline.lanes : ["backplane"];
+    Plotly.react(timelineEl, timeline.traces.map(plotted), {
+      barmode: "overlay",
+      height: Math.max(220, 110 + 46 * lanes.length),
+      margin: { l: 120, r: 20, t: 36, b: 36 },
+      xaxis: { type: "date" },
+      yaxis: { type: "category", categoryorder: "array", categoryarray: lanes, autorange: "reversed" },
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
+      hovermode: "closest",
+    }, { displaylogo: false, responsive: true });
+  }
+  /* Open bars (tool calls still in flight) grow with their age, every second. */
+  function ageOpenBars() {
+    const now = Date.now();
+    let changed = false;
+    timeline.traces.forEach((trace) => {
+      if (!trace.meta || trace.meta.state !== "in_flight") return;
+      trace.x = trace.base.map((b) => Math.max(1, now - new Date(b).getTime()));
+      trace.text = trace.text.map((t, i) => `${t.replace(/ · in flight.*$/, " · in flight")} ${BP.age(trace.x[i])}`);
+      changed = true;
+    });
+    // Plotly.react, not restyle: restyling x makes Plotly guess the axis type again (linear).
+    if (changed) drawTimeline();
+  }
+  drawTimeline();
+  timelineEl.on("plotly_click", (event) => {
+    const point = event.points && event.points[0];
+    if (!point) return;
+    const value = point.customdata;
+    const row = typeof value === "number" ? document.getElementById(`seq-${value}`)
+      : tbody.querySelector(`tr[data-key="${value}"]`);
+    if (row) {
+      tbody.querySelectorAll("tr.targeted").forEach((tr) => tr.classList.remove("targeted"));
+      row.classList.add("targeted");
+      row.scrollIntoView({ behavior: "smooth", block: "center" });
+    }
+  });
+  setInterval(ageOpenBars, 1000);
+
+  // --- chain marks ------------------------------------------------------------------------------
+  const MARKS = { verified: ["✓", "verified up to and including this event"], unverified: ["○", "not verified yet"],
+                  broken: ["✕", "the chain is broken here"] };
+  function markRows(verifiedSeq, brokenSeq) {
+    tbody.querySelectorAll("tr[data-seq]").forEach((tr) => {
+      const seq = Number(tr.dataset.seq);
+      let state = seq <= verifiedSeq ? "verified" : "unverified";
+      if (brokenSeq && seq >= brokenSeq) state = seq === brokenSeq ? "broken" : "unverified";
+      const mark = tr.querySelector(".chain-mark");
+      mark.dataset.chain = state;
+      mark.textContent = MARKS[state][0];
+      mark.title = MARKS[state][1];
+      tr.classList.toggle("chain-broken", state === "broken");
+    });
+  }
+
+  // --- live -------------------------------------------------------------------------------------
+  const catchUp = BP.serial(async () => {
+    for (let round = 0; round < 20; round += 1) {
+      const data = await BP.getJSON(`/tasks/${taskId}/live/?after_seq=${lastSeq}`);
+      document.getElementById("task-header").innerHTML = data.header;
+      document.getElementById("task-tree").innerHTML = data.family;
+      BP.renderTimes(document.getElementById("task-header"));
+      timeline = data.timeline;
+      drawTimeline();
+      if (isLatest) {
+        const fresh = BP.fragment(data.rows, true);
+        fresh.querySelectorAll("tr[data-seq]").forEach((tr) => {
+          const seq = Number(tr.dataset.seq);
+          // Rows arrive in seq order; a row already shown (a notice and a reconnect racing) is skipped.
+          if (seq <= lastSeq || document.getElementById(`seq-${seq}`)) return;
+          tr.classList.add("fresh");
+          tbody.appendChild(tr);
+          BP.renderTimes(tr);
+        });
+      }
+      lastSeq = Math.max(lastSeq, Number(data.last_seq || 0));
+      markRows(data.chain.verified_seq, data.chain.broken_seq);
+      if (!isLatest || lastSeq >= data.task_last_seq) break;
+    }
+  });
+  BP.connect(`/ws/tasks/${taskId}/`, { onNotice: () => catchUp(), catchUp: () => catchUp() });
+
+  // --- verify chain now ---------------------------------------------------------------------------
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("#verify-chain");
+    if (!button) return;
+    button.disabled = true;
+    button.textContent = "Verifying…";
+    try {
+      const result = await BP.postJSON(`/tasks/${taskId}/verify/`);
+      markRows(result.verified_seq, result.broken_seq);
+      button.textContent = result.valid ? `✓ intact through seq ${result.verified_seq}` : `✕ broken at seq ${result.broken_seq}`;
+      catchUp();
+    } catch (error) {
+      button.textContent = `Verification failed: ${error.message}`;
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  // --- recovery context -----------------------------------------------------------------------------
+  const recovery = document.getElementById("recovery-context");
+  async function loadRecovery() {
+    const body = recovery.querySelector(".recovery-body");
+    try {
+      const response = await fetch(recovery.dataset.src, { credentials: "same-origin" });
+      if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+      body.innerHTML = await response.text();
+      body.classList.remove("muted");
+    } catch (error) {
+      body.textContent = `Could not load the recovery context: ${error.message}`;
+    }
+  }
+  if (recovery.open) loadRecovery();
+  recovery.addEventListener("toggle", () => { if (recovery.open) loadRecovery(); });
+
+  if (window.location.hash) document.querySelector(window.location.hash)?.classList.add("targeted");
+})();
