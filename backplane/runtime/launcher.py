@@ -135,7 +135,8 @@ class Launcher:
         try:
             self.start_database()
             self.manage("migrate", "--noinput")
-            self.manage("ensure_admin", "--url", f"http://{self.host}:{self.port}/admin/")
+            # The login printed opens the dashboard; the admin stays at /admin/.
+            self.manage("ensure_admin", "--url", f"http://{self.host}:{self.port}/")
             if self.stop_requested:
                 return 0
             self.spawn_all()
