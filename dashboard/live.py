@@ -76,6 +76,8 @@ class NoticePublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._started = False
+        self._own_loop = False
+        self._task: asyncio.Task[None] | None = None
         self._send = send
         self.sent = 0
         self.failures = 0
@@ -95,6 +97,7 @@ class NoticePublisher:
             if self._started:
                 return
             self._loop = asyncio.new_event_loop()
+            self._own_loop = True
             threading.Thread(target=self._loop.run_forever, name="live-notices", daemon=True).start()
             self._start_locked()
 
@@ -105,9 +108,23 @@ class NoticePublisher:
 
         def start() -> None:
             self._wake = asyncio.Event()
-            loop.create_task(self._flush_forever())
+            self._task = loop.create_task(self._flush_forever())
 
         loop.call_soon_threadsafe(start)
+
+    def close(self) -> None:
+        """Stop sending (and the thread, if the publisher has its own loop)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def stop() -> None:
+            if self._task is not None:
+                self._task.cancel()
+            if self._own_loop:
+                loop.call_soon(loop.stop)
+
+        loop.call_soon_threadsafe(stop)
 
     # --- from any thread --------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import views
+from dashboard.views import pages as views
 
 app_name = "dashboard"
 

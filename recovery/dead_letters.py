@@ -9,6 +9,8 @@ concurrent decision fail instead of acting twice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -105,15 +107,17 @@ def dead_letter_requeue(
                 f"requeueing {dead_letter.source} dead letters is not supported",
                 {"source": dead_letter.source},
             )
-        # An edit replaces the payload on the dead letter and the message; the log keeps both.
+        # An edit replaces the payload on the message; the dead letter and the log keep both.
         edit = {} if payload is None else {"payload": payload, "original_payload": dead_letter.payload}
         dead_letter.status = DeadLetterStatus.REQUEUED
         dead_letter.decided_by = decided_by
         dead_letter.decided_at = now
         dead_letter.reason = reason
         if payload is not None:
+            # The payload as it failed stays on record beside the one requeued.
+            dead_letter.original_payload = dead_letter.payload
             dead_letter.payload = payload
-        dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason", "payload"])
+        dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason", "payload", "original_payload"])
         # For a task's own dead letter the event is the requeue: the reducer sends the task
         # back to pending with fresh attempts. Otherwise it records the decision in the log.
         task = _record_in_task_log(
@@ -154,3 +158,60 @@ def dead_letter_discard(*, dead_letter_id: int, decided_by: str, reason: str, co
             assert task is not None
             saga_skip_compensation(task, dead_letter.reference, now=dead_letter.decided_at)
     return dead_letter
+
+
+# --- what a decision will do, and many decisions at once --------------------------------------
+
+
+def requeue_effect(dead_letter: DeadLetter) -> str:
+    """In words, what requeueing this dead letter does (shown before a reviewer decides)."""
+    if dead_letter.source == DeadLetterSource.OUTBOX:
+        return (f"The outbox message is sent again to {dead_letter.topic or 'its destination'} from attempt 0 "
+                "(with the edited payload, if you edit it); delivery order per task is kept.")
+    if dead_letter.source == DeadLetterSource.TASK:
+        return ("The task goes back to pending with fresh attempts; the next agent that claims it gets its "
+                "recovery context, so finished steps and answered tool calls are not redone.")
+    if dead_letter.source == DeadLetterSource.COMPENSATION:
+        return "The compensation is tried again as declared; the saga then goes on with the steps before it."
+    if dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
+        return "An audit export runs now and continues after the last exported segment."
+    return f"{dead_letter.source} dead letters cannot be requeued; they can be discarded."
+
+
+def may_edit_payload(dead_letter: DeadLetter) -> bool:
+    return dead_letter.source == DeadLetterSource.OUTBOX
+
+
+@dataclass(frozen=True)
+class BulkItemResult:
+    dead_letter_id: int
+    outcome: str  # "done" | "skipped" (someone decided it meanwhile) | "failed"
+    detail: str
+
+
+BULK_MAX_ITEMS = 1000
+BULK_ACTIONS = ("requeue", "discard")
+
+
+def dead_letters_decide_many(*, ids: Sequence[int], action: str, decided_by: str, reason: str) -> list[BulkItemResult]:
+    """The same decision on many dead letters, each in its own transaction (a failure on one
+    does not undo the others), reported per item. An item someone else decided meanwhile is
+    skipped: the row lock and status check in each decision make sure nothing happens twice."""
+    if action not in BULK_ACTIONS:
+        raise InvalidInput("unknown action", {"action": "requeue or discard"})
+    reason = _require_reason(reason)
+    if len(ids) > BULK_MAX_ITEMS:
+        raise InvalidInput(f"at most {BULK_MAX_ITEMS} dead letters at once", {"ids": f"at most {BULK_MAX_ITEMS}"})
+    decide = dead_letter_requeue if action == "requeue" else dead_letter_discard
+    results: list[BulkItemResult] = []
+    for dead_letter_id in dict.fromkeys(ids):  # each once, in the order given
+        try:
+            item = decide(dead_letter_id=dead_letter_id, decided_by=decided_by, reason=reason)
+        except AlreadyDecided as exc:
+            results.append(BulkItemResult(dead_letter_id, "skipped",
+                                          f"already {exc.details.get('status')} by {exc.details.get('decided_by')}"))
+        except (InvalidInput, NotFound) as exc:
+            results.append(BulkItemResult(dead_letter_id, "failed", exc.message))
+        else:
+            results.append(BulkItemResult(dead_letter_id, "done", f"{item.status} by {decided_by}"))
+    return results

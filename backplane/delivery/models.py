@@ -60,6 +60,8 @@ class OutboxMessage(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField()
     last_error = models.TextField(blank=True, default="")
+    # Every failed attempt, oldest first (the last ``FAILURES_KEPT``): {"attempt", "at", "error"}.
+    failures = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
 
@@ -113,6 +115,12 @@ class DeadLetter(models.Model):
     decided_by = models.CharField(max_length=150, null=True, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
+    # The payload as it failed, kept when a reviewer requeues an edited one (``payload`` then
+    # holds what was requeued).
+    original_payload = models.JSONField(null=True, blank=True)
+    # The failed attempts that led here, oldest first: {"attempt", "at", "error"} (outbox
+    # messages; a task's own attempts are in its log).
+    history = models.JSONField(default=list, blank=True)
 
     class Meta:
         permissions = [("review_deadletter", "Can requeue or discard dead letters")]

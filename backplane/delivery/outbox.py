@@ -152,8 +152,9 @@ _ENQUEUED_FIELDS = (
 def _insert_sql() -> str:
     rows = recordset(OutboxMessage, _ENQUEUED_FIELDS)
     return f"""
-INSERT INTO backplane_outboxmessage ({rows.column_list}, status, attempts, next_attempt_at, last_error, created_at)
-SELECT {rows.column_list}, 'pending', 0, %s, '', %s
+INSERT INTO backplane_outboxmessage ({rows.column_list}, status, attempts, next_attempt_at, last_error, failures,
+                                    created_at)
+SELECT {rows.column_list}, 'pending', 0, %s, '', '[]'::jsonb, %s
 FROM jsonb_to_recordset(%s::jsonb) AS {rows.definition("m", extra=[("n", "integer")])}
 ORDER BY m.n
 RETURNING id, message_id

@@ -103,6 +103,10 @@ class RelayStep:
     dead: int
 
 
+# Failed attempts kept per message (and copied to its dead letter) for the people who review it.
+FAILURES_KEPT = 10
+
+
 def backoff_seconds(attempts: int) -> float:
     """Exponential with full jitter: spreads retries of many rows that failed together."""
     base = settings.BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS
@@ -148,9 +152,11 @@ def _record_failure(message: OutboxMessage, error: str, *, now: datetime) -> boo
     """Back off, or after the last attempt turn the row into a dead letter. True when dead."""
     message.attempts += 1
     message.last_error = error[:2000]
+    failure = {"attempt": message.attempts, "at": now.isoformat(), "error": error[:500]}
+    message.failures = [*(message.failures or []), failure][-FAILURES_KEPT:]
     if message.attempts >= settings.BACKPLANE_OUTBOX_MAX_ATTEMPTS:
         message.status = OutboxStatus.DEAD
-        message.save(update_fields=["attempts", "last_error", "status"])
+        message.save(update_fields=["attempts", "last_error", "status", "failures"])
         DeadLetter.objects.create(
             source=DeadLetterSource.OUTBOX,
             reference=str(message.message_id),
@@ -160,6 +166,7 @@ def _record_failure(message: OutboxMessage, error: str, *, now: datetime) -> boo
             payload=message.payload,
             error=message.last_error,
             attempts=message.attempts,
+            history=message.failures,
             created_at=now,
         )
         logger.warning("outbox message %s dead after %d attempts: %s", message.message_id, message.attempts, error)
@@ -167,7 +174,7 @@ def _record_failure(message: OutboxMessage, error: str, *, now: datetime) -> boo
     # From the moment of failure, not the batch's start: a slow failure (a connect timeout)
     # must not eat the backoff.
     message.next_attempt_at = timezone.now() + timedelta(seconds=backoff_seconds(message.attempts))
-    message.save(update_fields=["attempts", "last_error", "next_attempt_at"])
+    message.save(update_fields=["attempts", "last_error", "next_attempt_at", "failures"])
     return False
 
 

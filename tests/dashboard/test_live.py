@@ -46,9 +46,23 @@ def notice(task: str, seq: int) -> dict[str, Any]:
             "parent_id": None}
 
 
-def test_it_coalesces_a_burst_into_one_message_with_the_latest_seq_per_task() -> None:
-    sent = Sent()
+@pytest.fixture
+def publishers() -> Iterator[list[live.NoticePublisher]]:
+    made: list[live.NoticePublisher] = []
+    yield made
+    for publisher in made:
+        publisher.close()
+
+
+def make_publisher(publishers: list[live.NoticePublisher], sent: Sent | None = None) -> live.NoticePublisher:
     publisher = live.NoticePublisher(send=sent)
+    publishers.append(publisher)
+    return publisher
+
+
+def test_it_coalesces_a_burst_into_one_message_with_the_latest_seq_per_task(publishers: Any) -> None:
+    sent = Sent()
+    publisher = make_publisher(publishers, sent)
     for seq in range(1, 6):
         publisher.publish(notice("a", seq))
     publisher.publish(notice("b", 1))
@@ -60,9 +74,9 @@ def test_it_coalesces_a_burst_into_one_message_with_the_latest_seq_per_task() ->
     assert sent.messages[0]["resync"] is False
 
 
-def test_a_failed_send_is_retried_and_says_resync() -> None:
+def test_a_failed_send_is_retried_and_says_resync(publishers: Any) -> None:
     sent = Sent(fail_times=2)
-    publisher = live.NoticePublisher(send=sent)
+    publisher = make_publisher(publishers, sent)
     publisher.publish(notice("a", 1))
     assert sent.arrived.wait(5)
     assert publisher.failures == 2
@@ -70,9 +84,9 @@ def test_a_failed_send_is_retried_and_says_resync() -> None:
     assert sent.messages[0]["tasks"][0]["seq"] == 1
 
 
-def test_too_many_tasks_in_one_window_become_a_resync() -> None:
+def test_too_many_tasks_in_one_window_become_a_resync(publishers: Any) -> None:
     sent = Sent()
-    publisher = live.NoticePublisher(send=sent)
+    publisher = make_publisher(publishers, sent)
     for n in range(live.MAX_TASKS_PER_NOTICE + 5):
         publisher.publish(notice(f"t{n}", 1))
     assert sent.arrived.wait(2)
@@ -82,10 +96,10 @@ def test_too_many_tasks_in_one_window_become_a_resync() -> None:
 
 
 @pytest.fixture
-def recorded(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Sent:
+def recorded(settings: Any, monkeypatch: pytest.MonkeyPatch, publishers: Any) -> Sent:
     settings.BACKPLANE_LIVE_NOTICES = True
     sent = Sent()
-    monkeypatch.setattr(live, "publisher", live.NoticePublisher(send=sent))
+    monkeypatch.setattr(live, "publisher", make_publisher(publishers, sent))
     return sent
 
 
@@ -112,7 +126,8 @@ def test_a_rolled_back_write_announces_nothing(committed_db: None, recorded: Sen
 
 
 @pytest.fixture
-def live_channel_layer(committed_db: None, settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def live_channel_layer(committed_db: None, settings: Any, monkeypatch: pytest.MonkeyPatch,
+                       publishers: Any) -> Iterator[None]:
     """The real channels_postgres layer, on the test database, and a fresh publisher."""
     import channels_postgres.db
 

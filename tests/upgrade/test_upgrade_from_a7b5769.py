@@ -51,7 +51,7 @@ EXPECTED_COUNTS = {
     "recovery_toolcall": 5,
     "backplane_agent": 7,
     "auth_user": 2,
-    "auth_group": 1,
+    "auth_group": 2,  # the fixture's "dead-letter reviewers" and migration 0012's "Reviewers"
     "auth_user_groups": 1,
     "backplane_webhooksubscription": 2,
     "backplane_breakertransition": 1,
@@ -151,6 +151,12 @@ def test_a7b5769_database_upgrades_without_losing_data(upgraded_url: str) -> Non
         # Permissions survive: the staff operator reviews dead letters through its group.
         assert [row[0] for row in conn.execute(_REVIEWER_PERMISSION_SQL).fetchall()] == ["operator"]
         assert conn.execute("SELECT username FROM auth_user WHERE is_superuser").fetchall() == [("admin",)]
+        # Migration 0012 adds the dashboard's Reviewers group, holding the same permission.
+        assert conn.execute(
+            "SELECT count(*) FROM auth_group g JOIN auth_group_permissions gp ON gp.group_id = g.id "
+            "JOIN auth_permission p ON p.id = gp.permission_id "
+            "WHERE g.name = 'Reviewers' AND p.codename = 'review_deadletter'"
+        ).fetchone() == (1,)
 
         _assert_chains_verify(conn)
         _assert_tree_heads_verify(conn)

@@ -1,4 +1,5 @@
-"""The dashboard's pages and the small JSON reads their scripts make to catch up after a notice.
+"""Part 1's pages (overview, tasks, a task) and the small JSON reads their scripts make to catch
+up after a notice.
 
 Thin: check who asks, read through ``dashboard.selectors`` (or run one service), render.
 Every page is for logged-in staff: anonymous visitors go to the login page, other users get 403.
@@ -6,13 +7,10 @@ Every page is for logged-in staff: anonymous visitors go to the login page, othe
 
 from __future__ import annotations
 
-import functools
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
@@ -23,35 +21,9 @@ from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Task
 from backplane.integrity.verification import task_chain_verify_now
 from dashboard import selectors
-from dashboard.access import may_view_dashboard
 from dashboard.forms import TaskFilterForm
+from dashboard.views.common import int_param, staff_only
 from recovery.selectors import recovery_context
-
-View = Callable[..., HttpResponse]
-
-
-def staff_only(view: View) -> View:
-    @functools.wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        if not may_view_dashboard(request.user):
-            return render(request, "dashboard/forbidden.html", status=403)
-        return view(request, *args, **kwargs)
-
-    return wrapped
-
-
-def _int_param(request: HttpRequest, name: str) -> int | None:
-    raw = request.GET.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        return None
-    return value if value >= 0 else None
-
 
 # --- overview ------------------------------------------------------------------------------------
 
@@ -86,7 +58,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 @staff_only
 def overview_live(request: HttpRequest) -> JsonResponse:
     """What an open overview needs after a notice: tiles, the feed after ``after_position``, the chart."""
-    after = _int_param(request, "after_position")
+    after = int_param(request, "after_position")
     hours = 24 if request.GET.get("hours") == "24" else 1
     feed = selectors.feed_events(after_position=after)
     return JsonResponse(
@@ -145,7 +117,7 @@ def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
 @staff_only
 def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     task = _task(task_id)
-    rows = selectors.event_rows(task, before_seq=_int_param(request, "before_seq"))
+    rows = selectors.event_rows(task, before_seq=int_param(request, "before_seq"))
     parts = _task_parts(request, task)
     return render(
         request,
@@ -167,7 +139,7 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     """What an open task page missed: the events after ``after_seq``, the header, the family
     and the timeline, rendered by the same templates as the page."""
     task = _task(task_id)
-    after = _int_param(request, "after_seq") or 0
+    after = int_param(request, "after_seq") or 0
     rows = selectors.event_rows(task, after_seq=after)
     parts = _task_parts(request, task)
     return JsonResponse(

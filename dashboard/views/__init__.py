@@ -1,0 +1,1 @@
+"""The dashboard's views, one module per area; ``common`` holds what they share."""
