@@ -7,7 +7,10 @@ class DashboardConfig(AppConfig):
 
     def ready(self) -> None:
         # Every event write announces itself to open pages once it commits.
+        from backplane.delivery.announcements import register_dead_letter_listener
         from backplane.eventlog.writer import register_follow_up
-        from dashboard.live import notice_after_commit
+        from dashboard.live import dead_letters_after_commit, notice_after_commit
 
         register_follow_up(notice_after_commit)
+        # Dead letters from the outbox write no event: they are announced on their own.
+        register_dead_letter_listener(dead_letters_after_commit)

@@ -30,17 +30,23 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
 
+    # A task page has no use for dead-letter counts; the fleet's pages (the review queue) do.
+    forwards_dead_letters = True
+
     def wanted(self, notice: dict[str, Any]) -> bool:
         return True
 
     async def fleet_notice(self, message: dict[str, Any]) -> None:
         tasks = [notice for notice in message["tasks"] if self.wanted(notice)]
-        if tasks or message.get("resync"):
-            await self.send_json({"tasks": tasks, "resync": bool(message.get("resync"))})
+        dead_letters = message.get("dead_letters", 0) if self.forwards_dead_letters else 0
+        if tasks or dead_letters or message.get("resync"):
+            await self.send_json({"tasks": tasks, "dead_letters": dead_letters, "resync": bool(message.get("resync"))})
 
 
 class TaskConsumer(FleetConsumer):
     """``/ws/tasks/<uuid>/``: the notices of one task and of its sub-tasks."""
+
+    forwards_dead_letters = False
 
     async def connect(self) -> None:
         self.task_id = str(uuid.UUID(str(self.scope["url_route"]["kwargs"]["task_id"])))

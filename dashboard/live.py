@@ -72,6 +72,7 @@ class NoticePublisher:
     def __init__(self, send: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self._lock = threading.Lock()
         self._pending: dict[str, dict[str, Any]] = {}
+        self._dead_letters = 0
         self._resync = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -137,20 +138,29 @@ class NoticePublisher:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._wake_up)
 
+    def publish_dead_letters(self, count: int) -> None:
+        """New dead letters were committed (they write no event when they come from the outbox)."""
+        with self._lock:
+            self._dead_letters += count
+        self._ensure_started()
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._wake_up)
+
     def _wake_up(self) -> None:
         if self._wake is not None:
             self._wake.set()
 
-    def _take(self) -> tuple[list[dict[str, Any]], bool]:
+    def _take(self) -> tuple[list[dict[str, Any]], int, bool]:
         with self._lock:
-            pending, resync = list(self._pending.values()), self._resync
-            self._pending, self._resync = {}, False
+            pending, dead_letters, resync = list(self._pending.values()), self._dead_letters, self._resync
+            self._pending, self._dead_letters, self._resync = {}, 0, False
         if len(pending) > MAX_TASKS_PER_NOTICE:
-            return pending[-MAX_TASKS_PER_NOTICE:], True
-        return pending, resync
+            return pending[-MAX_TASKS_PER_NOTICE:], dead_letters, True
+        return pending, dead_letters, resync
 
-    def _give_back(self, notices: list[dict[str, Any]]) -> None:
+    def _give_back(self, notices: list[dict[str, Any]], dead_letters: int) -> None:
         with self._lock:
+            self._dead_letters += dead_letters
             for notice in notices:
                 known = self._pending.get(notice["task_id"])
                 if known is None or known["seq"] < notice["seq"]:
@@ -166,17 +176,19 @@ class NoticePublisher:
             await self._wake.wait()
             self._wake.clear()
             await asyncio.sleep(FLUSH_SECONDS)
-            notices, resync = self._take()
-            if not notices and not resync:
+            notices, dead_letters, resync = self._take()
+            if not notices and not dead_letters and not resync:
                 continue
             try:
-                await self._group_send({"type": NOTICE_TYPE, "tasks": notices, "resync": resync})
+                await self._group_send(
+                    {"type": NOTICE_TYPE, "tasks": notices, "dead_letters": dead_letters, "resync": resync}
+                )
             except Exception:  # noqa: BLE001 - any failure of the layer: log, count, retry
                 self.failures += 1
                 delay = RETRY_SECONDS[min(failures_in_a_row, len(RETRY_SECONDS) - 1)]
                 failures_in_a_row += 1
                 logger.exception("live notice not sent (%d tasks); retrying in %.1f s", len(notices), delay)
-                self._give_back(notices)
+                self._give_back(notices, dead_letters)
                 await asyncio.sleep(delay)
                 self._wake.set()
                 continue
@@ -198,3 +210,9 @@ publisher = NoticePublisher()
 
 def bind_event_loop(loop: asyncio.AbstractEventLoop) -> None:
     publisher.bind_event_loop(loop)
+
+
+def dead_letters_after_commit(count: int) -> None:
+    """Delivery's dead-letter listener (registered in ``DashboardConfig.ready``); runs after commit."""
+    if settings.BACKPLANE_LIVE_NOTICES:
+        publisher.publish_dead_letters(count)

@@ -14,6 +14,7 @@ from django.db import OperationalError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from backplane.delivery.announcements import announce_dead_letters
 from backplane.delivery.models import DeadLetter, DeadLetterSource
 from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
@@ -113,6 +114,7 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
             if exhausted
         ]
         DeadLetter.objects.bulk_create(dead_letters)
+        announce_dead_letters(len(dead_letters))
         dead_lettered = len(dead_letters)
         requeued = len(stalled) - dead_lettered
         # Breakers last, once per agent, locked in a fixed order: two sweeps running at once

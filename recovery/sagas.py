@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Q
 
+from backplane.delivery.announcements import announce_dead_letters
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.delivery.outbox import outbox_enqueue
 from backplane.eventlog import event_types as et
@@ -155,6 +156,7 @@ def saga_record_compensation_result(task: Task, record: ToolCall, *, agent: str 
             attempts=1,
             created_at=now,
         )
+        announce_dead_letters()
         return
     _request_next_or_finish(task, now=now)
 

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from backplane.delivery.announcements import announce_dead_letters
 from backplane.delivery.models import DeadLetter, DeadLetterSource, OutboxMessage, OutboxStatus
 
 logger = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ def _record_failure(message: OutboxMessage, error: str, *, now: datetime) -> boo
             history=message.failures,
             created_at=now,
         )
+        announce_dead_letters()
         logger.warning("outbox message %s dead after %d attempts: %s", message.message_id, message.attempts, error)
         return True
     # From the moment of failure, not the batch's start: a slow failure (a connect timeout)

@@ -237,3 +237,17 @@ def test_an_append_reaches_an_open_socket_through_the_layer(live_channel_layer: 
     assert to_task["tasks"][0]["seq"] == 2 and to_task["tasks"][0]["type"] == "NoteTaken"
     assert str(task.pk) in {n["task_id"] for n in to_fleet["tasks"]}
     assert elapsed < 1.5
+
+
+def test_new_dead_letters_are_announced_once_committed(committed_db: None, recorded: Sent) -> None:
+    from django.utils import timezone
+
+    from backplane.delivery.announcements import announce_dead_letters
+    from backplane.delivery.models import DeadLetter
+
+    with transaction.atomic():
+        DeadLetter.objects.create(source="outbox", reference="m-1", payload={}, error="gone", attempts=5,
+                                  created_at=timezone.now())
+        announce_dead_letters()
+    assert recorded.arrived.wait(2)
+    assert recorded.messages[-1]["dead_letters"] == 1 and recorded.messages[-1]["tasks"] == []

@@ -32,6 +32,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from backplane.delivery.announcements import announce_dead_letters
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.models import Event
@@ -235,6 +236,7 @@ def audit_export_record_failure(*, error: BaseException, attempts: int) -> DeadL
                 source=DeadLetterSource.AUDIT_EXPORT, reference=reference, payload=payload, error=text,
                 attempts=attempts, created_at=timezone.now(),
             )
+            announce_dead_letters()
         else:
             dead_letter.attempts += attempts
             dead_letter.error = text
