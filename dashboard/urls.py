@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from dashboard.views import integrity
 from dashboard.views import pages as views
 
 app_name = "dashboard"
@@ -15,4 +16,9 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/live/", views.task_live, name="task-live"),
     path("tasks/<uuid:task_id>/recovery-context/", views.task_recovery_context, name="task-recovery-context"),
     path("tasks/<uuid:task_id>/verify/", views.task_verify, name="task-verify"),
+    path("integrity/", integrity.integrity_page, name="integrity"),
+    path("integrity/verify-all/", integrity.verify_all, name="integrity-verify-all"),
+    path("integrity/runs/<int:run_id>/", integrity.run_progress, name="integrity-run"),
+    path("integrity/alerts/<int:alert_id>/acknowledge/", integrity.acknowledge_alert, name="integrity-acknowledge"),
+    path("integrity/proof/", integrity.proof_download, name="integrity-proof"),
 ]

@@ -27,7 +27,8 @@ PACKAGES = ("backplane", "recovery", "dashboard")
 LOWER_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity", "backplane.runtime")
 CORE_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity")
 # What ``python -m backplane.integrity.audit verify`` loads: the package's __main__, then the verifier.
-OFFLINE_VERIFIER = ("backplane.integrity.audit.__main__", "backplane.integrity.audit.verify")
+OFFLINE_VERIFIER = ("backplane.integrity.audit.__main__", "backplane.integrity.audit.verify",
+                    "backplane.integrity.audit.proof")
 DATABASE_LIBRARIES = ("django", "psycopg", "psycopg2", "psycopg_pool")
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, F, Min, Q, QuerySet
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, OutboxStatus
@@ -63,3 +67,230 @@ def outbox_stats(*, now: datetime | None = None) -> OutboxStats:
         dead=by_status.get(OutboxStatus.DEAD, 0),
         dead_letters_pending=DeadLetter.objects.filter(status=DeadLetterStatus.PENDING).count(),
     )
+
+
+# --- the review queue (the dashboard's dead-letter pages) ---------------------------------------
+#
+# Pending dead letters come first, oldest first (the ``status, created_at`` index); decided ones
+# follow, newest first (the primary key, read backwards). A page reads at most two queries and
+# never counts or offsets through the table; the cursor says which of the two parts it is in.
+
+
+@dataclass(frozen=True)
+class DeadLetterFilters:
+    status: str = ""  # "", a DeadLetterStatus, or "decided" (requeued or discarded)
+    source: str = ""
+    topic: str = ""  # contained in the topic
+    kind: str = ""  # the task's kind
+    error: str = ""  # contained in the error, any case
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    def wants(self, status: str) -> bool:
+        if not self.status:
+            return True
+        if self.status == "decided":
+            return status != DeadLetterStatus.PENDING
+        return self.status == status
+
+
+QUEUE_FIELDS = ("id", "source", "reference", "task_id", "outbox_message_id", "topic", "error", "attempts", "status",
+                "created_at", "decided_by", "decided_at", "reason")
+
+
+def dead_letters_filtered(filters: DeadLetterFilters) -> QuerySet[DeadLetter]:
+    """Every filter but the status, which the queue applies per part."""
+    items = DeadLetter.objects.all()
+    if filters.source:
+        items = items.filter(source=filters.source)
+    if filters.topic:
+        items = items.filter(topic__contains=filters.topic)
+    if filters.kind:
+        items = items.filter(task__kind=filters.kind)
+    if filters.error:
+        items = items.filter(error__icontains=filters.error)
+    if filters.created_after is not None:
+        items = items.filter(created_at__gte=filters.created_after)
+    if filters.created_before is not None:
+        items = items.filter(created_at__lt=filters.created_before)
+    return items
+
+
+def _queue_rows(items: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+    # The task's kind and status come in the same query (a LEFT JOIN: not every dead letter has a task).
+    return items.only(*QUEUE_FIELDS).annotate(task_kind=F("task__kind"), task_status=F("task__status"))
+
+
+def _decided(items: QuerySet[DeadLetter], filters: DeadLetterFilters) -> QuerySet[DeadLetter]:
+    if filters.status in (DeadLetterStatus.REQUEUED, DeadLetterStatus.DISCARDED):
+        return items.filter(status=filters.status)
+    return items.exclude(status=DeadLetterStatus.PENDING)
+
+
+class BadDeadLetterCursor(ValueError):
+    pass
+
+
+PENDING_PART, DECIDED_PART = "p", "d"
+
+
+def _encode_queue_cursor(item: DeadLetter) -> str:
+    if item.status == DeadLetterStatus.PENDING:
+        raw = f"{PENDING_PART}|{item.created_at.isoformat()}|{item.pk}"
+    else:
+        raw = f"{DECIDED_PART}||{item.pk}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_queue_cursor(cursor: str) -> tuple[str, datetime | None, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        part, created, pk = raw.split("|")
+        if part == PENDING_PART:
+            at = datetime.fromisoformat(created)
+            if at.tzinfo is None:
+                raise ValueError("naive time")
+            return part, at, int(pk)
+        if part == DECIDED_PART:
+            return part, None, int(pk)
+        raise ValueError("unknown part")
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise BadDeadLetterCursor("not a cursor of the dead-letter queue") from exc
+
+
+@dataclass(frozen=True)
+class DeadLetterQueuePage:
+    items: list[DeadLetter]  # with ``task_kind`` and ``task_status``
+    next_cursor: str | None
+    cursor: str | None
+
+
+def dead_letter_queue_page(filters: DeadLetterFilters, *, cursor: str | None = None,
+                           limit: int = 50) -> DeadLetterQueuePage:
+    """One page of the review queue: pending oldest first, then decided newest first. Two
+    queries at most (the pending part runs out in the middle of a page)."""
+    part, created_at, after_pk = _decode_queue_cursor(cursor) if cursor else (PENDING_PART, None, 0)
+    base = dead_letters_filtered(filters)
+    rows: list[DeadLetter] = []
+    if part == PENDING_PART and filters.wants(DeadLetterStatus.PENDING):
+        pending = base.filter(status=DeadLetterStatus.PENDING).order_by("created_at", "id")
+        if created_at is not None:
+            # A row comparison, so the (status, created_at) index starts right after the cursor.
+            pending = pending.extra(where=["(backplane_deadletter.created_at, backplane_deadletter.id) > (%s, %s)"],
+                                    params=[created_at, after_pk])
+        rows = list(_queue_rows(pending)[: limit + 1])
+        if len(rows) > limit:
+            return DeadLetterQueuePage(rows[:limit], _encode_queue_cursor(rows[limit - 1]), cursor)
+    if filters.status != DeadLetterStatus.PENDING:
+        decided = _decided(base, filters).order_by("-id")
+        if part == DECIDED_PART:
+            decided = decided.filter(pk__lt=after_pk)
+        room = limit - len(rows)
+        more = list(_queue_rows(decided)[: room + 1])
+        rows += more[:room]
+        if len(more) > room:
+            return DeadLetterQueuePage(rows, _encode_queue_cursor(rows[-1]), cursor)
+    return DeadLetterQueuePage(rows, None, cursor)
+
+
+def dead_letter_for_review(dead_letter_id: int) -> DeadLetter | None:
+    """One dead letter with its task and its outbox message (one query)."""
+    return (
+        DeadLetter.objects.select_related("task", "outbox_message")
+        .defer("task__output", "outbox_message__headers")
+        .filter(pk=dead_letter_id)
+        .first()
+    )
+
+
+@dataclass(frozen=True)
+class TaskLogEntry:
+    seq: int
+    type: str
+    agent: str | None
+    recorded_at: datetime
+    payload: dict[str, Any]
+
+
+TASK_LOG_ENTRIES_SHOWN = 50
+
+
+def dead_letter_task_log(dead_letter: DeadLetter, *, types: Sequence[str],
+                         limit: int = TASK_LOG_ENTRIES_SHOWN) -> list[TaskLogEntry]:
+    """The latest events of the given ``types`` in the log of the dead letter's task, oldest
+    first: how its attempts ended (stalls, failures) and earlier decisions. One query through
+    the dead letter's own foreign key, so delivery names no model of the event log."""
+    if dead_letter.task_id is None:
+        return []
+    rows = (
+        DeadLetter.objects.filter(pk=dead_letter.pk, task__events__type__in=list(types))
+        .order_by("-task__events__seq")
+        .values_list("task__events__seq", "task__events__type", "task__events__agent",
+                     "task__events__recorded_at", "task__events__payload")[:limit]
+    )
+    return [TaskLogEntry(*row) for row in reversed(rows)]
+
+
+BULK_MAX = 1000
+
+
+def dead_letter_pending_ids(filters: DeadLetterFilters, *, limit: int = BULK_MAX) -> tuple[list[int], bool]:
+    """The pending dead letters matching ``filters`` in queue order, at most ``limit``; and
+    whether more match (one query reading ``limit + 1`` ids)."""
+    if not filters.wants(DeadLetterStatus.PENDING):
+        return [], False
+    ids = list(
+        dead_letters_filtered(filters)
+        .filter(status=DeadLetterStatus.PENDING)
+        .order_by("created_at", "id")
+        .values_list("id", flat=True)[: limit + 1]
+    )
+    return ids[:limit], len(ids) > limit
+
+
+@dataclass(frozen=True)
+class BulkPreview:
+    """What deciding ``ids`` would meet: how many are still pending, by source; the others
+    (decided meanwhile) will be skipped; a sample of the first few in queue order."""
+
+    requested: int
+    found: int
+    pending_by_source: dict[str, int]
+    decided: int
+    sample: list[DeadLetter]  # with ``task_kind`` and ``task_status``
+
+    @property
+    def pending(self) -> int:
+        return sum(self.pending_by_source.values())
+
+    @property
+    def missing(self) -> int:
+        return self.requested - self.found
+
+
+def dead_letter_bulk_preview(ids: Sequence[int], *, sample_size: int = 10) -> BulkPreview:
+    """Two queries over at most ``BULK_MAX`` ids: the counts, and the sample."""
+    wanted = list(dict.fromkeys(ids))[:BULK_MAX]
+    counted = (
+        DeadLetter.objects.filter(pk__in=wanted)
+        .values_list("status", "source")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    by_source: dict[str, int] = {}
+    decided = found = 0
+    for status, source, n in counted:
+        found += n
+        if status == DeadLetterStatus.PENDING:
+            by_source[source] = by_source.get(source, 0) + n
+        else:
+            decided += n
+    order = {pk: n for n, pk in enumerate(wanted)}
+    sample = sorted(_queue_rows(DeadLetter.objects.filter(pk__in=wanted[:sample_size])), key=lambda d: order[d.pk])
+    return BulkPreview(requested=len(wanted), found=found, pending_by_source=by_source, decided=decided,
+                       sample=sample)
+
+
+def dead_letters_by_ids(ids: Sequence[int]) -> dict[int, DeadLetter]:
+    """Rows of the queue for the given ids (one query), e.g. to show a bulk decision's results."""
+    return {item.pk: item for item in _queue_rows(DeadLetter.objects.filter(pk__in=list(ids)[:BULK_MAX]))}

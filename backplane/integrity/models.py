@@ -27,6 +27,10 @@ class VerificationRun(models.Model):
     failures = models.PositiveIntegerField(
         default=0, help_text="Tasks whose chain was found broken or whose row differs from its log."
     )
+    # How many tasks there were when the run started (its progress is tasks_checked of these),
+    # and who asked for it when a person did (the dashboard's "verify all now").
+    tasks_total = models.PositiveIntegerField(null=True, blank=True)
+    requested_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
         indexes = [models.Index(fields=["mode", "-finished_at"], name="verification_run_mode_idx")]

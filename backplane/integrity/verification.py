@@ -108,10 +108,22 @@ class VerifyStep:
     last_task_id: uuid.UUID | None  # where the next batch starts; None when there was nothing left
 
 
-def verification_run_start(*, mode: str) -> VerificationRun:
+def verification_run_start(*, mode: str, requested_by: str = "") -> VerificationRun:
     if mode not in VerificationMode.values:
         raise InvalidInput(f"unknown verification mode {mode!r}", {"mode": "incremental or full"})
-    return VerificationRun.objects.create(mode=mode, started_at=timezone.now())
+    return VerificationRun.objects.create(mode=mode, started_at=timezone.now(), tasks_total=Task.objects.count(),
+                                          requested_by=requested_by)
+
+
+def verification_run_request_full(*, requested_by: str) -> VerificationRun:
+    """A full run of every chain, asked for by a person: the run is recorded now and the worker
+    runs it (``backplane.tasks.verify_chains_requested``) once this commits."""
+    from backplane.integrity.tasks import verify_chains_requested
+
+    with transaction.atomic(durable=True):
+        run = verification_run_start(mode=VerificationMode.FULL, requested_by=requested_by)
+        transaction.on_commit(lambda: verify_chains_requested.delay(run.pk))
+    return run
 
 
 def verification_run_batch(
@@ -185,12 +197,12 @@ def verification_run_batch(
     return VerifyStep(len(outcomes), events_checked, len(failed), len(raised), heads[-1].task_id)
 
 
-def task_chain_verify_now(*, task_id: uuid.UUID) -> VerificationRun:
+def task_chain_verify_now(*, task_id: uuid.UUID, requested_by: str = "") -> VerificationRun:
     """One task's whole chain and row checked now and recorded like any run (its head moves,
     a break raises an alert), as a run of its own mode so the periodic runs' figures stay theirs."""
     if not Task.objects.filter(pk=task_id).exists():
         raise NotFound("no such task")
-    run = verification_run_start(mode=VerificationMode.ON_DEMAND)
+    run = verification_run_start(mode=VerificationMode.ON_DEMAND, requested_by=requested_by)
     verification_run_batch(run=run, after_task_id=None, batch_size=1, task_ids=[task_id])
     return verification_run_finish(run_id=run.pk)
 

@@ -74,3 +74,16 @@ def chain_mark(chain: Any, seq: int) -> SafeString:
     state = chain.mark(seq)
     symbol, words = CHAIN_MARKS[state]
     return format_html('<span class="chain-mark" data-chain="{}" title="{}">{}</span>', state, words, symbol)
+
+
+@register.filter
+def duration_until(start: datetime | None, end: datetime | None) -> str:
+    """How long from ``start`` to ``end``, in the unit that reads best (ms, s, min)."""
+    if start is None or end is None:
+        return "—"
+    seconds = (end - start).total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"

@@ -167,7 +167,7 @@ def task_recovery_context(request: HttpRequest, task_id: uuid.UUID) -> HttpRespo
 @staff_only
 def task_verify(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     """"Verify chain now": the task's whole chain, recorded as an on-demand verification run."""
-    run = task_chain_verify_now(task_id=_task(task_id).pk)
+    run = task_chain_verify_now(task_id=_task(task_id).pk, requested_by=request.user.get_username())
     chain = selectors.chain_state(task_id)
     return JsonResponse(
         {

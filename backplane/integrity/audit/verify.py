@@ -1,4 +1,5 @@
-"""The offline verifier: ``python -m backplane.integrity.audit verify PATH_OR_S3_URL --public-key KEY``.
+"""The offline verifier: ``python -m backplane.integrity.audit verify PATH_OR_S3_URL --public-key KEY``
+(and ``check-proof BUNDLE --public-key KEY`` for one event's inclusion proof, ``proof.py``).
 
 It needs no database and no Django settings: it imports the standard library, ``cryptography``,
 ``backplane.eventlog.canonical`` (rfc8785), the pure hashing of ``backplane.eventlog.chain``,
@@ -40,6 +41,7 @@ from backplane.eventlog.canonical import CanonicalizationError
 from backplane.eventlog.chain import GENESIS_HASH, api_event_hash
 from backplane.integrity import merkle
 from backplane.integrity.audit import manifest as fmt
+from backplane.integrity.audit.proof import ProofProblem, check_proof_bundle
 from backplane.integrity.audit.storage import Store, open_location
 
 _HEX = frozenset("0123456789abcdef")
@@ -281,11 +283,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint-url", default=None,
         help="S3-compatible endpoint (default: AWS, or the AWS_ENDPOINT_URL environment variable)",
     )
+    check = commands.add_parser("check-proof", help="check one event's inclusion-proof bundle (from the dashboard)")
+    check.add_argument("bundle", help="the downloaded JSON file")
+    check.add_argument("--public-key", action="append", required=True, metavar="HEX_OR_FILE",
+                       help="a trusted Ed25519 public key; repeat for old keys")
     return parser
+
+
+def check_proof_main(args: argparse.Namespace) -> int:
+    try:
+        keys = {parse_public_key(value) for value in args.public_key}
+        bundle = json.loads(Path(args.bundle).read_text())
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print(check_proof_bundle(bundle, public_keys=keys))
+    except ProofProblem as exc:
+        print(f"FAILED {args.bundle}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "check-proof":
+        return check_proof_main(args)
     try:
         keys = {parse_public_key(value) for value in args.public_key}
         store = open_location(args.location, endpoint_url=args.endpoint_url)
