@@ -22,6 +22,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KT
 from django.utils import timezone
 
+from backplane.delivery.models import OutboxMessage
 from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Event, Task, TaskStatus
@@ -589,3 +590,100 @@ def _points(name: str, trace: dict[str, Any], *, symbol: str, colour: str, kind:
         "customdata": trace["customdata"],
         "marker": {"symbol": symbol, "color": colour, "size": 10},
     }
+
+
+# --- the outbox --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DestinationBacklog:
+    destination: str  # "broker", or the webhook subscription's name
+    waiting: int  # never tried yet
+    retrying: int  # failed at least once, due again later
+    oldest_at: datetime | None
+
+
+@dataclass(frozen=True)
+class OutboxHealth:
+    now: datetime
+    backlog: list[DestinationBacklog]
+    dead: int
+    delivered_last_hour: int
+    failing: list[Any]  # the pending messages that failed most recently
+
+    @property
+    def waiting(self) -> int:
+        return sum(row.waiting for row in self.backlog)
+
+    @property
+    def retrying(self) -> int:
+        return sum(row.retrying for row in self.backlog)
+
+    @property
+    def oldest_at(self) -> datetime | None:
+        return min((row.oldest_at for row in self.backlog if row.oldest_at), default=None)
+
+
+def outbox_health(*, now: datetime | None = None, failing_limit: int = 20) -> OutboxHealth:
+    """The outbox page's figures: the pending backlog per destination, dead and delivered
+    counts, and the messages that are failing now. Three queries."""
+    now = now or timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT coalesce(s.name, m.destination),
+                   count(*) FILTER (WHERE m.attempts = 0), count(*) FILTER (WHERE m.attempts > 0), min(m.created_at)
+              FROM backplane_outboxmessage m LEFT JOIN backplane_webhooksubscription s ON s.id = m.subscription_id
+             WHERE m.status = 'pending'
+             GROUP BY 1 ORDER BY 1
+            """
+        )
+        backlog = [DestinationBacklog(*row) for row in cursor.fetchall()]
+        cursor.execute(
+            """
+            SELECT (SELECT count(*) FROM backplane_outboxmessage WHERE status = 'dead'),
+                   (SELECT count(*) FROM backplane_outboxmessage WHERE status = 'delivered' AND delivered_at >= %s)
+            """,
+            [now - timedelta(hours=1)],
+        )
+        dead, delivered = cursor.fetchone()
+    failing = list(
+        OutboxMessage.objects.filter(status="pending", attempts__gt=0)
+        .select_related("subscription")
+        .only("id", "message_id", "topic", "destination", "subscription__name", "attempts", "last_error",
+              "next_attempt_at", "created_at", "task_id")
+        .order_by("-attempts", "next_attempt_at")[:failing_limit]
+    )
+    return OutboxHealth(now=now, backlog=backlog, dead=dead, delivered_last_hour=delivered, failing=failing)
+
+
+def delivery_lag_per_minute(*, now: datetime | None = None) -> dict[str, Any]:
+    """The last hour's delivery lag (from enqueue to delivery) per minute: mean and max seconds,
+    and how many were delivered, for every minute (zeros included)."""
+    now = now or timezone.now()
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - timedelta(hours=1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT date_trunc('minute', delivered_at),
+                   avg(extract(epoch FROM delivered_at - created_at)),
+                   max(extract(epoch FROM delivered_at - created_at)),
+                   count(*)
+              FROM backplane_outboxmessage
+             WHERE status = 'delivered' AND delivered_at >= %s AND delivered_at < %s
+             GROUP BY 1
+            """,
+            [start, end],
+        )
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    minutes, mean, peak, delivered = [], [], [], []
+    at = start
+    while at < end:
+        minutes.append(format_timestamp(at))
+        avg_s, max_s, n = rows.get(at, (None, None, 0))
+        mean.append(None if avg_s is None else round(float(avg_s), 3))
+        peak.append(None if max_s is None else round(float(max_s), 3))
+        delivered.append(n)
+        at += timedelta(minutes=1)
+    return {"minutes": minutes, "mean_seconds": mean, "max_seconds": peak, "delivered": delivered}

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
-from dashboard.views import integrity
+from dashboard.views import fleet, integrity
 from dashboard.views import pages as views
 
 app_name = "dashboard"
@@ -16,6 +16,11 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/live/", views.task_live, name="task-live"),
     path("tasks/<uuid:task_id>/recovery-context/", views.task_recovery_context, name="task-recovery-context"),
     path("tasks/<uuid:task_id>/verify/", views.task_verify, name="task-verify"),
+    path("dead-letters/", include("dashboard.views.dead_letters")),
+    path("agents/", fleet.agents_page, name="agents"),
+    path("agents/<int:agent_id>/reset-breaker/", fleet.agent_breaker_reset, name="agent-breaker-reset"),
+    path("tools/<int:tool_id>/reset-breaker/", fleet.tool_breaker_reset_view, name="tool-breaker-reset"),
+    path("outbox/", fleet.outbox_page, name="outbox"),
     path("integrity/", integrity.integrity_page, name="integrity"),
     path("integrity/verify-all/", integrity.verify_all, name="integrity-verify-all"),
     path("integrity/runs/<int:run_id>/", integrity.run_progress, name="integrity-run"),

@@ -342,13 +342,13 @@ def breaker_count_success(store: BreakerStore[M], rows: QuerySet[M], *, reason: 
         _save(store, [(row, store.read(row).succeeded(reason=reason), task_id)], now=now)
 
 
-def breaker_close(store: BreakerStore[M], pk: Any, *, decided_by: str) -> M:
-    """An operator closes the breaker by hand."""
+def breaker_close(store: BreakerStore[M], pk: Any, *, decided_by: str, reason: str = "") -> M:
+    """An operator closes the breaker by hand; their reason goes into the recorded transition."""
     now = timezone.now()
+    why = f"reset by an operator: {reason.strip()}" if reason.strip() else "reset by an operator"
     with transaction.atomic(durable=True):
         row = store.lock(pk)
-        _save(store, [(row, store.read(row).reset(reason="reset by an operator"), None)], now=now,
-              decided_by=decided_by)
+        _save(store, [(row, store.read(row).reset(reason=why[:255]), None)], now=now, decided_by=decided_by)
     return row
 
 
@@ -457,9 +457,9 @@ def breaker_trial_unused(*, agent_id: int, trial_started_at: datetime | None = N
     breaker_release_trial(AGENTS, agent_id, trial_started_at=trial_started_at, reason="trial claim found no task")
 
 
-def breaker_reset(*, agent_id: int, decided_by: str) -> Agent:
+def breaker_reset(*, agent_id: int, decided_by: str, reason: str = "") -> Agent:
     """An operator closes the breaker by hand."""
-    return breaker_close(AGENTS, agent_id, decided_by=decided_by)
+    return breaker_close(AGENTS, agent_id, decided_by=decided_by, reason=reason)
 
 
 # --- tools -------------------------------------------------------------------------------------

@@ -285,9 +285,9 @@ def tool_breaker_record_success(*, tool_id: int) -> None:
                                        now=timezone.now())
 
 
-def tool_breaker_reset(*, tool_id: int, decided_by: str) -> None:
+def tool_breaker_reset(*, tool_id: int, decided_by: str, reason: str = "") -> None:
     """An operator closes the breaker by hand."""
-    breakers.breaker_close(breakers.TOOLS, tool_id, decided_by=decided_by)
+    breakers.breaker_close(breakers.TOOLS, tool_id, decided_by=decided_by, reason=reason)
 
 
 def tool_rate_limit_take(*, tool: Tool, now: datetime) -> None:

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import NotFound
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
 from backplane.eventlog.selectors import task_visible
-from recovery.models import ToolCall
+from recovery.models import Tool, ToolCall
 
 
 def tool_call_visible(*, namespace: str | None, key: str) -> ToolCall:
@@ -157,3 +161,101 @@ def tool_calls_overdue(*, now: datetime | None = None) -> list[dict[str, Any]]:
         "idempotency_key", "task_id", "step", "tool", "dispatched_at"
     )
     return [{**row, "age_seconds": (now - row["dispatched_at"]).total_seconds()} for row in rows]
+
+
+# --- the fleet, for the dashboard's agents page ------------------------------------------------
+
+FLEET_MAX_AGENTS = 500
+HISTORY_PER_AGENT = 5
+
+
+@dataclass(frozen=True)
+class AgentRow:
+    agent: Agent
+    active_leases: int
+    failures_24h: int
+    history: list[BreakerTransition]
+
+
+def agents_overview(*, now: datetime | None = None) -> list[AgentRow]:
+    """Every agent (up to ``FLEET_MAX_AGENTS``) with its leases held now, the attempts it lost in
+    the last 24 h (tasks it failed or let stall) and its last breaker transitions: four queries."""
+    now = now or timezone.now()
+    agents = list(Agent.objects.order_by("namespace", "name")[:FLEET_MAX_AGENTS])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT namespace, lease_holder, count(*) FROM backplane_task WHERE lease_holder IS NOT NULL"
+            " GROUP BY 1, 2"
+        )
+        leases = {(ns, name): n for ns, name, n in cursor.fetchall()}
+        # A stall is written by the backplane (agent NULL) and names the holder in its payload.
+        cursor.execute(
+            """
+            SELECT t.namespace, coalesce(e.agent, e.payload->>'holder'), count(*)
+              FROM backplane_event e JOIN backplane_task t ON t.id = e.task_id
+             WHERE e.recorded_at >= %s AND e.type IN ('TaskFailed', 'TaskStalled')
+             GROUP BY 1, 2
+            """,
+            [now - timedelta(hours=24)],
+        )
+        failures = {(ns, name): n for ns, name, n in cursor.fetchall()}
+    transitions = (
+        BreakerTransition.objects.annotate(
+            rank=Window(RowNumber(), partition_by=[F("agent_id")], order_by=[F("at").desc(), F("pk").desc()])
+        )
+        .filter(agent_id__in=[a.pk for a in agents])
+    )
+    history: dict[int, list[BreakerTransition]] = {}
+    for transition in transitions.filter(rank__lte=HISTORY_PER_AGENT).order_by("agent_id", "-at", "-pk"):
+        history.setdefault(transition.agent_id, []).append(transition)
+    return [
+        AgentRow(
+            agent=agent,
+            active_leases=leases.get((agent.namespace, agent.name), 0),
+            failures_24h=failures.get((agent.namespace, agent.name), 0),
+            history=history.get(agent.pk, []),
+        )
+        for agent in agents
+    ]
+
+
+@dataclass(frozen=True)
+class ToolRow:
+    tool: Tool
+    calls_last_hour: int
+    failed_last_hour: int
+    p50_ms: float | None
+    p95_ms: float | None
+    in_flight: int
+
+
+def tools_overview(*, now: datetime | None = None) -> list[ToolRow]:
+    """Every registered tool with its calls answered in the last hour (latency from dispatch to
+    answer, p50 and p95) and calls still in flight: two queries."""
+    now = now or timezone.now()
+    tools = list(Tool.objects.order_by("name"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT tool,
+                   count(*) FILTER (WHERE completed_at >= %(hour_ago)s),
+                   count(*) FILTER (WHERE completed_at >= %(hour_ago)s AND status = 'failed'),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - dispatched_at))
+                       FILTER (WHERE completed_at >= %(hour_ago)s),
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - dispatched_at))
+                       FILTER (WHERE completed_at >= %(hour_ago)s),
+                   count(*) FILTER (WHERE status = 'dispatched')
+              FROM recovery_toolcall
+             WHERE tool = ANY(%(tools)s) AND (completed_at >= %(hour_ago)s OR status = 'dispatched')
+             GROUP BY tool
+            """,
+            {"hour_ago": now - timedelta(hours=1), "tools": [t.name for t in tools]},
+        )
+        stats = {row[0]: row[1:] for row in cursor.fetchall()}
+    rows = []
+    for tool in tools:
+        calls, failed, p50, p95, flying = stats.get(tool.name, (0, 0, None, None, 0))
+        rows.append(ToolRow(tool=tool, calls_last_hour=calls, failed_last_hour=failed,
+                            p50_ms=None if p50 is None else p50 * 1000, p95_ms=None if p95 is None else p95 * 1000,
+                            in_flight=flying))
+    return rows

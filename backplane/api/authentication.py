@@ -7,14 +7,17 @@ every query (``None`` for staff, who operate across namespaces).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from backplane.eventlog.models import Agent, hash_token
+from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token
 from backplane.lib.sql_rows import RowLoader
 
 REVIEW_PERMISSION = "backplane.review_deadletter"
@@ -53,6 +56,22 @@ class Principal:
         )
 
 
+def _note_seen(agent: Agent) -> None:
+    """Move ``last_seen_at`` when it is older than its resolution: one small UPDATE per agent
+    every 30 s at most, whatever the request rate (the condition keeps concurrent requests from
+    all writing it)."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=LAST_SEEN_RESOLUTION_SECONDS)
+    if agent.last_seen_at is not None and agent.last_seen_at > stale:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE backplane_agent SET last_seen_at = %s"
+            " WHERE id = %s AND (last_seen_at IS NULL OR last_seen_at < %s)",
+            [now, agent.pk, stale],
+        )
+
+
 class AgentTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <token>``; the token's SHA-256 is looked up, never the token."""
 
@@ -73,6 +92,7 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
         # The lookup is by hash; the comparison below is constant-time all the same.
         if agent is None or not agent.token_matches(token):
             raise exceptions.AuthenticationFailed("invalid or inactive token")
+        _note_seen(agent)
         return Principal(name=agent.name, namespace=agent.namespace, agent=agent), token
 
     def authenticate_header(self, request: Request) -> str:

@@ -24,6 +24,9 @@ NAME_VALIDATOR = RegexValidator(
 )
 
 
+LAST_SEEN_RESOLUTION_SECONDS = 30
+
+
 def hash_token(token: str) -> str:
     """Agent tokens are 256-bit random strings, so a plain SHA-256 is a sufficient at-rest hash."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -45,6 +48,9 @@ class Agent(models.Model):
     )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When its token last authenticated, to within ``LAST_SEEN_RESOLUTION`` (the dashboard's
+    # "last seen"; written at most that often, so a busy agent does not write on every request).
+    last_seen_at = models.DateTimeField(null=True, blank=True)
     # Circuit breaker (recovery/breakers.py): consecutive failures open it, claims are refused
     # while open, a cool-down half-opens it for one trial claim, a success closes it. While
     # half-open, breaker_opened_at holds when the trial started (so a lost trial can be given up).
