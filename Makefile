@@ -6,12 +6,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench fuzz lint clean-db
+.PHONY: run test venv browser screenshots bench fuzz lint clean-db
 
 run: $(STAMP)
 	$(PY) -m backplane.runtime.launcher
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest
 
 venv: $(STAMP)
@@ -22,6 +22,33 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
+
+# The browser tests (tests/browser) drive Debian's chromium through Playwright's Python package;
+# Playwright's own browser download (`playwright install`) is never used. BACKPLANE_CHROMIUM
+# names another binary instead. Without one, chromium comes from apt (as root, else with sudo).
+browser:
+	@if [ -n "$$BACKPLANE_CHROMIUM" ]; then \
+		test -x "$$BACKPLANE_CHROMIUM" || { echo "BACKPLANE_CHROMIUM=$$BACKPLANE_CHROMIUM is not an executable" >&2; exit 1; }; \
+	elif ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; \
+		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+		else echo "chromium is missing, and installing it needs root or sudo" >&2; exit 1; fi; \
+		echo "installing Debian's chromium for the browser tests"; \
+		$$sudo apt-get update && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium || \
+			{ echo "could not install chromium with apt-get" >&2; exit 1; }; \
+		command -v chromium >/dev/null 2>&1 || { echo "chromium is still missing after apt-get install" >&2; exit 1; }; \
+	fi
+
+# The README's images: the browser tests that fill and visit the overview and a task's page save
+# full-page PNGs under var/screenshots/; those two are copied into docs/screenshots/ (committed).
+screenshots: $(STAMP) browser
+	$(PY) -m pytest -p no:cacheprovider \
+		tests/browser/test_overview.py::test_its_numbers_match_the_database \
+		tests/browser/test_task_detail.py::test_it_shows_the_task_its_timeline_and_its_events
+	mkdir -p docs/screenshots
+	cp var/screenshots/overview.png docs/screenshots/overview.png
+	cp var/screenshots/task-detail.png docs/screenshots/task-detail.png
 
 # Schemathesis against the API with fresh randomness and more examples than the suite's run.
 fuzz: $(STAMP)

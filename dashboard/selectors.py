@@ -365,7 +365,10 @@ class ChainState:
     problem: str | None
 
     def mark(self, seq: int) -> str:
-        if self.broken_seq is not None and seq >= self.broken_seq:
+        if self.broken_seq is not None:
+            # The run that found the break checked every event before it.
+            if seq < self.broken_seq:
+                return "verified"
             return "broken" if seq == self.broken_seq else "unverified"
         return "verified" if seq <= self.verified_seq else "unverified"
 

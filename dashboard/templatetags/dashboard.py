@@ -9,7 +9,7 @@ from typing import Any
 
 from django import template
 from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from backplane.eventlog.chain import format_timestamp
 
@@ -24,9 +24,17 @@ def short_id(value: Any, length: int = 8) -> SafeString:
     full = str(value)
     return format_html(
         '<span class="id" title="{}"><code>{}</code><button type="button" class="copy" data-copy="{}" '
-        'aria-label="copy {}">⧉</button></span>',
-        full, full[:length] + ("…" if len(full) > length else ""), full, full,
+        'aria-label="copy {}" title="copy">{}</button></span>',
+        full, full[:length] + ("…" if len(full) > length else ""), full, full, COPY_ICON,
     )
+
+
+# Drawn, not a character: the fonts of a bare Debian chromium have no glyph for ⧉.
+COPY_ICON = mark_safe(
+    '<svg viewBox="0 0 16 16" aria-hidden="true"><rect x="5" y="5" width="9" height="9" rx="1.5" fill="none" '
+    'stroke="currentColor" stroke-width="1.5"/><path d="M3 11V3.5A1.5 1.5 0 0 1 4.5 2H11" fill="none" '
+    'stroke="currentColor" stroke-width="1.5"/></svg>'
+)
 
 
 @register.simple_tag
@@ -62,7 +70,7 @@ def short_hash(value: str | None, length: int = 12) -> str:
 
 
 CHAIN_MARKS = {
-    "verified": ("✓", "verified up to and including this event"),
+    "verified": ("✓", "verified: the chain holds up to and including this event"),
     "unverified": ("○", "not verified yet"),
     "broken": ("✕", "the chain is broken here"),
 }

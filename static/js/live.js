@@ -62,8 +62,8 @@
     const text = button.dataset.copy;
     const done = () => {
       button.classList.add("copied");
-      button.textContent = "✓";
-      setTimeout(() => { button.classList.remove("copied"); button.textContent = "⧉"; }, 1200);
+      button.title = "copied";
+      setTimeout(() => { button.classList.remove("copied"); button.title = "copy"; }, 1200);
     };
     if (navigator.clipboard && window.isSecureContext) {
       navigator.clipboard.writeText(text).then(done, () => fallbackCopy(text, done));

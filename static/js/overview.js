@@ -23,9 +23,9 @@
       bargap: 0.1,
       legend: { orientation: "h", y: 1.1 },
       xaxis: { type: "date", title: { text: `per ${chart.step_minutes} min, your time` } },
-      yaxis: { title: { text: "events" }, rangemode: "tozero" },
+      yaxis: { title: { text: "events" }, rangemode: "tozero", tickformat: "d" },
       yaxis2: { title: { text: "completions · stalls · recoveries" }, overlaying: "y", side: "right",
-                rangemode: "tozero", showgrid: false },
+                rangemode: "tozero", showgrid: false, tickformat: "d" },
     }, { displaylogo: false, responsive: true });
   }
 

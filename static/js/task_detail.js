@@ -66,7 +66,8 @@
     tbody.querySelectorAll("tr[data-seq]").forEach((tr) => {
       const seq = Number(tr.dataset.seq);
       let state = seq <= verifiedSeq ? "verified" : "unverified";
-      if (brokenSeq && seq >= brokenSeq) state = seq === brokenSeq ? "broken" : "unverified";
+      // The run that found a break checked every event before it.
+      if (brokenSeq) state = seq < brokenSeq ? "verified" : seq === brokenSeq ? "broken" : "unverified";
       const mark = tr.querySelector(".chain-mark");
       mark.dataset.chain = state;
       mark.textContent = MARKS[state][0];
@@ -97,6 +98,7 @@
       }
       lastSeq = Math.max(lastSeq, Number(data.last_seq || 0));
       markRows(data.chain.verified_seq, data.chain.broken_seq);
+      refreshRecovery();
       if (!isLatest || lastSeq >= data.task_last_seq) break;
     }
   });
@@ -135,6 +137,12 @@
   }
   if (recovery.open) loadRecovery();
   recovery.addEventListener("toggle", () => { if (recovery.open) loadRecovery(); });
+  /* After live appends the context moves on too: reload it (at most every 2 s) while it is open. */
+  let recoveryTimer = null;
+  function refreshRecovery() {
+    if (!recovery.open || recoveryTimer) return;
+    recoveryTimer = setTimeout(() => { recoveryTimer = null; loadRecovery(); }, 2000);
+  }
 
   if (window.location.hash) document.querySelector(window.location.hash)?.classList.add("targeted");
 })();

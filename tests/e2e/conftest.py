@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -25,105 +23,25 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import httpx
 import pytest
-from django.db import connection
+
+from tests.support.live_server import WebProcess as BackplaneServer
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "agent_worker.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def database_url_of_test_db() -> str:
-    """``DATABASE_URL`` for pytest-django's test database, in the form ``backplane.runtime.env`` reads:
-    ``postgresql://USER:@/NAME?host=/socket/dir`` for a unix socket, else host and port."""
-    db = connection.settings_dict
-    user = quote(str(db.get("USER") or ""), safe="")
-    password = quote(str(db.get("PASSWORD") or ""), safe="")
-    name = quote(str(db["NAME"]), safe="")
-    host = str(db.get("HOST") or "")
-    port = str(db.get("PORT") or "")
-    if not host or host.startswith("/"):
-        url = f"postgresql://{user}:{password}@" + (f":{port}" if port else "") + f"/{name}"
-        if host:
-            url += f"?host={quote(host, safe='/')}"
-    else:
-        url = f"postgresql://{user}:{password}@{host}" + (f":{port}" if port else "") + f"/{name}"
-    sslmode = (db.get("OPTIONS") or {}).get("sslmode")
-    if sslmode:
-        url += ("&" if "?" in url else "?") + f"sslmode={sslmode}"
-    return url
-
-
-# --- the product's web server --------------------------------------------------------------
-
-
-@dataclass
-class BackplaneServer:
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_size(self) -> int:
-        return self.log_path.stat().st_size
-
-    def log(self, since: int = 0) -> str:
-        """The server's output (uvicorn and Django's log) from byte ``since`` on."""
-        with self.log_path.open("rb") as log:
-            log.seek(since)
-            return log.read().decode(errors="replace")
+# --- the product's web server (tests/support/live_server.py, shared with tests/browser) ----------
 
 
 @pytest.fixture(scope="module")
 def backplane_server(django_db_setup: None) -> Iterator[BackplaneServer]:
-    port = free_port()
-    log_path = Path(tempfile.mkstemp(prefix="bp-e2e-server-", suffix=".log")[1])
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=database_url_of_test_db(),
-        BACKPLANE_ENV="test",
-        BACKPLANE_DB_POOL="0",
-        BACKPLANE_VAR_DIR=os.environ["BACKPLANE_VAR_DIR"],
-        LOG_LEVEL="WARNING",
-    )
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "backplane.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--no-access-log", "--lifespan", "off"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-    server = BackplaneServer(process=process, port=port, log_path=log_path)
+    server = BackplaneServer(name="e2e-server")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, "the server exited early:\n" + server.log()[-6000:]
-            try:
-                if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server never became ready:\n" + server.log()[-6000:]
-            time.sleep(0.1)
-        yield server
+        yield server.start()
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-        log_path.unlink(missing_ok=True)
+        server.close()
 
 
 # --- the external tool ----------------------------------------------------------------------
