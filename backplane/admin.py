@@ -6,17 +6,20 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.helpers import ActionForm
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
-from backplane.delivery.models import DeadLetter, OutboxMessage, WebhookSubscription
+from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
 from backplane.eventlog import services
 from backplane.eventlog.errors import AlreadyDecided
 from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
-from recovery import breakers
+from recovery import breakers, dead_letters
 
 
 @admin.register(Agent)
@@ -106,12 +109,82 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    """Decisions go through the dashboard or the API, which record them; this is for looking."""
+    """Reviewers decide here too: "requeue selected" and "discard selected" ask for a reason on a
+    page of their own, then go through the same service as the dashboard and the API
+    (``dead_letters_decide_many``), which records each decision and decides each dead letter once;
+    the outcome is reported per item. The rows themselves stay read-only."""
 
     list_display = ("id", "source", "reference", "topic", "status", "attempts", "created_at", "decided_by")
     list_filter = ("status", "source")
     search_fields = ("reference", "topic", "=task__id")
     ordering = ("-id",)
+    actions = ("requeue_selected", "discard_selected")
+    # Per-item messages after a decision on many; the rest are summed up in one more.
+    REPORTED_ITEMS = 20
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Reviewers (the Reviewers group holds only review_deadletter) may open the list they decide from.
+        return super().has_view_permission(request, obj) or self.has_review_permission(request)
+
+    def has_review_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("backplane.review_deadletter")
+
+    @admin.action(description="Requeue the selected dead letters (asks for a reason)", permissions=["review"])
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._decide(request, queryset, "requeue")
+
+    @admin.action(description="Discard the selected dead letters (asks for a reason)", permissions=["review"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._decide(request, queryset, "discard")
+
+    def _decide(self, request: HttpRequest, queryset: QuerySet[DeadLetter], action: str) -> HttpResponse | None:
+        """First the page asking why (and showing what is selected), then the decisions."""
+        if not self.has_review_permission(request):  # the admin offers the action only to reviewers; check anyway
+            raise PermissionDenied
+        most = dead_letters.BULK_MAX_ITEMS
+        ids = list(queryset.order_by("created_at", "id").values_list("pk", flat=True)[: most + 1])
+        if len(ids) > most:
+            messages.error(request, f"At most {most} dead letters at once; nothing was decided. "
+                                    "Narrow the list with the filters.")
+            return None
+        reason = request.POST.get("reason", "").strip()
+        if request.POST.get("confirm") != "yes" or not reason:
+            shown = list(queryset.order_by("created_at", "id")[:50])
+            pending = queryset.filter(status=DeadLetterStatus.PENDING).count()
+            return TemplateResponse(request, "dashboard/dead_letters/admin_confirm.html", {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": f"{action.capitalize()} {len(ids)} dead letter{'s' if len(ids) != 1 else ''}?",
+                "action": action,
+                "action_name": f"{action}_selected",
+                "ids": ids,
+                "shown": shown,
+                "pending": pending,
+                "decided": len(ids) - pending,
+                "select_across": request.POST.get("select_across") == "1",
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "missing_reason": request.POST.get("confirm") == "yes" and not reason,
+            })
+        results = dead_letters.dead_letters_decide_many(
+            ids=ids, action=action, decided_by=f"user:{request.user.get_username()}", reason=reason
+        )
+        self._report(request, action, results)
+        return None
+
+    def _report(self, request: HttpRequest, action: str, results: list[dead_letters.BulkItemResult]) -> None:
+        done = [r.dead_letter_id for r in results if r.outcome == "done"]
+        verb = "Requeued" if action == "requeue" else "Discarded"
+        listed = ", ".join(f"#{pk}" for pk in done[: self.REPORTED_ITEMS])
+        more = f" and {len(done) - self.REPORTED_ITEMS} more" if len(done) > self.REPORTED_ITEMS else ""
+        summary = f"{verb} {len(done)} of {len(results)} dead letter(s)"
+        messages.success(request, f"{summary}: {listed}{more}." if done else f"{summary}.")
+        others = [r for r in results if r.outcome != "done"]
+        for result in others[: self.REPORTED_ITEMS]:
+            level = messages.WARNING if result.outcome == "skipped" else messages.ERROR
+            messages.add_message(request, level, f"#{result.dead_letter_id} {result.outcome}: {result.detail}")
+        if len(others) > self.REPORTED_ITEMS:
+            messages.warning(request, f"… and {len(others) - self.REPORTED_ITEMS} more skipped or failed "
+                                      "(see their status in the list).")
 
 
 @admin.register(BreakerTransition)

@@ -76,10 +76,10 @@ class DeadLetterFilterForm(forms.Form):
 REASON_HELP = "Why: it is recorded with your name on the dead letter and in the task's log."
 
 
-def reason_field() -> forms.CharField:
+def reason_field(example: str = "e.g. broker is back; downstream fixed") -> forms.CharField:
     return forms.CharField(max_length=2000, strip=True, help_text=REASON_HELP,
                            error_messages={"required": "Write a reason: it is recorded with the decision."},
-                           widget=forms.TextInput(attrs={"placeholder": "e.g. broker is back; downstream fixed"}))
+                           widget=forms.TextInput(attrs={"placeholder": example}))
 
 
 class RequeueForm(forms.Form):
@@ -95,7 +95,7 @@ class EditRequeueForm(forms.Form):
 
     payload = forms.CharField(strip=False, widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false"}),
                               error_messages={"required": "The edited payload is empty."})
-    reason = reason_field()
+    reason = reason_field("e.g. fixed the malformed field the consumer rejected")
 
     def clean_payload(self) -> dict[str, Any]:
         text = self.cleaned_data["payload"]
@@ -114,7 +114,7 @@ class EditRequeueForm(forms.Form):
 
 
 class DiscardForm(forms.Form):
-    reason = reason_field()
+    reason = reason_field("e.g. duplicate; the lead was withdrawn")
     compensate = forms.BooleanField(required=False, label="Compensate: fail the task for good and undo the side "
                                                           "effects its succeeded tool calls declared")
 

@@ -194,10 +194,10 @@ def dead_letter_queue_page(filters: DeadLetterFilters, *, cursor: str | None = N
 
 
 def dead_letter_for_review(dead_letter_id: int) -> DeadLetter | None:
-    """One dead letter with its task and its outbox message (one query)."""
+    """One dead letter with its task, its outbox message and that message's webhook (one query)."""
     return (
-        DeadLetter.objects.select_related("task", "outbox_message")
-        .defer("task__output", "outbox_message__headers")
+        DeadLetter.objects.select_related("task", "outbox_message__subscription")
+        .defer("task__output", "outbox_message__headers", "outbox_message__subscription__secret")
         .filter(pk=dead_letter_id)
         .first()
     )

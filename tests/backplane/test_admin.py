@@ -73,3 +73,106 @@ def test_tasks_are_read_only_too(staff_client: Client, make_task) -> None:  # ty
     task = make_task()
     assert staff_client.get("/admin/backplane/task/").status_code == 200
     assert staff_client.post(f"/admin/backplane/task/{task.pk}/delete/", {"post": "yes"}).status_code == 403
+
+
+# --- dead letters: "requeue selected" and "discard selected" -----------------------------------------
+
+
+def _reviewer_client(name: str, *, review: bool = True) -> Client:
+    from django.contrib.auth.models import Group, Permission
+
+    user = User.objects.create_user(name, password="pw-for-tests-only", is_staff=True)
+    if review:
+        # The group migration 0012 makes (an earlier transactional test's flush removes it).
+        group, _ = Group.objects.get_or_create(name="Reviewers")
+        group.permissions.add(Permission.objects.get(codename="review_deadletter"))
+        user.groups.add(group)
+    else:
+        user.user_permissions.add(Permission.objects.get(codename="view_deadletter"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _dead_lettered(count: int) -> list:  # type: ignore[type-arg]
+    from tests.dashboard.test_dead_letters import dead_lettered_tasks
+
+    return dead_lettered_tasks(count)
+
+
+def test_a_reviewer_requeues_selected_dead_letters_after_giving_a_reason(db) -> None:  # type: ignore[no-untyped-def]
+    from backplane.delivery.models import DeadLetter
+
+    client = _reviewer_client("rita")
+    items = _dead_lettered(3)
+    listing = client.get("/admin/backplane/deadletter/")
+    assert listing.status_code == 200 and b"requeue_selected" in listing.content
+    selected = {"action": "requeue_selected", "_selected_action": [items[0].pk, items[1].pk]}
+    asked = client.post("/admin/backplane/deadletter/", selected)
+    assert asked.status_code == 200 and b'name="reason"' in asked.content and b"2 selected" in asked.content
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"pending"}  # nothing yet
+    no_reason = client.post("/admin/backplane/deadletter/", {**selected, "confirm": "yes", "reason": " "})
+    assert no_reason.status_code == 200 and b"Write a reason" in no_reason.content
+    done = client.post("/admin/backplane/deadletter/", {**selected, "confirm": "yes", "reason": "pool is back"},
+                       follow=True)
+    shown = [str(m) for m in done.context["messages"]]
+    assert any(f"Requeued 2 of 2 dead letter(s): #{items[0].pk}, #{items[1].pk}." == m for m in shown), shown
+    assert list(DeadLetter.objects.order_by("id").values_list("status", "decided_by", "reason")) == [
+        ("requeued", "user:rita", "pool is back"), ("requeued", "user:rita", "pool is back"), ("pending", None, "")]
+    assert Event.objects.filter(type="DeadLetterRequeued").count() == 2
+    assert Task.objects.filter(pk__in=[items[0].task_id, items[1].task_id], status="pending").count() == 2
+
+
+def test_a_discard_in_the_admin_reports_what_someone_else_decided_meanwhile(db) -> None:  # type: ignore[no-untyped-def]
+    from backplane.delivery.models import DeadLetter
+    from recovery import dead_letters
+
+    client = _reviewer_client("rita")
+    first, second = _dead_lettered(2)
+    dead_letters.dead_letter_requeue(dead_letter_id=second.pk, decided_by="user:sam", reason="mine")
+    done = client.post("/admin/backplane/deadletter/", {
+        "action": "discard_selected", "_selected_action": [first.pk, second.pk], "confirm": "yes", "reason": "stale",
+    }, follow=True)
+    shown = [str(m) for m in done.context["messages"]]
+    assert f"Discarded 1 of 2 dead letter(s): #{first.pk}." in shown
+    assert f"#{second.pk} skipped: already requeued by user:sam" in shown
+    assert DeadLetter.objects.get(pk=second.pk).decided_by == "user:sam"
+    assert Event.objects.filter(task_id=second.task_id, type__startswith="DeadLetter").count() == 1
+
+
+def test_the_admin_actions_need_the_review_permission(db) -> None:  # type: ignore[no-untyped-def]
+    from backplane.delivery.models import DeadLetter
+
+    (item,) = _dead_lettered(1)
+    viewer = _reviewer_client("vera", review=False)  # may look at the list, may not decide
+    listing = viewer.get("/admin/backplane/deadletter/")
+    assert listing.status_code == 200 and b"requeue_selected" not in listing.content
+    for action in ("requeue_selected", "discard_selected"):
+        forged = viewer.post("/admin/backplane/deadletter/", {
+            "action": action, "_selected_action": [item.pk], "confirm": "yes", "reason": "forged"}, follow=True)
+        # The action is not offered to this user: the list comes back, nothing decided.
+        assert forged.status_code == 200 and not [str(m) for m in forged.context["messages"]]
+    plain = Client()
+    plain.force_login(User.objects.create_user("pat", password="pw-for-tests-only", is_staff=True))
+    assert plain.get("/admin/backplane/deadletter/").status_code == 403
+    assert plain.post("/admin/backplane/deadletter/", {"action": "requeue_selected", "_selected_action": [item.pk],
+                                                       "confirm": "yes", "reason": "forged"}).status_code == 403
+    assert DeadLetter.objects.get(pk=item.pk).status == "pending"
+    assert not Event.objects.filter(type__startswith="DeadLetter").exists()
+
+
+def test_all_dead_letters_the_admin_list_shows_can_be_decided_at_once(db) -> None:  # type: ignore[no-untyped-def]
+    from backplane.delivery.models import DeadLetter
+    from recovery import dead_letters
+
+    client = _reviewer_client("rita")
+    items = _dead_lettered(3)
+    dead_letters.dead_letter_requeue(dead_letter_id=items[0].pk, decided_by="user:sam", reason="mine")
+    url = "/admin/backplane/deadletter/?status__exact=pending"
+    across = {"action": "discard_selected", "select_across": "1", "_selected_action": [items[1].pk]}
+    asked = client.post(url, across)
+    assert asked.status_code == 200 and b"2 selected" in asked.content
+    done = client.post(url, {**across, "confirm": "yes", "reason": "all stale"}, follow=True)
+    assert f"Discarded 2 of 2 dead letter(s): #{items[1].pk}, #{items[2].pk}." in [
+        str(m) for m in done.context["messages"]]
+    assert DeadLetter.objects.get(pk=items[0].pk).status == "requeued"

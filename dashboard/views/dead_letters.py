@@ -1,0 +1,371 @@
+"""Dead-letter review: the queue, one dead letter, and decisions on one or many.
+
+Every logged-in staff user may look. Only reviewers (the ``backplane.review_deadletter``
+permission, held by the "Reviewers" group, or a superuser) see the decision controls, and
+every view that decides checks it again, whatever the page showed: anyone else gets 403 and
+nothing changes. Decisions go through ``recovery.dead_letters`` (the API and the admin use the
+same services), which record who, when and why, write the decision into the task's log, and
+decide each dead letter once: a decision that lost a race is told who won.
+
+Many at once is two steps: a dry run (how many, a sample and what will happen to each, signed
+so the confirmation decides exactly what was shown) and the confirmation, reported per item.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import path
+from django.views.decorators.http import require_GET, require_POST
+
+from backplane.delivery import selectors as delivery
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
+from backplane.eventlog import event_types as et
+from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
+from backplane.eventlog.models import TaskStatus
+from dashboard.access import may_view_dashboard
+from dashboard.dead_letter_forms import (
+    BulkConfirmForm,
+    BulkForm,
+    DeadLetterFilterForm,
+    DiscardForm,
+    EditRequeueForm,
+    RequeueForm,
+    bulk_token,
+)
+from dashboard.selectors import EVENT_PAGE_SIZE
+from dashboard.templatetags.dashboard import pretty_json
+from dashboard.views.common import View, staff_only
+from recovery import dead_letters
+
+REVIEW_PERMISSION = "backplane.review_deadletter"
+PAGE_SIZE = 50
+NAV = "dead-letters"
+
+# How a task's attempts ended and what was decided before, from its log (the detail page).
+TASK_LOG_TYPES = (et.TASK_CLAIMED, et.TASK_STALLED, et.TASK_FAILED, et.TASK_DEAD_LETTERED, et.DEAD_LETTER_REQUEUED,
+                  et.DEAD_LETTER_DISCARDED)
+
+
+# --- who may decide ------------------------------------------------------------------------------
+
+
+def may_review(user: Any) -> bool:
+    return may_view_dashboard(user) and bool(user.has_perm(REVIEW_PERMISSION))
+
+
+def wants_json(request: HttpRequest) -> bool:
+    return "application/json" in request.headers.get("Accept", "") or request.content_type == "application/json"
+
+
+def json_error(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JsonResponse:
+    """The API's error shape, for the pages' scripts."""
+    return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
+
+
+def reviewers_only(view: View) -> View:
+    """Staff first (``staff_only``), then the review permission; checked on every decision."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not may_review(request.user):
+            message = "Deciding dead letters needs the review_deadletter permission (the Reviewers group)."
+            if wants_json(request):
+                return json_error(403, "permission_denied", message)
+            return render(request, "dashboard/dead_letters/forbidden.html", {"nav": NAV, "message": message},
+                          status=403)
+        return view(request, *args, **kwargs)
+
+    return staff_only(wrapped)
+
+
+def decided_by(request: HttpRequest) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+# --- the queue -----------------------------------------------------------------------------------
+
+
+@require_GET
+@staff_only
+def queue(request: HttpRequest) -> HttpResponse:
+    """Pending first, oldest first; filters; keyset pages; the first page follows new ones live
+    (``?partial=rows`` is its script's read, rendered by the same row template)."""
+    form = DeadLetterFilterForm(request.GET)
+    page = None
+    error = None
+    if form.is_valid():
+        filters = form.filters()
+        try:
+            page = delivery.dead_letter_queue_page(filters, cursor=request.GET.get("cursor") or None, limit=PAGE_SIZE)
+        except delivery.BadDeadLetterCursor:
+            error = "That page link is not valid any more; showing the first page."
+            page = delivery.dead_letter_queue_page(filters, limit=PAGE_SIZE)
+    query = request.GET.copy()
+    query.pop("cursor", None)
+    query.pop("partial", None)
+    context = {"form": form, "page": page, "error": error, "query": query.urlencode(), "nav": NAV,
+               "reviewer": may_review(request.user), "bulk_max": delivery.BULK_MAX}
+    if request.GET.get("partial") == "rows":
+        return JsonResponse(
+            {
+                "rows": render_to_string("dashboard/dead_letters/_rows.html", context, request=request),
+                "next_cursor": page.next_cursor if page else None,
+            },
+            status=200 if form.is_valid() else 400,
+        )
+    return render(request, "dashboard/dead_letters/queue.html", context, status=200 if form.is_valid() else 400)
+
+
+# --- one dead letter -----------------------------------------------------------------------------
+
+
+def _dead_letter(dead_letter_id: int) -> DeadLetter:
+    item = delivery.dead_letter_for_review(dead_letter_id)
+    if item is None:
+        raise Http404("no such dead letter")
+    return item
+
+
+def _task_log(item: DeadLetter) -> list[dict[str, Any]]:
+    """The task's log entries with a link to each on the task page (its page of events)."""
+    if item.task is None:
+        return []
+    latest_page_from = item.task.last_seq - EVENT_PAGE_SIZE + 1
+    entries = []
+    for entry in delivery.dead_letter_task_log(item, types=TASK_LOG_TYPES):
+        page = "" if entry.seq >= latest_page_from else f"?before_seq={entry.seq + 1}"
+        entries.append({"entry": entry, "href": f"/tasks/{item.task_id}/{page}#seq-{entry.seq}"})
+    return entries
+
+
+def _requeue_warning(item: DeadLetter) -> str:
+    """Why requeueing this one would be refused, when the page can tell in advance."""
+    if item.source == DeadLetterSource.TASK and item.task is not None and item.task.status != TaskStatus.DEAD_LETTERED:
+        return f"The task is {item.task.status} now, no longer dead-lettered: requeueing it will be refused."
+    if item.source == DeadLetterSource.OUTBOX and item.outbox_message_id is None:
+        return "The outbox message was pruned: requeueing will be refused; discard it."
+    if item.source == DeadLetterSource.TOOL_CALL:
+        return "Tool-call dead letters cannot be requeued; discard it."
+    return ""
+
+
+def _render_detail(request: HttpRequest, item: DeadLetter, *, bound: dict[str, Any] | None = None,
+                   status: int = 200) -> HttpResponse:
+    reviewer = may_review(request.user)
+    pending = item.status == DeadLetterStatus.PENDING
+    editable = dead_letters.may_edit_payload(item)
+    forms = {
+        "requeue_form": RequeueForm(auto_id="requeue_%s"),
+        "edit_form": EditRequeueForm(auto_id="edit_%s", initial={"payload": pretty_json(item.payload)}),
+        "discard_form": DiscardForm(auto_id="discard_%s"),
+        **(bound or {}),
+    }
+    context = {
+        "item": item,
+        "nav": NAV,
+        "reviewer": reviewer,
+        "pending": pending,
+        "editable": editable,
+        "is_task": item.source == DeadLetterSource.TASK,
+        "effect": dead_letters.requeue_effect(item),
+        "warning": _requeue_warning(item) if pending else "",
+        "task_log": _task_log(item),
+        "task_log_max": delivery.TASK_LOG_ENTRIES_SHOWN,
+        "editor_data": {"payload": item.payload, "original": item.original_payload},
+        **forms,
+    }
+    return render(request, "dashboard/dead_letters/detail.html", context, status=status)
+
+
+@require_GET
+@staff_only
+def detail(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
+    return _render_detail(request, _dead_letter(dead_letter_id))
+
+
+def _decided_answer(request: HttpRequest, item: DeadLetter, done: str) -> HttpResponse:
+    if wants_json(request):
+        return JsonResponse({"id": item.pk, "status": item.status, "decided_by": item.decided_by,
+                             "reason": item.reason})
+    messages.success(request, done)
+    return redirect("dashboard:dead-letter", dead_letter_id=item.pk)
+
+
+def _lost_race(request: HttpRequest, dead_letter_id: int, exc: AlreadyDecided) -> HttpResponse:
+    text = (f"Already decided by {exc.details.get('decided_by') or 'someone'} "
+            f"({exc.details.get('status')}); your decision changed nothing.")
+    if wants_json(request):
+        return json_error(409, "already_decided", text, exc.details)
+    messages.error(request, text)
+    return redirect("dashboard:dead-letter", dead_letter_id=dead_letter_id)
+
+
+def _refused(request: HttpRequest, item: DeadLetter, form: Any, name: str, exc: InvalidInput,
+             field: str | None = None) -> HttpResponse:
+    if wants_json(request):
+        return json_error(400, "validation_error", exc.message, exc.details)
+    form.add_error(field, f"Refused, nothing changed: {exc.message}.")
+    return _render_detail(request, item, bound={name: form}, status=400)
+
+
+def _invalid(request: HttpRequest, item: DeadLetter, form: Any, name: str) -> HttpResponse:
+    if wants_json(request):
+        return json_error(400, "validation_error", "the decision is not valid",
+                          {field: [str(e) for e in errors] for field, errors in form.errors.items()})
+    return _render_detail(request, item, bound={name: form}, status=400)
+
+
+@require_POST
+@reviewers_only
+def requeue(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
+    """Requeue as is, or (with ``payload``) edit and requeue; the original payload stays on record."""
+    item = _dead_letter(dead_letter_id)
+    edited = "payload" in request.POST
+    if edited and not dead_letters.may_edit_payload(item):
+        # Only a message's payload can be edited; the page offers no editor for the others.
+        form = RequeueForm({"reason": request.POST.get("reason", "")}, auto_id="requeue_%s")
+        form.is_valid()
+        return _refused(request, item, form, "requeue_form", InvalidInput(
+            f"a {'task' if item.source == DeadLetterSource.TASK else item.source} is requeued as it is; "
+            "its payload cannot be edited"))
+    name = "edit_form" if edited else "requeue_form"
+    form: RequeueForm | EditRequeueForm = (
+        EditRequeueForm(request.POST, auto_id="edit_%s") if edited else RequeueForm(request.POST, auto_id="requeue_%s")
+    )
+    if not form.is_valid():
+        return _invalid(request, item, form, name)
+    try:
+        decided = dead_letters.dead_letter_requeue(
+            dead_letter_id=item.pk, decided_by=decided_by(request), reason=form.cleaned_data["reason"],
+            payload=form.cleaned_data.get("payload"),
+        )
+    except AlreadyDecided as exc:
+        return _lost_race(request, item.pk, exc)
+    except NotFound:
+        return redirect("dashboard:dead-letters")
+    except InvalidInput as exc:
+        return _refused(request, item, form, name, exc, "payload" if edited and "payload" in exc.details else None)
+    what = "with the edited payload (the original stays on record)" if edited else "as it was"
+    return _decided_answer(request, decided, f"Dead letter #{decided.pk} requeued {what}. "
+                                             f"{dead_letters.requeue_effect(decided)}")
+
+
+@require_POST
+@reviewers_only
+def discard(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
+    item = _dead_letter(dead_letter_id)
+    form = DiscardForm(request.POST, auto_id="discard_%s")
+    if not form.is_valid():
+        return _invalid(request, item, form, "discard_form")
+    compensate = bool(form.cleaned_data.get("compensate"))
+    try:
+        decided = dead_letters.dead_letter_discard(
+            dead_letter_id=item.pk, decided_by=decided_by(request), reason=form.cleaned_data["reason"],
+            compensate=compensate,
+        )
+    except AlreadyDecided as exc:
+        return _lost_race(request, item.pk, exc)
+    except NotFound:
+        return redirect("dashboard:dead-letters")
+    except InvalidInput as exc:
+        return _refused(request, item, form, "discard_form", exc, "compensate" if "compensate" in exc.details else None)
+    saga = " The task failed for good and its compensations were started." if compensate else ""
+    return _decided_answer(request, decided, f"Dead letter #{decided.pk} discarded.{saga}")
+
+
+# --- many at once --------------------------------------------------------------------------------
+
+DISCARD_EFFECT = "Discarded with your reason on record; nothing is retried."
+SKIPPED = "skipped: already {status} by {who}"
+
+
+def _effect(item: DeadLetter, action: str) -> tuple[str, str]:
+    """What the decision will do to one dead letter: (outcome, words)."""
+    if item.status != DeadLetterStatus.PENDING:
+        return "skipped", SKIPPED.format(status=item.status, who=item.decided_by or "someone")
+    if action == "discard":
+        stays = " The task stays dead-lettered (no compensation)." if item.source == DeadLetterSource.TASK else ""
+        return "done", DISCARD_EFFECT + stays
+    if item.source == DeadLetterSource.TASK and item.task_status != TaskStatus.DEAD_LETTERED:
+        return "failed", f"fails: the task is {item.task_status} now, no longer dead-lettered"
+    if item.source == DeadLetterSource.TOOL_CALL:
+        return "failed", "fails: tool-call dead letters cannot be requeued"
+    if item.source == DeadLetterSource.OUTBOX and item.outbox_message_id is None:
+        return "failed", "fails: the outbox message was pruned"
+    return "done", dead_letters.requeue_effect(item)
+
+
+def _bulk_page(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    return render(request, "dashboard/dead_letters/bulk.html", {"nav": NAV, **context}, status=status)
+
+
+@require_POST
+@reviewers_only
+def bulk_preview(request: HttpRequest) -> HttpResponse:
+    """The dry run: nothing is decided here. Shows how many, a sample and what will happen to
+    each, and carries a signed confirmation of exactly these ids, this action and reason."""
+    form = BulkForm(request.POST)
+    if not form.is_valid():
+        return _bulk_page(request, {"step": "invalid", "form": form, "query": request.POST.get("query", "")},
+                          status=400)
+    data = form.cleaned_data
+    more = False
+    if data["all_matching"]:
+        filters_form = DeadLetterFilterForm(QueryDict(data["query"]))
+        if not filters_form.is_valid():
+            form.add_error(None, "The queue's filter is not valid; filter again.")
+            return _bulk_page(request, {"step": "invalid", "form": form, "query": data["query"]}, status=400)
+        ids, more = delivery.dead_letter_pending_ids(filters_form.filters())
+    else:
+        ids = data["ids"]
+    preview = delivery.dead_letter_bulk_preview(ids)
+    sample = [{"item": item, "outcome": _effect(item, data["action"])} for item in preview.sample]
+    token = bulk_token(ids=ids, action=data["action"], reason=data["reason"], user_id=request.user.pk)
+    return _bulk_page(request, {
+        "step": "preview", "preview": preview, "sample": sample, "action": data["action"], "reason": data["reason"],
+        "token": token, "more": more, "all_matching": data["all_matching"], "query": data["query"],
+        "bulk_max": delivery.BULK_MAX,
+    })
+
+
+@require_POST
+@reviewers_only
+def bulk_confirm(request: HttpRequest) -> HttpResponse:
+    """Decide what the dry run showed, each dead letter in its own transaction; report each."""
+    form = BulkConfirmForm(request.POST, user_id=request.user.pk)
+    if not form.is_valid():
+        if wants_json(request):
+            return json_error(400, "validation_error", "; ".join(form.errors.get("token", ["not valid"])))
+        return _bulk_page(request, {"step": "invalid", "form": form, "query": request.POST.get("query", "")},
+                          status=400)
+    signed = form.cleaned_data["token"]
+    results = dead_letters.dead_letters_decide_many(ids=signed["ids"], action=signed["action"],
+                                                    decided_by=decided_by(request), reason=signed["reason"])
+    counts = Counter(result.outcome for result in results)
+    if wants_json(request):
+        return JsonResponse({"counts": dict(counts), "results": [
+            {"id": r.dead_letter_id, "outcome": r.outcome, "detail": r.detail} for r in results]})
+    rows = delivery.dead_letters_by_ids([result.dead_letter_id for result in results])
+    return _bulk_page(request, {
+        "step": "result", "action": signed["action"], "reason": signed["reason"],
+        "query": request.POST.get("query", ""),
+        "counts": {"done": counts["done"], "skipped": counts["skipped"], "failed": counts["failed"]},
+        "results": [{"result": result, "item": rows.get(result.dead_letter_id)} for result in results],
+    })
+
+
+urlpatterns = [
+    path("", queue, name="dead-letters"),
+    path("<int:dead_letter_id>/", detail, name="dead-letter"),
+    path("<int:dead_letter_id>/requeue/", requeue, name="dead-letter-requeue"),
+    path("<int:dead_letter_id>/discard/", discard, name="dead-letter-discard"),
+    path("bulk/", bulk_preview, name="dead-letters-bulk"),
+    path("bulk/confirm/", bulk_confirm, name="dead-letters-bulk-confirm"),
+]
