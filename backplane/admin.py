@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.cache import add_never_cache_headers
 
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
 from backplane.eventlog import services
@@ -34,25 +35,44 @@ class AgentAdmin(admin.ModelAdmin):
     actions = ("rotate_tokens", "reset_breakers")
 
     def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
-        token = None
         if not change:
-            # Only the hash is stored; the token itself is shown once, here.
+            # Only the hash is stored; the token goes to the page that answers this request.
             token, obj.token_hash = services.agent_token_issue()
+            request._issued_tokens = [(obj, token)]  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
-        if token:
-            messages.warning(request, f"Token for {obj} (shown once, store it now): {token}")
 
-    @admin.action(description="Close the circuit breaker of the selected agents")
+    def response_add(self, request: HttpRequest, obj: Agent, post_url_continue: str | None = None) -> HttpResponse:
+        issued = getattr(request, "_issued_tokens", None)
+        if issued:
+            return tokens_page(request, self, issued, title="Agent created: its token")
+        return super().response_add(request, obj, post_url_continue)
+
+    @admin.action(description="Close the circuit breaker of the selected agents", permissions=["change"])
     def reset_breakers(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
         for agent in queryset:
-            breakers.breaker_reset(agent_id=agent.pk, decided_by=f"user:{request.user.get_username()}")
+            breakers.breaker_reset(agent_id=agent.pk, decided_by=f"user:{request.user.get_username()}",
+                                   reason="from the admin")
         messages.info(request, f"Breakers closed for {queryset.count()} agent(s).")
 
-    @admin.action(description="Rotate the token of the selected agents (shows the new tokens once)")
-    def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
-        for agent in queryset:
-            rotated = services.agent_rotate_token(agent_id=agent.pk)
-            messages.warning(request, f"New token for {agent} (shown once): {rotated.token}")
+    @admin.action(description="Rotate the token of the selected agents (shows the new tokens once)",
+                  permissions=["change"])
+    def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> HttpResponse:
+        issued = [(agent, services.agent_rotate_token(agent_id=agent.pk).token) for agent in queryset]
+        return tokens_page(request, self, issued, title="New tokens")
+
+
+def tokens_page(request: HttpRequest, model_admin: admin.ModelAdmin, issued: list[tuple[Agent, str]], *,
+                title: str) -> HttpResponse:
+    """New tokens, shown once: in the body of this response only. Never in a message or a
+    cookie (both outlive the page), and the response must not be cached."""
+    response = TemplateResponse(
+        request,
+        "admin/backplane/agent/tokens.html",
+        {**model_admin.admin_site.each_context(request), "title": title, "issued": issued,
+         "opts": model_admin.model._meta},
+    )
+    add_never_cache_headers(response)
+    return response
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
@@ -55,18 +57,50 @@ def test_events_are_searchable_by_task_type_and_idempotency_key(staff_client: Cl
     assert listed == expected and other.pk is not None
 
 
-def test_adding_an_agent_shows_its_token_once_and_stores_the_hash(staff_client: Client) -> None:
+def shown_tokens(response) -> list[str]:  # type: ignore[no-untyped-def]
+    return re.findall(r'<code class="token">([^<]+)</code>', response.content.decode())
+
+
+def test_adding_an_agent_shows_its_token_once_on_its_own_page(staff_client: Client) -> None:
     response = staff_client.post(
         "/admin/backplane/agent/add/",
         {"name": "qualifier-9", "namespace": "acme", "kinds": "lead-qualification", "is_active": "on"},
-        follow=True,
     )
-    assert response.status_code == 200
-    shown = [str(m) for m in response.context["messages"] if "Token for" in str(m)]
-    assert len(shown) == 1
-    token = shown[0].rsplit(" ", 1)[-1]
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
+    [token] = shown_tokens(response)
     agent = Agent.objects.get(name="qualifier-9")
     assert agent.token_matches(token) and agent.kinds == ["lead-qualification"]
+    # Not in a message (stored in a cookie or the session until shown) nor on any later page.
+    assert not list(response.wsgi_request._messages)
+    assert token not in str(response.cookies)
+    assert token not in staff_client.get("/admin/backplane/agent/").content.decode()
+
+
+def test_rotating_tokens_shows_them_once_and_needs_the_change_permission(staff_client: Client) -> None:
+    from django.contrib.auth.models import Permission
+
+    from backplane.eventlog import services
+
+    first = services.agent_create(name="a1", namespace="acme")
+    second = services.agent_create(name="a2", namespace="acme")
+    ids = [first.agent.pk, second.agent.pk]
+    response = staff_client.post("/admin/backplane/agent/",
+                                 {"action": "rotate_tokens", "_selected_action": ids})
+    rows = dict(re.findall(r'<td>([^<]+)</td><td><code class="token">([^<]+)</code>', response.content.decode()))
+    assert len(rows) == 2 and "no-store" in response["Cache-Control"]
+    for agent_id in ids:
+        agent = Agent.objects.get(pk=agent_id)
+        assert agent.token_matches(rows[str(agent)])
+    assert not Agent.objects.get(pk=first.agent.pk).token_matches(first.token)
+
+    viewer = User.objects.create_user("vera", password="pw-for-tests-only", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_agent"))
+    client = Client()
+    client.force_login(viewer)
+    before = Agent.objects.get(pk=second.agent.pk).token_hash
+    response = client.post("/admin/backplane/agent/", {"action": "rotate_tokens", "_selected_action": ids})
+    assert not shown_tokens(response)
+    assert Agent.objects.get(pk=second.agent.pk).token_hash == before
 
 
 def test_tasks_are_read_only_too(staff_client: Client, make_task) -> None:  # type: ignore[no-untyped-def]
