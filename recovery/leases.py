@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import InvalidInput, StaleLease
-from backplane.eventlog.models import Agent, Task, TaskStatus
+from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.reducer import lease_extended, task_state_apply, task_state_of
 from backplane.eventlog.writer import EventDraft, lock_task, write_events
 from recovery.breakers import breaker_gate_claim, breaker_trial_unused
@@ -61,8 +61,13 @@ def _claim_oldest_pending(*, agent: Agent, kinds: list[str], lease_seconds: int)
             return None
         now = timezone.now()
         # An attempt is counted when one stalls or fails, so any counted attempt means
-        # this claimer picks up work an earlier holder left unfinished.
-        recovered = task.attempts > 0
+        # this claimer picks up work an earlier holder left unfinished. A reviewer's requeue
+        # of a dead-lettered task starts its attempts afresh, but the attempts before it failed
+        # all the same (a lease given back with ``release`` is no failure).
+        recovered = task.attempts > 0 or (
+            task.lease_epoch > 0
+            and Event.objects.filter(task_id=task.pk, type=et.DEAD_LETTER_REQUEUED).exists()
+        )
         # The event is the claim: the reducer gives the task its new lease from it.
         write_events(
             task,

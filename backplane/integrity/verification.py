@@ -108,10 +108,11 @@ class VerifyStep:
     last_task_id: uuid.UUID | None  # where the next batch starts; None when there was nothing left
 
 
-def verification_run_start(*, mode: str, requested_by: str = "") -> VerificationRun:
+def verification_run_start(*, mode: str, requested_by: str = "", tasks_total: int | None = None) -> VerificationRun:
     if mode not in VerificationMode.values:
         raise InvalidInput(f"unknown verification mode {mode!r}", {"mode": "incremental or full"})
-    return VerificationRun.objects.create(mode=mode, started_at=timezone.now(), tasks_total=Task.objects.count(),
+    total = Task.objects.count() if tasks_total is None else tasks_total
+    return VerificationRun.objects.create(mode=mode, started_at=timezone.now(), tasks_total=total,
                                           requested_by=requested_by)
 
 
@@ -202,7 +203,7 @@ def task_chain_verify_now(*, task_id: uuid.UUID, requested_by: str = "") -> Veri
     a break raises an alert), as a run of its own mode so the periodic runs' figures stay theirs."""
     if not Task.objects.filter(pk=task_id).exists():
         raise NotFound("no such task")
-    run = verification_run_start(mode=VerificationMode.ON_DEMAND, requested_by=requested_by)
+    run = verification_run_start(mode=VerificationMode.ON_DEMAND, requested_by=requested_by, tasks_total=1)
     verification_run_batch(run=run, after_task_id=None, batch_size=1, task_ids=[task_id])
     return verification_run_finish(run_id=run.pk)
 

@@ -54,6 +54,12 @@
     });
   }, 1000);
 
+  /* A count axis: whole numbers only (below 6 every one of them, or Plotly ticks 0.2 steps). */
+  BP.countAxis = function (values, extra) {
+    const top = Math.max(0, ...values.filter((v) => typeof v === "number"));
+    return Object.assign({ rangemode: "tozero", tickformat: "d" }, top < 6 ? { dtick: 1 } : {}, extra || {});
+  };
+
   // --- copy buttons -----------------------------------------------------------------------------
   document.addEventListener("click", (event) => {
     const button = event.target.closest("button.copy");

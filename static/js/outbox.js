@@ -13,7 +13,7 @@
   ], {
     margin: { l: 56, r: 56, t: 8, b: 36 }, legend: { orientation: "h", y: 1.12 },
     xaxis: { type: "date" }, yaxis: { title: { text: "seconds" }, rangemode: "tozero" },
-    yaxis2: { title: { text: "delivered" }, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false,
-              tickformat: "d" },
+    yaxis2: BP.countAxis(lag.delivered, { title: { text: "delivered" }, overlaying: "y", side: "right",
+                                          showgrid: false }),
   }, { displaylogo: false, responsive: true });
 })();

@@ -23,9 +23,10 @@
       bargap: 0.1,
       legend: { orientation: "h", y: 1.1 },
       xaxis: { type: "date", title: { text: `per ${chart.step_minutes} min, your time` } },
-      yaxis: { title: { text: "events" }, rangemode: "tozero", tickformat: "d" },
-      yaxis2: { title: { text: "completions · stalls · recoveries" }, overlaying: "y", side: "right",
-                rangemode: "tozero", showgrid: false, tickformat: "d" },
+      yaxis: BP.countAxis(chart.series.events, { title: { text: "events" } }),
+      yaxis2: BP.countAxis([...chart.series.completions, ...chart.series.stalls, ...chart.series.recoveries],
+                           { title: { text: "completions · stalls · recoveries" }, overlaying: "y", side: "right",
+                             showgrid: false }),
     }, { displaylogo: false, responsive: true });
   }
 

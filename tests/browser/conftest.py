@@ -11,6 +11,8 @@
 - Every test runs with committed data (``committed_db``), so the server sees what the test
   writes and the other way round; the test writes through the REST API (``make_agent``) like an
   agent would, and reads the database to check what the pages show.
+- ``logged_in_page`` is logged in as a plain staff user (a viewer), ``reviewer_page`` as one in
+  the Reviewers group (who decides dead letters); each logs in with the form once per package.
 - ``screenshot(page, name)`` saves a full-page PNG as ``var/screenshots/<name>.png``.
 
 Playwright's sync API keeps an asyncio event loop running in this thread while it is started.
@@ -39,7 +41,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
-from django.contrib.auth.models import AbstractUser
+from django.contrib.auth.models import AbstractUser, Group, Permission
 from django.contrib.sessions.models import Session
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
 
@@ -256,25 +258,75 @@ def logged_in_page(page: Page, staff_user: AbstractUser, saved_login: dict[str, 
     and password hash every time, so it is still valid) and give the browser its cookies: the
     server checks a password with PBKDF2 once, not once per test.
     """
-    if saved_login:
-        saved = saved_login["staff"]
+    return log_in_once(page, "staff", STAFF_USERNAME, STAFF_PASSWORD, saved_login)
+
+
+def log_in_once(page: Page, key: str, username: str, password: str, saved_login: dict[str, SavedLogin]) -> Page:
+    """Log ``page`` in as ``username``: with the form the first time in the package, then with
+    that login's session row and cookies put back (``saved_login[key]``; see ``logged_in_page``)."""
+    if key in saved_login:
+        saved = saved_login[key]
         Session.objects.create(**saved.session)
         page.context.add_cookies(saved.cookies)
         return page
     page.goto("/login/")
-    login(page, STAFF_USERNAME, STAFF_PASSWORD, wait_until="commit")
+    login(page, username, password, wait_until="commit")
     assert path_of(page.url) == "/", page.url
     if settings.SESSION_ENGINE == "django.contrib.sessions.backends.db":
         cookies = page.context.cookies()
-        [key] = [c["value"] for c in cookies if c["name"] == settings.SESSION_COOKIE_NAME]
-        row = Session.objects.values("session_key", "session_data", "expire_date").get(session_key=key)
-        saved_login["staff"] = SavedLogin(cookies=list(cookies), session=row)
+        [session_key] = [c["value"] for c in cookies if c["name"] == settings.SESSION_COOKIE_NAME]
+        row = Session.objects.values("session_key", "session_data", "expire_date").get(session_key=session_key)
+        saved_login[key] = SavedLogin(cookies=list(cookies), session=row)
     return page
+
+
+# --- reviewers: staff in the "Reviewers" group, who decide dead letters and close breakers -----
+
+REVIEWER_USERNAME = "rita"
+REVIEWER_PASSWORD = "amber-kestrel-harbour-17"
+REVIEWER_USER_ID = 4243
+REVIEW_PERMISSION = "review_deadletter"
+
+
+def reviewers_group() -> Group:
+    """The group migration 0012 makes; the flush after each test removes it, so it is put back."""
+    group, _ = Group.objects.get_or_create(name="Reviewers")
+    group.permissions.add(Permission.objects.get(codename=REVIEW_PERMISSION, content_type__app_label="backplane"))
+    return group
+
+
+@pytest.fixture
+def reviewer_user(committed_db: None) -> AbstractUser:
+    """A reviewer: staff, in the Reviewers group; the same id and password hash in every test."""
+    user = get_user_model().objects.create(
+        pk=REVIEWER_USER_ID, username=REVIEWER_USERNAME, email="rita@example.com",
+        password=password_hash(REVIEWER_PASSWORD), is_staff=True,
+    )
+    assert isinstance(user, AbstractUser)
+    user.groups.add(reviewers_group())
+    return user
+
+
+@pytest.fixture
+def reviewer_page(page: Page, reviewer_user: AbstractUser, saved_login: dict[str, SavedLogin]) -> Page:
+    """A page logged in as the reviewer (see ``logged_in_page``)."""
+    return log_in_once(page, "reviewer", REVIEWER_USERNAME, REVIEWER_PASSWORD, saved_login)
+
+
+def csrf_token_of(page: Page) -> str:
+    """The CSRF token a loaded page of the dashboard carries (every page has the logout form)."""
+    return page.locator("#logout-form input[name=csrfmiddlewaretoken]").input_value()
 
 
 def wait_live(page: Page, timeout: float = 10_000) -> None:
     """Wait until the page's socket is up (``#live-status[data-state=connected]``)."""
     expect(page.locator("#live-status")).to_have_attribute("data-state", "connected", timeout=timeout)
+
+
+def scrolled_to_top(page: Page) -> Page:
+    """Scroll back up before a full-page screenshot, or the sticky nav is drawn where the page was."""
+    page.evaluate("window.scrollTo(0, 0)")
+    return page
 
 
 def mark_document(page: Page) -> None:

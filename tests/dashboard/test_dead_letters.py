@@ -226,6 +226,9 @@ def test_a_reviewer_requeues_a_task_dead_letter_and_the_task_runs_again(rita_cli
     agent = services.agent_create(name="worker-again", namespace="acme", kinds=[task.kind]).agent
     claim = lease_claim(agent=agent, kinds=None, lease_seconds=30)
     assert claim is not None and claim.task.pk == task.pk
+    # Its attempts start afresh, but the claim is a recovery: the attempts before it failed.
+    assert claim.recovered is True
+    assert Event.objects.get(task=task, seq=claim.task.last_seq).payload["recovered"] is True
 
 
 def test_a_decision_needs_a_reason(rita_client: Client) -> None:

@@ -168,7 +168,12 @@ class Socket(ApplicationCommunicator):
     async def open(self) -> bool:
         await self.send_input({"type": "websocket.connect"})
         answer = await self.receive_output(5)
-        return answer["type"] == "websocket.accept"
+        if answer["type"] == "websocket.accept":
+            return True
+        # Refused: the client hangs up too, so the application ends instead of waiting for it
+        # (asyncio.run would otherwise wait on it when it closes the loop).
+        await self.disconnect()
+        return False
 
     async def receive_json_from(self, timeout: float = 5) -> dict[str, Any]:
         answer = await self.receive_output(timeout)
