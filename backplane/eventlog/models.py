@@ -209,7 +209,7 @@ class Event(models.Model):
             # small share of events, so the partial index costs other appends nothing.
             models.Index(fields=["agent", "task"], name="event_claims_by_agent_idx", condition=Q(type="TaskClaimed")),
         ]
-        # Two more indexes are made by migration 0011 in SQL, as Django cannot declare them:
+        # Two more indexes are made by migration 0015 in SQL, as Django cannot declare them:
         # event_payload_search_idx (GIN over the payload's words, the dashboard's payload
         # search) and event_recorded_at_brin (BRIN: events arrive in time order, so a few
         # hundred bytes per block range serve "events in the last hour" without a B-tree).

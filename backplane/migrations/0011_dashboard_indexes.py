@@ -3,17 +3,6 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-# The dashboard's payload search (dashboard/selectors.py): the words of every string and number
-# in an event's payload, matched with phraseto_tsquery('simple', ...). bench/dashboard.py
-# measured it against jsonb_path_ops containment and pg_trgm; docs/benchmarks.md has why.
-PAYLOAD_SEARCH_INDEX = """
-CREATE INDEX IF NOT EXISTS event_payload_search_idx ON backplane_event
-USING gin (jsonb_to_tsvector('simple'::regconfig, payload, '["string", "numeric"]'::jsonb))
-"""
-# Events arrive in time order, so a BRIN index (a few hundred bytes per block range) finds
-# "the last hour" as well as a B-tree would, at almost no cost to appends.
-RECORDED_AT_INDEX = "CREATE INDEX IF NOT EXISTS event_recorded_at_brin ON backplane_event USING brin (recorded_at)"
-
 
 class Migration(migrations.Migration):
 
@@ -61,6 +50,4 @@ class Migration(migrations.Migration):
             model_name='idempotentreplay',
             constraint=models.UniqueConstraint(fields=('task', 'kind', 'minute'), name='idempotent_replay_one_row_per_minute'),
         ),
-        migrations.RunSQL(PAYLOAD_SEARCH_INDEX, "DROP INDEX IF EXISTS event_payload_search_idx"),
-        migrations.RunSQL(RECORDED_AT_INDEX, "DROP INDEX IF EXISTS event_recorded_at_brin"),
     ]
