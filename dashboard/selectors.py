@@ -26,7 +26,13 @@ from backplane.delivery.models import OutboxMessage
 from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Event, Task, TaskStatus
-from backplane.integrity.models import IntegrityAlert, IntegrityAlertKind, VerificationRun, VerifiedHead
+from backplane.integrity.models import (
+    IntegrityAlert,
+    IntegrityAlertKind,
+    VerificationMode,
+    VerificationRun,
+    VerifiedHead,
+)
 
 # --- the overview ------------------------------------------------------------------------------
 
@@ -109,7 +115,7 @@ def overview(*, now: datetime | None = None) -> Overview:
         replays_last_hour=int(replays),
         breakers_open=breakers,
         last_run=VerificationRun.objects.filter(finished_at__isnull=False)
-        .exclude(mode="on_demand")
+        .exclude(mode=VerificationMode.ON_DEMAND)
         .order_by("-finished_at", "-pk")
         .first(),
         open_alerts=alerts,

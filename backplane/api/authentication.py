@@ -17,10 +17,10 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from backplane.delivery.models import REVIEW_PERMISSION
 from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token
 from backplane.lib.sql_rows import RowLoader
 
-REVIEW_PERMISSION = "backplane.review_deadletter"
 _AGENT_ROWS = RowLoader(Agent)
 _AGENT_BY_TOKEN_SQL = f"SELECT {_AGENT_ROWS.columns} FROM backplane_agent WHERE token_hash = %s AND is_active"
 

@@ -95,6 +95,10 @@ class DeadLetterStatus(models.TextChoices):
     DISCARDED = "discarded"
 
 
+# Who may requeue or discard dead letters (declared on DeadLetter; the "Reviewers" group holds it).
+REVIEW_PERMISSION = "backplane.review_deadletter"
+
+
 class DeadLetter(models.Model):
     """Work automation gave up on, waiting for a person to requeue or discard it."""
 

@@ -13,7 +13,6 @@ so the confirmation decides exactly what was shown) and the confirmation, report
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from typing import Any
 
@@ -29,7 +28,7 @@ from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterSt
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
 from backplane.eventlog.models import TaskStatus
-from dashboard.access import may_view_dashboard
+from dashboard.access import may_review
 from dashboard.dead_letter_forms import (
     BulkConfirmForm,
     BulkForm,
@@ -41,10 +40,9 @@ from dashboard.dead_letter_forms import (
 )
 from dashboard.selectors import EVENT_PAGE_SIZE
 from dashboard.templatetags.dashboard import pretty_json
-from dashboard.views.common import View, staff_only
+from dashboard.views.common import json_error, reviewers_only, staff_only, wants_json
 from recovery import dead_letters
 
-REVIEW_PERMISSION = "backplane.review_deadletter"
 PAGE_SIZE = 50
 NAV = "dead-letters"
 
@@ -53,36 +51,7 @@ TASK_LOG_TYPES = (et.TASK_CLAIMED, et.TASK_STALLED, et.TASK_FAILED, et.TASK_DEAD
                   et.DEAD_LETTER_DISCARDED)
 
 
-# --- who may decide ------------------------------------------------------------------------------
-
-
-def may_review(user: Any) -> bool:
-    return may_view_dashboard(user) and bool(user.has_perm(REVIEW_PERMISSION))
-
-
-def wants_json(request: HttpRequest) -> bool:
-    return "application/json" in request.headers.get("Accept", "") or request.content_type == "application/json"
-
-
-def json_error(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JsonResponse:
-    """The API's error shape, for the pages' scripts."""
-    return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
-
-
-def reviewers_only(view: View) -> View:
-    """Staff first (``staff_only``), then the review permission; checked on every decision."""
-
-    @functools.wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not may_review(request.user):
-            message = "Deciding dead letters needs the review_deadletter permission (the Reviewers group)."
-            if wants_json(request):
-                return json_error(403, "permission_denied", message)
-            return render(request, "dashboard/dead_letters/forbidden.html", {"nav": NAV, "message": message},
-                          status=403)
-        return view(request, *args, **kwargs)
-
-    return staff_only(wrapped)
+# --- who decides ---------------------------------------------------------------------------------
 
 
 def decided_by(request: HttpRequest) -> str:
@@ -223,7 +192,7 @@ def _invalid(request: HttpRequest, item: DeadLetter, form: Any, name: str) -> Ht
 
 
 @require_POST
-@reviewers_only
+@reviewers_only("Deciding dead letters")
 def requeue(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     """Requeue as is, or (with ``payload``) edit and requeue; the original payload stays on record."""
     item = _dead_letter(dead_letter_id)
@@ -258,7 +227,7 @@ def requeue(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
 
 
 @require_POST
-@reviewers_only
+@reviewers_only("Deciding dead letters")
 def discard(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     item = _dead_letter(dead_letter_id)
     form = DiscardForm(request.POST, auto_id="discard_%s")
@@ -307,7 +276,7 @@ def _bulk_page(request: HttpRequest, context: dict[str, Any], status: int = 200)
 
 
 @require_POST
-@reviewers_only
+@reviewers_only("Deciding dead letters")
 def bulk_preview(request: HttpRequest) -> HttpResponse:
     """The dry run: nothing is decided here. Shows how many, a sample and what will happen to
     each, and carries a signed confirmation of exactly these ids, this action and reason."""
@@ -336,7 +305,7 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@reviewers_only
+@reviewers_only("Deciding dead letters")
 def bulk_confirm(request: HttpRequest) -> HttpResponse:
     """Decide what the dry run showed, each dead letter in its own transaction; report each."""
     form = BulkConfirmForm(request.POST, user_id=request.user.pk)

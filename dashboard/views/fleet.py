@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -9,17 +11,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.models import Agent
 from dashboard import selectors
-from dashboard.views.common import staff_only
+from dashboard.access import may_review
+from dashboard.views.common import reviewers_only, staff_only
 from recovery import selectors as recovery
 from recovery.breakers import breaker_reset
 from recovery.gateway import tool_breaker_reset
 from recovery.models import Tool
-
-REVIEW_PERMISSION = "backplane.review_deadletter"
-
-
-def may_review(request: HttpRequest) -> bool:
-    return request.user.has_perm(REVIEW_PERMISSION)
 
 
 @require_GET
@@ -29,42 +26,33 @@ def agents_page(request: HttpRequest) -> HttpResponse:
         request,
         "dashboard/fleet/agents.html",
         {"nav": "agents", "agents": recovery.agents_overview(), "tools": recovery.tools_overview(),
-         "may_review": may_review(request), "max_agents": recovery.FLEET_MAX_AGENTS},
+         "may_review": may_review(request.user), "max_agents": recovery.FLEET_MAX_AGENTS},
     )
 
 
-def _reason(request: HttpRequest) -> str | None:
+def _close_breaker(request: HttpRequest, label: str, close: Callable[..., object], pk: int) -> HttpResponse:
     reason = (request.POST.get("reason") or "").strip()
     if not reason:
         messages.error(request, "Give a reason: it is recorded with the reset.")
-        return None
-    return reason
+    else:
+        close(pk, decided_by=f"user:{request.user.get_username()}", reason=reason)
+        messages.success(request, f"The breaker of {label} is closed.")
+    return redirect("dashboard:agents")
 
 
 @require_POST
-@staff_only
+@reviewers_only("Closing a circuit breaker")
 def agent_breaker_reset(request: HttpRequest, agent_id: int) -> HttpResponse:
-    if not may_review(request):
-        return render(request, "dashboard/forbidden.html", status=403)
     agent = get_object_or_404(Agent, pk=agent_id)
-    reason = _reason(request)
-    if reason is not None:
-        breaker_reset(agent_id=agent.pk, decided_by=f"user:{request.user.get_username()}", reason=reason)
-        messages.success(request, f"The breaker of {agent} is closed.")
-    return redirect("dashboard:agents")
+    return _close_breaker(request, str(agent), lambda pk, **kw: breaker_reset(agent_id=pk, **kw), agent.pk)
 
 
 @require_POST
-@staff_only
+@reviewers_only("Closing a circuit breaker")
 def tool_breaker_reset_view(request: HttpRequest, tool_id: int) -> HttpResponse:
-    if not may_review(request):
-        return render(request, "dashboard/forbidden.html", status=403)
     tool = get_object_or_404(Tool, pk=tool_id)
-    reason = _reason(request)
-    if reason is not None:
-        tool_breaker_reset(tool_id=tool.pk, decided_by=f"user:{request.user.get_username()}", reason=reason)
-        messages.success(request, f"The breaker of tool {tool.name} is closed.")
-    return redirect("dashboard:agents")
+    return _close_breaker(request, f"tool {tool.name}", lambda pk, **kw: tool_breaker_reset(tool_id=pk, **kw),
+                          tool.pk)
 
 
 @require_GET

@@ -18,7 +18,7 @@ from backplane.integrity import sealing
 from backplane.integrity import selectors as integrity
 from backplane.integrity.models import VerificationMode, VerificationRun
 from backplane.integrity.verification import integrity_alert_acknowledge, verification_run_request_full
-from dashboard.views.common import staff_only
+from dashboard.views.common import json_error, staff_only
 
 
 def run_as_json(run: VerificationRun) -> dict[str, Any]:
@@ -82,8 +82,7 @@ def run_progress(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
         run = integrity.verification_run_progress(run_id=run_id)
     except NotFound as exc:
-        return JsonResponse({"error": {"code": "not_found", "message": exc.message, "details": exc.details}},
-                            status=404)
+        return json_error(404, "not_found", exc.message, exc.details)
     return JsonResponse(run_as_json(run))
 
 
