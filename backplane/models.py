@@ -33,8 +33,10 @@ from backplane.integrity.models import (
     VerificationRun,
     VerifiedHead,
 )
+from backplane.runtime.models import Duty
 
 __all__ = [
+    "Duty",
     "WebhookSubscription",
     "OutboxStatus",
     "OutboxDestination",
