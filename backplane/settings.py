@@ -11,7 +11,15 @@ import importlib.util
 import secrets
 from pathlib import Path
 
-from backplane.runtime.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_int, env_list, env_str
+from backplane.runtime.env import (
+    ImproperlyConfiguredEnv,
+    database_from_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -113,8 +121,14 @@ if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": env_int("BACKPLANE_DB_POOL_MIN", 2, minimum=0),
         "max_size": env_int("BACKPLANE_DB_POOL_MAX", 20, minimum=1),
-        "timeout": env_int("BACKPLANE_DB_POOL_TIMEOUT", 10, minimum=1),
+        # Seconds a request waits for a pooled connection. Short on purpose: with the database
+        # down the pool waits this long before giving up, and a caller must get its 503 within
+        # 2 s (backplane/runtime/database_gate.py answers the requests after that at once).
+        "timeout": env_float("BACKPLANE_DB_POOL_TIMEOUT", 1.0, minimum=0.1),
     }
+# libpq's connect timeout (psycopg enforces at least 2 s): a database host that does not answer
+# must not hold a request, a probe or a duty for the operating system's TCP timeout.
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env_int("BACKPLANE_DB_CONNECT_TIMEOUT", 2, minimum=2))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -209,6 +223,11 @@ BACKPLANE_LIVE_NOTICES = env_bool("BACKPLANE_LIVE_NOTICES", True)
 # Where the relay publishes outbox messages (a kombu URL); by default the Celery broker.
 BACKPLANE_OUTBOX_BROKER_URL = env_str("BACKPLANE_OUTBOX_BROKER_URL", "") or CELERY_BROKER_URL
 
+# Threads, not prefork: a prefork child SIGKILLed while holding the pool's shared queue lock
+# froze the worker for good (its main process alive, nothing running). The duties are database
+# and network waits, so threads lose nothing; one that hangs is caught by the duty watchdog.
+CELERY_WORKER_POOL = env_str("BACKPLANE_WORKER_POOL", "threads")
+CELERY_WORKER_CONCURRENCY = env_int("BACKPLANE_WORKER_CONCURRENCY", 6, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
