@@ -15,7 +15,7 @@ from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import InvalidInput, StaleLease
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.reducer import lease_extended, task_state_apply, task_state_of
-from backplane.eventlog.writer import EventDraft, lock_task, write_events
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
 from recovery.breakers import breaker_gate_claim, breaker_trial_unused
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,8 @@ def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int)
     task = lock_task(namespace=namespace, task_id=task_id)
     if not task.is_leased or task.lease_epoch != lease_epoch:
         raise StaleLease("lease epoch is not the task's current lease", {"lease_epoch": lease_epoch})
+    # A heartbeat after the deadline does not revive the lease, even before the detector sweeps it.
+    check_lease(task, lease_epoch)
     return task
 
 

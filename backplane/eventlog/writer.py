@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
 from backplane.delivery.outbox import Message, outbox_enqueue_many
 from backplane.eventlog.canonical import canonical_sha256
@@ -95,11 +96,15 @@ def lock_task(*, namespace: str | None, task_id: uuid.UUID) -> Task:
     return task
 
 
-def check_lease(task: Task, lease_epoch: int | None) -> None:
-    """Fencing: a leased task takes writes only with its current epoch.
+def check_lease(task: Task, lease_epoch: int | None, *, now: datetime | None = None) -> None:
+    """Fencing: a leased task takes writes only with its current epoch, and only until the
+    lease expires.
 
     Without a lease anyone in the namespace may write, but an epoch that is sent must
     still be current: its holder may not know yet that its lease expired or was released.
+    Expiry is checked here, at the write, not left to the stall detector: between the
+    deadline and the detector's next sweep the holder is already presumed dead, and a write
+    it makes then could interleave with the next holder's work.
     """
     if task.is_leased and lease_epoch is None:
         raise StaleLease(
@@ -111,6 +116,17 @@ def check_lease(task: Task, lease_epoch: int | None) -> None:
             "lease epoch is not the task's current one",
             {"lease_epoch": lease_epoch},
         )
+    if lease_epoch is not None and lease_expired(task, now=now):
+        assert task.lease_expires_at is not None
+        raise StaleLease(
+            "the lease expired; claim the task again",
+            {"lease_epoch": lease_epoch, "expired_at": task.lease_expires_at.isoformat()},
+        )
+
+
+def lease_expired(task: Task, *, now: datetime | None = None) -> bool:
+    """A lease past its deadline, whether or not the stall detector has swept it yet."""
+    return task.is_leased and task.lease_expires_at is not None and task.lease_expires_at <= (now or timezone.now())
 
 
 def write_events(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from backplane.eventlog import services
@@ -133,3 +135,38 @@ def test_sixteen_concurrent_claimers_never_share_a_task(committed_db) -> None:  
     assert Task.objects.filter(status="running", lease_epoch=1).count() == 100
     assert Event.objects.filter(type="TaskClaimed").count() == 100
     assert len({token for _, token in won}) > 1  # the work really was spread over claimers
+
+
+def test_an_expired_lease_is_409_on_every_write_before_any_sweep(alice, counts) -> None:  # type: ignore[no-untyped-def]
+    """Fencing at the deadline, not at the detector's next sweep: no detector runs here."""
+    from recovery.models import Tool
+
+    # Nothing listens there: a write that got past the fence would fail differently (502).
+    Tool.objects.create(name="crm", url="http://127.0.0.1:9/crm", timeout_seconds=1)
+    task = create_task(alice)
+    lease = claim(alice, lease_seconds=1)
+    dispatched = alice.post(f"/api/v1/tasks/{task['task_id']}/tool-calls/",
+                            {"step": 0, "tool": "crm", "input": {}, "lease_epoch": lease["lease_epoch"]},
+                            format="json").json()
+    expires_at = Task.objects.get(pk=task["task_id"]).lease_expires_at
+    # One second past the deadline, as the issue measures it.
+    time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 1.0)
+    before = counts()
+    writes = [*STALE_WRITES, ("/api/v1/tools/crm/invoke/", {"task_id": task["task_id"], "step": 2, "input": {}})]
+    for path, body in writes:
+        url = path.format(id=task["task_id"], key=dispatched["idempotency_key"])
+        error = assert_error(alice.post(url, {**body, "lease_epoch": lease["lease_epoch"]}, format="json"),
+                             409, "stale_lease")
+        assert "expired" in error["message"], (path, error)
+    assert counts() == before
+    row = Task.objects.get(pk=task["task_id"])
+    assert (row.status, row.lease_epoch, row.lease_expires_at) == ("running", lease["lease_epoch"], expires_at)
+
+
+def test_a_heartbeat_before_the_deadline_still_extends_the_lease(alice) -> None:  # type: ignore[no-untyped-def]
+    task = create_task(alice)
+    lease = claim(alice, lease_seconds=2)
+    response = alice.post(f"/api/v1/tasks/{task['task_id']}/heartbeat/", {"lease_epoch": lease["lease_epoch"]},
+                          format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["expires_at"] >= lease["expires_at"]
