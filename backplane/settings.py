@@ -69,6 +69,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "backplane.api.middleware.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # While the database is known to be down, answer 503 at once instead of waiting for the pool.
+    "backplane.runtime.database_gate.DatabaseGateMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -274,6 +276,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     },
 }
 CELERY_TIMEZONE = "UTC"
+# /readyz answers 503 when a periodic duty above has not succeeded for a few of its intervals
+# (backplane/runtime/duties.py). Off in tests, where no beat runs unless a test starts one.
+BACKPLANE_DUTY_WATCH = env_bool("BACKPLANE_DUTY_WATCH", BACKPLANE_ENV != "test")
 
 # --- REST framework ------------------------------------------------------------------------
 REST_FRAMEWORK = {

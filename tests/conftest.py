@@ -24,6 +24,15 @@ def _no_live_notices_unless_asked(settings: Any) -> None:
     settings.BACKPLANE_LIVE_NOTICES = False
 
 
+@pytest.fixture(autouse=True)
+def _database_gate_open() -> None:
+    """The database gate (backplane/runtime/database_gate.py) is one fact per process: a test
+    that made the database unreachable must not leave the next test answered with 503s."""
+    from backplane.runtime.database_gate import gate
+
+    gate.mark_up()
+
+
 @pytest.fixture
 def committed_db(transactional_db: None) -> Iterator[None]:
     """Like ``transactional_db`` (real commits, visible to other connections and threads).

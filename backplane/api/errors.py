@@ -13,6 +13,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from backplane.eventlog.errors import BackplaneError
+from backplane.runtime.database_gate import gate, is_connection_failure
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         return Response(error_body("payload_too_large", "request body is over the limit"), status=413)
     if isinstance(exc, OperationalError | InterfaceError):
         logger.warning("database unavailable: %s", exc)
+        if is_connection_failure(exc):
+            # The requests after this one answer at once instead of waiting for the pool.
+            gate.mark_down(exc)
         return Response(
             error_body("unavailable", "the database is unavailable; retry later"),
             status=503,
