@@ -13,11 +13,12 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from backplane.delivery import selectors as delivery_selectors
 from backplane.eventlog.models import Task
 from backplane.integrity import verification as integrity
+from backplane.runtime.duties import duties_state
 
 
 class BackplaneCollector:
@@ -40,6 +41,28 @@ class BackplaneCollector:
         yield GaugeMetricFamily("backplane_integrity_alerts_unacknowledged",
                                 "Broken hash chains found by the verifier that nobody has acknowledged yet",
                                 value=integrity.integrity_summary(alert_limit=0).open_alert_count)
+        yield from self.collect_duties()
+
+    @staticmethod
+    def collect_duties() -> Iterator[Metric]:
+        """Each periodic duty's age (backplane/runtime/duties.py): alert on ``backplane_duty_overdue``."""
+        age = GaugeMetricFamily("backplane_duty_last_success_age_seconds",
+                                "Seconds since the duty last succeeded (or since beat started watching it)",
+                                labels=["duty"])
+        overdue = GaugeMetricFamily("backplane_duty_overdue",
+                                    "1 when the duty has not succeeded for a few of its intervals", labels=["duty"])
+        interval = GaugeMetricFamily("backplane_duty_interval_seconds", "How often beat runs the duty",
+                                     labels=["duty"])
+        runs = CounterMetricFamily("backplane_duty_runs", "Finished runs of the duty", labels=["duty"])
+        failures = CounterMetricFamily("backplane_duty_failures", "Runs of the duty that raised", labels=["duty"])
+        for duty in duties_state():
+            if duty.age_seconds is not None:
+                age.add_metric([duty.name], duty.age_seconds)
+            overdue.add_metric([duty.name], 1 if duty.overdue else 0)
+            interval.add_metric([duty.name], duty.interval_seconds)
+            runs.add_metric([duty.name], duty.runs_total)
+            failures.add_metric([duty.name], duty.failures_total)
+        yield from (age, overdue, interval, runs, failures)
 
 
 _registry = CollectorRegistry(auto_describe=False)

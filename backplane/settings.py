@@ -252,10 +252,13 @@ BACKPLANE_AUDIT_S3_ENDPOINT_URL = env_str("BACKPLANE_AUDIT_S3_ENDPOINT_URL", "")
 BACKPLANE_AUDIT_S3_REGION = env_str("BACKPLANE_AUDIT_S3_REGION", "")
 # Compliance-mode retention cannot be shortened or lifted by anyone, root account included.
 BACKPLANE_AUDIT_S3_RETENTION_DAYS = env_int("BACKPLANE_AUDIT_S3_RETENTION_DAYS", 7 * 365, minimum=1)
+# How often new events get leaf indices and a signed tree head (backplane/integrity/sealing.py).
+BACKPLANE_SEAL_SECONDS = env_int("BACKPLANE_SEAL_SECONDS", 10, minimum=1)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "purge-expired-tool-calls": {"task": "recovery.tasks.purge_expired_tool_calls", "schedule": 300.0},
     "detect-stalls": {"task": "recovery.tasks.detect_stalls", "schedule": 2.0, "options": {"expires": 10}},
-    "seal-events": {"task": "backplane.tasks.seal_events", "schedule": 10.0, "options": {"expires": 30}},
+    "seal-events": {"task": "backplane.tasks.seal_events", "schedule": float(BACKPLANE_SEAL_SECONDS),
+                    "options": {"expires": 3 * BACKPLANE_SEAL_SECONDS}},
     "relay-outbox": {"task": "backplane.tasks.relay_outbox", "schedule": 1.0, "options": {"expires": 5}},
     "prune-delivered-outbox": {"task": "backplane.tasks.prune_delivered_outbox", "schedule": 600.0},
     # A run still queued when the next one is due is dropped rather than run twice.
