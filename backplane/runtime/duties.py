@@ -14,8 +14,8 @@ duties report on themselves, through Celery's signals, into ``backplane_duty``:
 
 ``backplane.celery`` connects those signals. Three readers act on the rows: ``/readyz``
 answers 503 naming overdue duties, ``/metrics`` exports each duty's age, and the supervisor
-(``backplane.runtime.launcher``, which has no Django) runs ``OVERDUE_SQL`` and restarts a
-worker whose duties are overdue.
+(``backplane.runtime.launcher``, which has no Django) runs ``OVERDUE_SQL`` from
+``backplane.runtime.duty_sql`` and restarts a worker whose duties are overdue.
 """
 
 from __future__ import annotations
@@ -29,29 +29,14 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+# The rule (and the SQL the supervisor runs) lives where no Django is needed; re-exported here.
+from backplane.runtime.duty_sql import OVERDUE_FLOOR_SECONDS as OVERDUE_FLOOR_SECONDS
+from backplane.runtime.duty_sql import OVERDUE_INTERVALS as OVERDUE_INTERVALS
+from backplane.runtime.duty_sql import OVERDUE_SQL as OVERDUE_SQL
+from backplane.runtime.duty_sql import allowance_seconds
 from backplane.runtime.models import Duty
 
 logger = logging.getLogger(__name__)
-
-# A duty is overdue once it has gone this many intervals without a success...
-OVERDUE_INTERVALS = 3
-# ...but never sooner than this: the broker's polling, beat's tick and a busy pool add a few
-# seconds of jitter that must not turn a 1-second duty red.
-OVERDUE_FLOOR_SECONDS = 10.0
-
-# The same rule for readers without Django (the supervisor): names and how late they are.
-OVERDUE_SQL = f"""
-SELECT name, extract(epoch FROM now() - greatest(last_succeeded_at, watch_started_at))::float8 AS age_seconds
-FROM backplane_duty
-WHERE greatest(last_succeeded_at, watch_started_at) IS NOT NULL
-  AND now() - greatest(last_succeeded_at, watch_started_at)
-      > make_interval(secs => greatest({OVERDUE_INTERVALS} * interval_seconds, {OVERDUE_FLOOR_SECONDS}))
-ORDER BY name
-"""
-
-
-def allowance_seconds(interval_seconds: float) -> float:
-    return max(OVERDUE_INTERVALS * interval_seconds, OVERDUE_FLOOR_SECONDS)
 
 
 def scheduled_duties() -> dict[str, float]:
@@ -159,6 +144,9 @@ def duties_state(*, now: datetime | None = None) -> list[DutyState]:
     states = []
     for name, interval in scheduled_duties().items():
         row = rows.get(name)
+        # The interval beat recorded: the schedule that actually runs, which the supervisor's
+        # SQL judges by too, even where this process's settings differ.
+        interval = row.interval_seconds if row is not None else interval
         since = None
         if row is not None:
             marks = [mark for mark in (row.last_succeeded_at, row.watch_started_at) if mark is not None]
