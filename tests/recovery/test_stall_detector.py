@@ -98,10 +98,12 @@ def test_a_lease_renewed_while_the_detector_runs_is_never_expired(committed_db) 
     task.refresh_from_db()
     assert (task.status, task.lease_epoch, task.attempts) == ("running", epoch, 0)
     assert not Event.objects.filter(task=task, type="TaskStalled").exists()
-    # And the real heartbeat path renews an already run-out lease that was not yet expired.
+    # The real heartbeat path does not revive a lease past its deadline, swept or not: the
+    # holder is fenced at once (409 stale_lease) and the detector then expires it as usual.
     expire(task)
-    leases.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch)
-    assert detector.lease_expire_stalled().expired == 0
+    with pytest.raises(StaleLease):
+        leases.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch)
+    assert detector.lease_expire_stalled().expired == 1
 
 
 @pytest.mark.django_db(transaction=True)
