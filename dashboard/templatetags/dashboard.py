@@ -85,6 +85,15 @@ def chain_mark(chain: Any, seq: int) -> SafeString:
 
 
 @register.filter
+def every(seconds: float) -> str:
+    """A schedule's interval as people say it: 2 s, 10 min, 6 h."""
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:g} s"
+
+
+@register.filter
 def duration_until(start: datetime | None, end: datetime | None) -> str:
     """How long from ``start`` to ``end``, in the unit that reads best (ms, s, min)."""
     if start is None or end is None:

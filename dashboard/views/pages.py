@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Task
 from backplane.integrity.verification import task_chain_verify_now
+from backplane.runtime.duties import duties_state
 from dashboard import selectors
 from dashboard.forms import TaskFilterForm
 from dashboard.views.common import int_param, staff_only
@@ -30,8 +31,11 @@ from recovery.selectors import recovery_context
 
 def _overview_parts(request: HttpRequest) -> dict[str, Any]:
     figures = selectors.overview()
+    duties = duties_state()
     return {
         "figures": figures,
+        "duties": duties,
+        "duties_overdue": [duty for duty in duties if duty.overdue],
         "hour_ago": format_timestamp(figures.hour_ago),
         "minute_ago": format_timestamp(figures.now - timedelta(minutes=1)),
     }
@@ -61,9 +65,11 @@ def overview_live(request: HttpRequest) -> JsonResponse:
     after = int_param(request, "after_position")
     hours = 24 if request.GET.get("hours") == "24" else 1
     feed = selectors.feed_events(after_position=after)
+    parts = _overview_parts(request)
     return JsonResponse(
         {
-            "tiles": render_to_string("dashboard/_tiles.html", _overview_parts(request), request=request),
+            "tiles": render_to_string("dashboard/_tiles.html", parts, request=request),
+            "duties": render_to_string("dashboard/_duties.html", parts, request=request),
             "feed": render_to_string("dashboard/_feed_rows.html", {"feed": feed}, request=request),
             "last_position": feed[0].position if feed else after,
             "chart": selectors.activity_per_minute(hours=hours),

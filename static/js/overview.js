@@ -1,4 +1,4 @@
-/* Overview: tiles, the activity chart and the live feed, refreshed after every notice. */
+/* Overview: tiles, the activity chart, the live feed and the periodic duties, refreshed after every notice. */
 (function () {
   "use strict";
   const page = document.getElementById("overview-page");
@@ -42,6 +42,9 @@
       }
     });
     BP.renderTimes(tiles);
+    const duties = document.getElementById("duties-body");
+    duties.innerHTML = data.duties;
+    BP.renderTimes(duties);
     const body = document.querySelector("#live-feed tbody");
     const fresh = BP.fragment(data.feed, true);
     const rows = Array.from(fresh.querySelectorAll("tr[data-position]"))

@@ -6,9 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from playwright.sync_api import Page, expect
 
 from backplane.eventlog.models import Event
+from backplane.runtime.duties import duties_watch_start, duty_stamp
 from tests.browser.conftest import ApiAgent, assert_not_reloaded, mark_document, path_of, wait_live
 from tests.browser.fleet import build_fleet, dead_letters_pending, status_counts
 
@@ -20,7 +22,7 @@ TILES = [
     "tasks-pending", "tasks-running", "tasks-completed", "tasks-failed", "tasks-dead_lettered",
     "tasks-compensating", "tasks-compensated", "events-per-minute", "outbox-pending", "outbox-oldest-age",
     "dead-letters-pending", "stalled", "recovering", "recoveries-hour", "replays-hour", "breakers-open",
-    "chain-verification",
+    "chain-verification", "duties",
 ]
 NAV = ["overview", "tasks", "dead-letters", "integrity", "agents"]
 
@@ -51,6 +53,10 @@ def test_its_numbers_match_the_database(
 ) -> None:
     ids = build_fleet(make_agent("planner"))
     by_status, dead_letters = status_counts(), dead_letters_pending()
+    # Beat and the worker as a running product has them: every duty watched and just run.
+    duties_watch_start()
+    for entry in settings.CELERY_BEAT_SCHEDULE.values():
+        duty_stamp(task_name=str(entry["task"]), outcome="succeeded")
     assert dead_letters >= 1 and all(by_status[s] for s in ids), (by_status, dead_letters)
 
     page = logged_in_page
@@ -64,6 +70,9 @@ def test_its_numbers_match_the_database(
     for status, count in by_status.items():
         assert tile_value(page, f"tasks-{status}") == str(count), status
     assert tile_value(page, "dead-letters-pending") == str(dead_letters)
+    assert tile_value(page, "duties") == "all running"
+    expect(page.locator("#duties-body tr[data-duty]")).to_have_count(len(settings.CELERY_BEAT_SCHEDULE))
+    expect(page.locator("#duties-body tr.overdue")).to_have_count(0)
 
     chart = page.evaluate("""() => {
         const el = document.getElementById('activity-chart');

@@ -84,6 +84,22 @@ def test_the_overview_numbers_match_the_database(olivia_client: Client, make_his
     assert page.count("<tr data-position=") == min(30, Event.objects.count())
 
 
+def test_the_overview_names_the_periodic_duties_that_stopped(olivia_client: Client) -> None:
+    from backplane.runtime.duties import duties_watch_start
+    from backplane.runtime.models import Duty
+
+    duties_watch_start()
+    assert tile_value(html(olivia_client.get("/")), "duties") == "all running"
+    Duty.objects.filter(name__in=["detect-stalls", "relay-outbox"]).update(
+        watch_started_at=timezone.now() - timedelta(minutes=5))
+    page = html(olivia_client.get("/"))
+    assert tile_value(page, "duties") == "2 overdue"
+    assert re.search(r'data-tile="duties".*?<div class="tile-sub">detect-stalls, relay-outbox</div>', page, re.S)
+    assert re.findall(r'<tr data-duty="([^"]+)" class="overdue">', page) == ["detect-stalls", "relay-outbox"]
+    live = olivia_client.get("/live/overview/").json()
+    assert live["duties"].count("<tr data-duty=") == len(Duty.objects.all()) and "overdue" in live["duties"]
+
+
 def test_the_overview_counts_idempotent_replays(olivia_client: Client, make_history: Any) -> None:
     history: History = make_history()
     draft = EventDraft(type="NoteTaken", payload={"n": 1}, idempotency_key="note-1")
@@ -101,10 +117,13 @@ def test_each_tile_links_to_a_list_that_opens(olivia_client: Client, make_histor
     make_history()
     page = html(olivia_client.get("/"))
     links = [link.replace("&amp;", "&") for link in re.findall(r'data-tile="[^"]+"><a href="([^"]+)"', page)]
-    assert len(links) == 17
+    assert len(links) == 18
     admin = Client()
     admin.force_login(User.objects.create_superuser("root", password="x" * 20))
     for link in links:
+        if link.startswith("#"):
+            assert f'id="{link[1:]}"' in page, link
+            continue
         # Outbox, dead letters, breakers and alerts open the admin's lists until part 2's pages.
         response = (admin if link.startswith("/admin/") else olivia_client).get(link)
         assert response.status_code == 200, link
