@@ -167,6 +167,12 @@ class HeartbeatView(ApiView):
     @extend_schema(
         operation_id="tasks_heartbeat",
         summary="Extend the lease",
+        description=(
+            "Moves the live lease's deadline on by its length (no event is written). A heartbeat that "
+            "arrives after `expires_at` is `409 stale_lease` even if the stall detector has not swept the "
+            "task yet: so is every write sent with that lease's epoch. Heartbeat at a third of the lease "
+            "or more often, and claim again after a 409."
+        ),
         request=LeaseEpochIn,
         responses={200: HeartbeatOut, **errors(404, 409)},
     )
