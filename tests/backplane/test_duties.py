@@ -145,3 +145,20 @@ def test_a_duty_whose_last_run_still_hangs_is_skipped_not_stacked() -> None:
         release.set()
         first.join(10)
         task.run = original
+
+
+def test_the_duties_command_lists_them_and_its_check_fails_on_an_overdue_one(db) -> None:  # type: ignore[no-untyped-def]
+    import io
+
+    from django.core.management import call_command
+
+    duties.duties_watch_start()
+    out = io.StringIO()
+    call_command("duties", "--check", stdout=out)
+    assert out.getvalue().count(" ok ") == len(settings.CELERY_BEAT_SCHEDULE)
+    Duty.objects.filter(name="audit-export").update(watch_started_at=timezone.now() - timedelta(hours=4))
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("duties", "--check", stdout=out)
+    assert exited.value.code == 1
+    assert [line.split()[0] for line in out.getvalue().splitlines() if "OVERDUE" in line] == ["audit-export"]
