@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test venv browser screenshots bench fuzz lint clean-db
 
+# The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
 	$(PY) -m backplane.runtime.launcher
 
@@ -60,6 +61,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Stops a database left behind by a killed `make run` (a SIGKILLed owner leaves it running).
+# Stops what a killed `make run` left running: its recorded processes and the database under
+# var/pgdata. Refused while a `make run` is running (see docs/operations.md, "Supervisor").
 clean-db: $(STAMP)
-	$(PY) -m backplane.runtime.embedded_db stop --pgdata var/pgdata
+	$(PY) -m backplane.runtime.launcher --clean
