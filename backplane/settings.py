@@ -318,12 +318,38 @@ BACKPLANE_LEASE_SECONDS = env_int("BACKPLANE_LEASE_SECONDS", 30, minimum=1, maxi
 BACKPLANE_MAX_ATTEMPTS = env_int("BACKPLANE_MAX_ATTEMPTS", 3, minimum=1, maximum=100)
 BACKPLANE_PAYLOAD_LIMIT_BYTES = env_int("BACKPLANE_PAYLOAD_LIMIT_BYTES", 256 * 1024, minimum=1024)
 BACKPLANE_BATCH_MAX_EVENTS = env_int("BACKPLANE_BATCH_MAX_EVENTS", 1000, minimum=1)
-BACKPLANE_OUTBOX_MAX_ATTEMPTS = env_int("BACKPLANE_OUTBOX_MAX_ATTEMPTS", 5, minimum=1)
-BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS = env_int("BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS", 2, minimum=0)
-BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS = env_int("BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS", 300, minimum=1)
+# Outbox delivery (docs/delivery.md). The retry schedule is every destination's default: the
+# broker uses it and a webhook subscription may override each part. The delay after failed
+# attempt n is drawn from [c/2, c], c = min(MAX, BASE * 2**(n-1)); with these defaults a message
+# is retried for 25 to 51 hours before it becomes a dead letter (Svix ~27 h, Stripe up to 3 days).
+BACKPLANE_OUTBOX_MAX_ATTEMPTS = env_int("BACKPLANE_OUTBOX_MAX_ATTEMPTS", 35, minimum=1)
+BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS = env_int("BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS", 10, minimum=0)
+BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS = env_int("BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS", 2 * 3600, minimum=1)
 BACKPLANE_OUTBOX_RETENTION_SECONDS = env_int("BACKPLANE_OUTBOX_RETENTION_SECONDS", 24 * 3600, minimum=0)
 BACKPLANE_OUTBOX_BATCH_SIZE = env_int("BACKPLANE_OUTBOX_BATCH_SIZE", 100, minimum=1)
 BACKPLANE_OUTBOX_EXCHANGE = env_str("BACKPLANE_OUTBOX_EXCHANGE", "backplane")
+# Broker messages: "strict" (a dead letter holds the later messages of its key until a reviewer
+# decides it) or "best_effort" (it leaves the sequence). Webhooks: a field of each subscription.
+BACKPLANE_OUTBOX_BROKER_ORDERING = env_str("BACKPLANE_OUTBOX_BROKER_ORDERING", "strict")
+if BACKPLANE_OUTBOX_BROKER_ORDERING not in {"strict", "best_effort"}:
+    raise ImproperlyConfiguredEnv(
+        f"BACKPLANE_OUTBOX_BROKER_ORDERING={BACKPLANE_OUTBOX_BROKER_ORDERING!r} must be strict or best_effort")
+# Publishes to the broker in flight at once per relay process, and the deadline of one publish.
+BACKPLANE_OUTBOX_BROKER_CONCURRENCY = env_int("BACKPLANE_OUTBOX_BROKER_CONCURRENCY", 2, minimum=1, maximum=16)
+BACKPLANE_OUTBOX_BROKER_TIMEOUT_SECONDS = env_int("BACKPLANE_OUTBOX_BROKER_TIMEOUT_SECONDS", 10, minimum=1)
+# A claim's lease: rows a relay took and did not finish (it died) go to another relay after it.
+BACKPLANE_OUTBOX_CLAIM_SECONDS = env_int("BACKPLANE_OUTBOX_CLAIM_SECONDS", 30, minimum=1)
+# Threads per relay process (Celery worker or ``manage.py relay``) for all destinations together.
+BACKPLANE_OUTBOX_RELAY_THREADS = env_int("BACKPLANE_OUTBOX_RELAY_THREADS", 8, minimum=2, maximum=64)
+# Queues the product's own consumers read, declared and bound before anything is published (a
+# message no queue is bound for is dropped by the broker): "queue=binding" pairs, comma-separated;
+# name a queue twice for two bindings. External consumers declare their own (docs/delivery.md).
+BACKPLANE_OUTBOX_QUEUES: list[tuple[str, str]] = []
+for _binding in env_list("BACKPLANE_OUTBOX_QUEUES", []):
+    _queue, _, _pattern = (part.strip() for part in _binding.partition("="))
+    if not _queue or not _pattern:
+        raise ImproperlyConfiguredEnv(f"BACKPLANE_OUTBOX_QUEUES: {_binding!r} is not queue=binding")
+    BACKPLANE_OUTBOX_QUEUES.append((_queue, _pattern))
 BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
 BACKPLANE_NO_PROGRESS_FLAG_SECONDS = env_int("BACKPLANE_NO_PROGRESS_FLAG_SECONDS", 300, minimum=1)
 BACKPLANE_NO_PROGRESS_STALL_SECONDS = env_int("BACKPLANE_NO_PROGRESS_STALL_SECONDS", 1800, minimum=1)

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus, OutboxMessage, OutboxStatus
+from backplane.delivery.outbox import outbox_wake_relays
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
 from backplane.eventlog.models import Task, TaskStatus
@@ -83,13 +84,21 @@ def dead_letter_requeue(
             message = OutboxMessage.objects.select_for_update().filter(pk=dead_letter.outbox_message_id).first()
             if message is None:
                 raise InvalidInput("the outbox message is gone (pruned)", {"id": dead_letter.pk})
+            # The same row goes back, keeping its id, which is its place in its key's order: under
+            # strict ordering the messages that waited behind it are delivered after it (it heads
+            # its key again); under best effort they went ahead already and it comes late.
             message.status = OutboxStatus.PENDING
             message.attempts = 0
             message.next_attempt_at = now
             message.last_error = ""
+            message.holds_key = False
+            message.claimed_until = None
+            message.claim_token = None
             if payload is not None:
                 message.payload = payload
-            message.save(update_fields=["status", "attempts", "next_attempt_at", "last_error", "payload"])
+            message.save(update_fields=["status", "attempts", "next_attempt_at", "last_error", "payload", "holds_key",
+                                        "claimed_until", "claim_token"])
+            outbox_wake_relays()
         elif dead_letter.source == DeadLetterSource.TASK:
             task = Task.objects.select_for_update().get(pk=dead_letter.task_id)
             if task.status != TaskStatus.DEAD_LETTERED:
@@ -149,6 +158,13 @@ def dead_letter_discard(*, dead_letter_id: int, decided_by: str, reason: str, co
         dead_letter.decided_at = timezone.now()
         dead_letter.reason = reason
         dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason"])
+        if dead_letter.source == DeadLetterSource.OUTBOX and dead_letter.outbox_message_id is not None:
+            # The message stays dead; under strict ordering its key goes on without it.
+            released = OutboxMessage.objects.filter(pk=dead_letter.outbox_message_id, holds_key=True).update(
+                holds_key=False
+            )
+            if released:
+                outbox_wake_relays()
         # With ``compensate`` the event fails the task for good (the reducer), and the failure
         # starts its saga (recovery's follow-up to the write).
         task = _record_in_task_log(dead_letter, et.DEAD_LETTER_DISCARDED, decided_by=decided_by, reason=reason,
@@ -167,7 +183,8 @@ def requeue_effect(dead_letter: DeadLetter) -> str:
     """In words, what requeueing this dead letter does (shown before a reviewer decides)."""
     if dead_letter.source == DeadLetterSource.OUTBOX:
         return (f"The outbox message is sent again to {dead_letter.topic or 'its destination'} from attempt 0 "
-                "(with the edited payload, if you edit it); delivery order per task is kept.")
+                "(with the edited payload, if you edit it). Under strict ordering the later messages of its key, "
+                "held back behind it, follow it in their order; discarding it lets them go on without it.")
     if dead_letter.source == DeadLetterSource.TASK:
         return ("The task goes back to pending with fresh attempts; the next agent that claims it gets its "
                 "recovery context, so finished steps and answered tool calls are not redone.")

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import uuid
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
 
+class Ordering(models.TextChoices):
+    """What a destination does with a key's later messages once one of them is dead-lettered
+    (docs/delivery.md)."""
+
+    # The key waits until a reviewer requeues or discards the dead letter: nothing of the key
+    # ever arrives ahead of an earlier message.
+    STRICT = "strict", "strict: a dead letter holds its key until it is decided"
+    # The dead-lettered message leaves the sequence; the key's later messages go on, in order.
+    BEST_EFFORT = "best_effort", "best effort: a dead letter leaves the sequence"
+
+
 class WebhookSubscription(models.Model):
-    """Administrators subscribe URLs to topics; each matching message gets its own outbox row."""
+    """Administrators subscribe URLs to topics; each matching message gets its own outbox row.
+
+    Each subscription is a delivery lane of its own (docs/delivery.md): its deadline, its
+    concurrency, its retry schedule and its ordering. A retry field left empty takes the
+    ``BACKPLANE_OUTBOX_*`` setting of the same name.
+    """
 
     name = models.CharField(max_length=100, unique=True)
     topic_pattern = models.CharField(
@@ -18,9 +35,37 @@ class WebhookSubscription(models.Model):
     )
     url = models.URLField(max_length=1000)
     secret = models.CharField(max_length=200, help_text="HMAC-SHA256 key for the Backplane-Signature header.")
-    timeout_seconds = models.PositiveIntegerField(default=5)
+    timeout_seconds = models.PositiveIntegerField(
+        default=5, validators=[MinValueValidator(1), MaxValueValidator(300)],
+        help_text="Deadline of one POST (connect, send, answer), in seconds.",
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Strict by default, like the broker: the product's own messages are state changes keyed by
+    # task, and a receiver that applies them in arrival order would go back to an older state
+    # if a later one overtook a dead-lettered earlier one. The hold is per key (one task's
+    # messages to this URL), never the whole subscription.
+    ordering = models.CharField(
+        max_length=20, choices=Ordering.choices, default=Ordering.STRICT, db_default=Ordering.STRICT,
+        help_text="strict: a dead-lettered message holds back the later messages of its key until a reviewer "
+                  "requeues or discards it. best effort: it leaves the sequence and the others go on.",
+    )
+    max_concurrency = models.PositiveSmallIntegerField(
+        default=2, db_default=2, validators=[MinValueValidator(1), MaxValueValidator(16)],
+        help_text="POSTs in flight to this URL at once, per relay process.",
+    )
+    max_attempts = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="Attempts before a message becomes a dead letter (empty: BACKPLANE_OUTBOX_MAX_ATTEMPTS).",
+    )
+    retry_base_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(24 * 3600)],
+        help_text="First retry delay; it doubles per attempt (empty: BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS).",
+    )
+    retry_max_delay_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(7 * 24 * 3600)],
+        help_text="Longest delay between two attempts (empty: BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS).",
+    )
 
     def __str__(self) -> str:
         return f"{self.name} ({self.topic_pattern} -> {self.url})"
@@ -64,15 +109,26 @@ class OutboxMessage(models.Model):
     failures = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # A relay's claim (relay.py): the row is being delivered by the relay holding ``claim_token``
+    # until ``claimed_until``; past that, another relay may claim it again. Attempts are counted
+    # when a row is claimed, so a relay that died mid-delivery counts as an attempt.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    claim_token = models.UUIDField(null=True, blank=True)
+    # Dead-lettered under strict ordering and not yet decided: the later messages of its key
+    # and destination wait (cleared when a reviewer requeues or discards it).
+    holds_key = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [
-            models.Index(fields=["next_attempt_at", "id"], name="outbox_due_idx", condition=Q(status="pending")),
-            # Per-key order: "is an earlier message for this key and destination still undelivered?"
+            # The claim: a destination's due rows, oldest due first (``subscription`` is NULL for the broker).
+            models.Index(fields=["subscription", "next_attempt_at", "id"], name="outbox_lane_due_idx",
+                         condition=Q(status="pending")),
+            # Per-key order: "is an earlier message for this key and destination still undelivered,
+            # or dead-lettered and holding its key?" (the same condition in relay.py's SQL).
             models.Index(
                 fields=["key", "destination", "subscription", "id"],
-                name="outbox_key_order_idx",
-                condition=Q(status="pending"),
+                name="outbox_key_blocking_idx",
+                condition=Q(status="pending") | Q(holds_key=True),
             ),
             models.Index(fields=["delivered_at"], name="outbox_delivered_idx", condition=Q(status="delivered")),
         ]

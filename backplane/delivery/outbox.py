@@ -1,12 +1,13 @@
 """The transactional outbox: messages written with the change that causes them, then
 relayed at least once, in order per key, with retries that end in a dead letter.
 
-Writing (``outbox_enqueue``) happens inside the caller's transaction. Relaying is a loop
-of small steps (``outbox_relay_once``), each one transaction: claim due rows with
-``FOR UPDATE SKIP LOCKED``, publish them, record what happened. The row locks are held
-while publishing, so a second relay skips those rows instead of delivering them again;
-a relay killed mid-batch leaves its rows pending and they are delivered again later
-(at least once; consumers drop duplicates by ``message_id``).
+Writing (``outbox_enqueue``) happens inside the caller's transaction: one row per destination
+(the broker, and each webhook subscription whose pattern matches the topic), ids in the order
+written, which is the order per key. Relaying is backplane/delivery/relay.py: rows are claimed
+with a lease in a short transaction, delivered with no transaction open, and their outcome
+recorded in another short one; a relay killed mid-delivery leaves claims that expire, and the
+rows are delivered again (at least once; consumers drop duplicates by ``message_id``). The
+whole picture, ordering modes and retry schedule included: docs/delivery.md.
 """
 
 from __future__ import annotations
@@ -165,3 +166,11 @@ def _insert_rows(rows: list[dict[str, Any]], *, now: datetime) -> list[tuple[int
     with connection.cursor() as cursor:
         cursor.execute(_insert_sql(), [now, now, json.dumps(rows)])
         return sorted(cursor.fetchall())
+
+
+def outbox_wake_relays() -> None:
+    """Wake the long-running relays (``manage.py relay`` listens) when the transaction commits:
+    for rows that became claimable without an INSERT (the insert trigger notifies for those),
+    e.g. a dead letter requeued, or discarded so that its key goes on."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify('backplane_outbox', '')")

@@ -1,71 +1,111 @@
-"""The relay: claims due outbox rows, publishes them through the sinks, records what happened.
+"""The relay: claims due outbox rows, delivers them with no transaction open, records the outcome.
 
-Each step is one transaction: claim due rows with ``FOR UPDATE SKIP LOCKED``, publish them,
-record the outcome. The row locks are held while publishing, so a second relay skips those
-rows instead of delivering them again; a relay killed mid-batch leaves its rows pending and
-they are delivered again later (at least once; consumers drop duplicates by ``message_id``).
-A message that keeps failing backs off exponentially, then becomes a dead letter.
+Delivery is three short steps per destination (healthchecks' ``sendalerts`` sends its alerts
+with no transaction open the same way):
+
+1. **claim** — one short transaction, committed at once: the destination's due rows that head
+   their key get a lease (``claimed_until``) and a fresh ``claim_token``; ``attempts`` is counted
+   here, so an attempt a relay never finished (it died) still counts, and the next delivery's
+   ``attempt`` header says so.
+2. **deliver** — no transaction open, no row locked: publish to the broker or POST the webhook,
+   each within its destination's deadline.
+3. **record** — one short transaction per outcome: delivered, or the next attempt scheduled with
+   backoff, or a dead letter. Every write is conditional on the claim token: a relay whose lease
+   ran out (and whose rows another relay claimed since) changes nothing.
+
+A relay killed between 1 and 3 leaves its claims behind; once they expire another relay claims
+the rows again, so delivery is at least once (consumers drop repeats by ``message_id``).
+
+Per-key order: a row can be claimed only while no earlier row of its key and destination is
+undelivered (a claimed row is still pending) or dead-lettered under strict ordering
+(``holds_key``, until a reviewer decides). See docs/delivery.md.
+
+``outbox_relay_once`` runs the three steps in the calling thread for every destination in turn
+(tests, benchmarks); the worker and ``manage.py relay`` run them per destination in threads of
+their own (``backplane.delivery.lanes``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from backplane.delivery.announcements import announce_dead_letters
-from backplane.delivery.models import DeadLetter, DeadLetterSource, OutboxMessage, OutboxStatus
+from backplane.delivery.models import DeadLetter, DeadLetterSource, OutboxMessage, OutboxStatus, WebhookSubscription
+from backplane.delivery.policy import BROKER_LANE, Lane, LanePolicy, broker_policy, webhook_policy
 
 logger = logging.getLogger(__name__)
 
 
 def envelope(message: OutboxMessage) -> dict[str, Any]:
-    """What every sink delivers: stable id, topic, key, payload, headers with the attempt number."""
+    """What every sink delivers: stable id, topic, key, payload, and headers with the attempt
+    number (counted when the row was claimed: 1 the first time, more after failures and after
+    deliveries a relay never finished)."""
     return {
         "message_id": str(message.message_id),
         "topic": message.topic,
         "key": message.key,
         "payload": message.payload,
-        "headers": {**message.headers, "attempt": message.attempts + 1},
+        "headers": {**message.headers, "attempt": max(1, message.attempts)},
     }
 
 
 class PublishError(Exception):
-    """A sink could not deliver a message; the relay retries it later."""
+    """A sink could not deliver a message; the relay retries it later.
+
+    ``timed_out``: the destination did not answer within its deadline. The rest of that claim
+    is given back untried (each would wait a whole deadline too) and the destination is probed
+    with one message at a time until it answers again.
+    """
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 Publisher = Callable[[OutboxMessage, dict[str, Any]], None]
 
-# Claimable: due, and no earlier message for the same key and destination still waiting
-# (per-key order). Checking that for every pending row costs in proportion to the backlog:
-# with fewer keys than the batch size the LIMIT is never reached and each claim probed every
-# pending row (43-80 ms for 5,000 rows on 50 keys). So the check runs over a window, the
-# oldest due rows, which finds the keys' heads in the usual interleaved backlog for a bounded
-# cost. When the window holds nothing claimable (its rows all wait behind a head that is
-# backing off, or other relays hold them), the second statement looks at the head of every
-# key, so a stuck key never starves the others. ``m.next_attempt_at`` is checked on the
-# locked row too: a concurrent relay may just have backed it off.
+
+# --- 1. claim -------------------------------------------------------------------------------
+
+# Claimable: pending, due, not under another relay's live claim, and no earlier message of the
+# same key and destination still undelivered or holding its key (per-key order). Checking that
+# for every due row costs in proportion to the backlog: with fewer keys than the batch size the
+# LIMIT is never reached and each claim probed every pending row (43-80 ms for 5,000 rows on 50
+# keys). So the check runs over a window, the destination's oldest due rows, which finds the
+# keys' heads in the usual interleaved backlog for a bounded cost. When the window holds nothing
+# claimable (its rows all wait behind a head that is backing off, claimed, or held by a dead
+# letter), the second statement looks at the head of every key, so a stuck key never starves the
+# others. The window is ordered like ``outbox_lane_due_idx`` (``subscription_id`` first: one value
+# here, but ``IS NULL`` does not tell the planner so) to be read in index order up to its LIMIT.
+# The conditions on ``m`` are checked again on the locked row version (READ COMMITTED
+# re-evaluates them after the lock): a concurrent relay may just have claimed or backed it off.
+_CLAIMABLE = """m.status = 'pending' AND m.next_attempt_at <= %(now)s
+  AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)"""
 _CLAIM_WINDOW_SQL = """
 WITH candidates AS MATERIALIZED (
-    SELECT id, key, destination, subscription_id FROM backplane_outboxmessage
-    WHERE status = 'pending' AND next_attempt_at <= %(now)s
-    ORDER BY next_attempt_at, id
+    SELECT id, key, destination FROM backplane_outboxmessage
+    WHERE status = 'pending' AND {lane} AND next_attempt_at <= %(now)s
+      AND (claimed_until IS NULL OR claimed_until <= %(now)s)
+    ORDER BY subscription_id, next_attempt_at, id
     LIMIT %(window)s
 )
 SELECT m.id FROM backplane_outboxmessage m JOIN candidates c ON c.id = m.id
-WHERE m.status = 'pending' AND m.next_attempt_at <= %(now)s
+WHERE {claimable}
   AND NOT EXISTS (
       SELECT 1 FROM backplane_outboxmessage earlier
-      WHERE earlier.status = 'pending' AND earlier.key = c.key AND earlier.destination = c.destination
-        AND earlier.subscription_id IS NOT DISTINCT FROM c.subscription_id AND earlier.id < c.id
+      WHERE (earlier.status = 'pending' OR earlier.holds_key) AND earlier.key = c.key
+        AND earlier.destination = c.destination AND {earlier_lane} AND earlier.id < c.id
   )
 ORDER BY m.id
 LIMIT %(limit)s
@@ -74,121 +114,292 @@ FOR UPDATE OF m SKIP LOCKED
 _CLAIM_KEY_HEADS_SQL = """
 SELECT m.id FROM backplane_outboxmessage m
 WHERE m.id IN (
-      SELECT DISTINCT ON (key, destination, subscription_id) id FROM backplane_outboxmessage
-      WHERE status = 'pending'
-      ORDER BY key, destination, subscription_id, id
+      SELECT DISTINCT ON (key, destination) id FROM backplane_outboxmessage
+      WHERE (status = 'pending' OR holds_key) AND {lane}
+      ORDER BY key, destination, id
   )
-  AND m.status = 'pending' AND m.next_attempt_at <= %(now)s
+  AND {claimable}
 ORDER BY m.id
 LIMIT %(limit)s
 FOR UPDATE OF m SKIP LOCKED
 """
 
 
-def _claim_due(*, now: datetime, batch_size: int) -> list[int]:
-    params = {"now": now, "limit": batch_size, "window": batch_size * 2}
+def _lane_condition(lane: Lane, alias: str = "") -> str:
+    prefix = f"{alias}." if alias else ""
+    return f"{prefix}subscription_id IS NULL" if lane is BROKER_LANE else f"{prefix}subscription_id = %(lane)s"
+
+
+def _claimable_ids(*, lane: Lane, now: datetime, limit: int) -> list[int]:
+    params = {"now": now, "limit": limit, "window": limit * 2, "lane": lane}
+    window_sql = _CLAIM_WINDOW_SQL.format(lane=_lane_condition(lane), earlier_lane=_lane_condition(lane, "earlier"),
+                                          claimable=_CLAIMABLE)
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_WINDOW_SQL, params)
+        cursor.execute(window_sql, params)
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
-            cursor.execute(_CLAIM_KEY_HEADS_SQL, params)
+            cursor.execute(_CLAIM_KEY_HEADS_SQL.format(lane=_lane_condition(lane), claimable=_CLAIMABLE), params)
             ids = [row[0] for row in cursor.fetchall()]
     return ids
 
 
-@dataclass(frozen=True)
-class RelayStep:
-    claimed: int
-    delivered: int
-    failed: int
-    dead: int
+@dataclass
+class Claim:
+    """Rows one relay holds for a while: deliver them, then record each under ``token``."""
+
+    token: uuid.UUID
+    until: datetime
+    messages: list[OutboxMessage]
+
+
+def outbox_claim(*, lane: Lane, limit: int, lease_seconds: float) -> Claim | None:
+    """Claim up to ``limit`` due heads of their keys for one destination, and commit.
+
+    The claim is its own short transaction: no row stays locked while anything is delivered.
+    SKIP LOCKED keeps concurrent claims off each other's rows; the lease keeps later claims off
+    them until it runs out."""
+    with transaction.atomic(durable=True):
+        now = timezone.now()
+        ids = _claimable_ids(lane=lane, now=now, limit=limit)
+        if not ids:
+            return None
+        token = uuid.uuid4()
+        until = now + timedelta(seconds=lease_seconds)
+        OutboxMessage.objects.filter(pk__in=ids).update(
+            claimed_until=until, claim_token=token, attempts=F("attempts") + 1
+        )
+        messages = list(OutboxMessage.objects.filter(pk__in=ids).select_related("subscription").order_by("id"))
+    return Claim(token=token, until=until, messages=messages)
+
+
+def outbox_extend_claim(*, claim: Claim, ids: Sequence[int], lease_seconds: float) -> set[int]:
+    """Lengthen the lease on ``ids`` before a delivery that could outlast it; returns the ids
+    still ours. A row missing from the answer was claimed by another relay after our lease ran
+    out (this one stalled): it is theirs now and this relay must not deliver it. One statement,
+    conditional on the token, so no claim made in between can be overwritten."""
+    until = timezone.now() + timedelta(seconds=lease_seconds)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE backplane_outboxmessage SET claimed_until = %s"
+            " WHERE id = ANY(%s) AND claim_token = %s AND status = 'pending' RETURNING id",
+            [until, list(ids), claim.token],
+        )
+        kept = {row[0] for row in cursor.fetchall()}
+    claim.until = until
+    return kept
+
+
+def outbox_release(*, claim: Claim, ids: Sequence[int]) -> int:
+    """Give rows back untried (the relay is stopping, or their destination stopped answering):
+    the claim is cleared and the attempt counted at claim time is taken back. Conditional on the
+    token, like every write after the claim."""
+    if not ids:
+        return 0
+    return OutboxMessage.objects.filter(
+        pk__in=list(ids), claim_token=claim.token, status=OutboxStatus.PENDING
+    ).update(claimed_until=None, claim_token=None, attempts=F("attempts") - 1)
+
+
+# --- 3. record ------------------------------------------------------------------------------
+
+
+def outbox_mark_delivered(*, claim: Claim, ids: Sequence[int]) -> int:
+    """Mark delivered the rows of ``ids`` this claim still holds; returns how many.
+
+    The race this closes: our lease ran out during a slow delivery and another relay claimed
+    the row (a new token). Then the row is theirs: their delivery goes ahead (the consumer gets
+    the message twice and drops one by ``message_id``) and their outcome is the one recorded.
+    The conditional UPDATE and its row count tell the two cases apart."""
+    if not ids:
+        return 0
+    updated = OutboxMessage.objects.filter(
+        pk__in=list(ids), claim_token=claim.token, status=OutboxStatus.PENDING
+    ).update(status=OutboxStatus.DELIVERED, delivered_at=timezone.now(), last_error="", claimed_until=None,
+             claim_token=None)
+    if updated < len(ids):
+        logger.warning("%d of %d delivered outbox messages had been claimed by another relay after this one's "
+                       "lease ran out; they will arrive twice", len(ids) - updated, len(ids))
+    return updated
 
 
 # Failed attempts kept per message (and copied to its dead letter) for the people who review it.
 FAILURES_KEPT = 10
 
+FAILED, DEAD, LOST = "failed", "dead", "lost"
 
-def backoff_seconds(attempts: int) -> float:
-    """Exponential with full jitter: spreads retries of many rows that failed together."""
-    base = settings.BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS
-    ceiling = min(settings.BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS, base * 2 ** (attempts - 1))
-    return random.uniform(ceiling / 2, ceiling)
+
+def outbox_record_failure(*, message: OutboxMessage, claim: Claim, error: str, policy: LanePolicy) -> str:
+    """Schedule the next attempt, or after the last one make the row a dead letter. One short
+    transaction; returns FAILED, DEAD, or LOST when the claim is no longer ours (see
+    ``outbox_mark_delivered``: the other relay's outcome counts, this one is dropped)."""
+    with transaction.atomic(durable=True):
+        row = (
+            OutboxMessage.objects.select_for_update()
+            .filter(pk=message.pk, claim_token=claim.token, status=OutboxStatus.PENDING)
+            .first()
+        )
+        if row is None:
+            logger.warning("outbox message %s: its claim ran out before its failure was recorded", message.message_id)
+            return LOST
+        now = timezone.now()
+        row.last_error = error[:2000]
+        failure = {"attempt": row.attempts, "at": now.isoformat(), "error": error[:500]}
+        row.failures = [*(row.failures or []), failure][-FAILURES_KEPT:]
+        row.claimed_until = None
+        row.claim_token = None
+        fields = ["last_error", "failures", "claimed_until", "claim_token"]
+        if row.attempts >= policy.retry.max_attempts:
+            row.status = OutboxStatus.DEAD
+            # Strict: the key's later messages wait for a reviewer. Best effort: they go on.
+            row.holds_key = policy.strict
+            row.save(update_fields=[*fields, "status", "holds_key"])
+            DeadLetter.objects.create(
+                source=DeadLetterSource.OUTBOX,
+                reference=str(row.message_id),
+                task_id=row.task_id,
+                outbox_message=row,
+                topic=row.topic,
+                payload=row.payload,
+                error=row.last_error,
+                attempts=row.attempts,
+                history=row.failures,
+                created_at=now,
+            )
+            announce_dead_letters()
+            logger.warning("outbox message %s to %s dead after %d attempts (%s ordering): %s", row.message_id,
+                           policy.name, row.attempts, policy.ordering, error)
+            return DEAD
+        # From the moment of failure, not the claim's: a slow failure (a timeout) must not eat
+        # the backoff.
+        row.next_attempt_at = now + timedelta(seconds=policy.retry.delay_after(row.attempts))
+        row.save(update_fields=[*fields, "next_attempt_at"])
+        return FAILED
+
+
+# --- 2. deliver -----------------------------------------------------------------------------
+
+
+@dataclass
+class RelayStep:
+    claimed: int = 0
+    delivered: int = 0
+    failed: int = 0
+    dead: int = 0
+    lost: int = 0  # outcomes dropped because another relay had claimed the row since
+    released: int = 0  # given back untried
+    timed_out: bool = False  # a delivery ran into its destination's deadline
+
+    def __add__(self, other: RelayStep) -> RelayStep:
+        return RelayStep(self.claimed + other.claimed, self.delivered + other.delivered, self.failed + other.failed,
+                         self.dead + other.dead, self.lost + other.lost, self.released + other.released,
+                         self.timed_out or other.timed_out)
+
+
+# Delivered rows are marked in groups (a transaction per broker message would cost more than
+# the publish), at least this often, so a key's next message is not held back for long.
+_MARK_EVERY_SECONDS = 0.25
+
+
+def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy,
+                         should_stop: Callable[[], bool] = lambda: False, deadline: float | None = None) -> RelayStep:
+    """Deliver a claim's messages one by one, in id order, with no transaction open, recording
+    each outcome. Stops early (giving the rest back untried) when ``should_stop()`` says so,
+    when the monotonic ``deadline`` passes, or when the destination stops answering."""
+    step = RelayStep(claimed=len(claim.messages))
+    ours = {m.pk for m in claim.messages}
+    pending_marks: list[int] = []
+    marked_at = time.monotonic()
+
+    def mark() -> None:
+        nonlocal pending_marks, marked_at
+        done = outbox_mark_delivered(claim=claim, ids=pending_marks)
+        step.delivered += done
+        step.lost += len(pending_marks) - done
+        pending_marks = []
+        marked_at = time.monotonic()
+
+    for index, message in enumerate(claim.messages):
+        rest = [m.pk for m in claim.messages[index:]]
+        if should_stop() or (deadline is not None and time.monotonic() >= deadline):
+            step.released += outbox_release(claim=claim, ids=rest)
+            break
+        # The lease must outlast this delivery and its record; lengthen it when it would not.
+        if (claim.until - timezone.now()).total_seconds() < policy.timeout_seconds + 1:
+            ours = outbox_extend_claim(claim=claim, ids=rest, lease_seconds=policy.lease_seconds)
+        if message.pk not in ours:
+            step.lost += 1
+            continue
+        try:
+            publish(message, envelope(message))
+        except Exception as exc:  # noqa: BLE001 - any failure is recorded on the row, never lost in a log
+            if not isinstance(exc, PublishError):
+                logger.exception("publishing outbox message %s failed unexpectedly", message.message_id)
+            outcome = outbox_record_failure(message=message, claim=claim, error=_describe(exc), policy=policy)
+            step.failed += outcome == FAILED
+            step.dead += outcome == DEAD
+            step.lost += outcome == LOST
+            if isinstance(exc, PublishError) and exc.timed_out:
+                # Each of the others would wait a whole deadline too: give them back for now.
+                step.timed_out = True
+                step.released += outbox_release(claim=claim, ids=rest[1:])
+                break
+            continue
+        pending_marks.append(message.pk)
+        if time.monotonic() - marked_at >= _MARK_EVERY_SECONDS:
+            mark()
+    mark()
+    return step
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, PublishError) else f"{exc.__class__.__name__}: {exc}"
+
+
+# --- the steps, per destination and for all of them -------------------------------------------
+
+
+def outbox_lanes_due(*, now: datetime | None = None) -> list[LanePolicy]:
+    """The destinations that have due, unclaimed messages, with their policies (two queries)."""
+    now = now or timezone.now()
+    due = OutboxMessage.objects.filter(status=OutboxStatus.PENDING, next_attempt_at__lte=now).filter(
+        Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
+    )
+    lanes = [broker_policy()] if due.filter(subscription__isnull=True).exists() else []
+    subscriptions = WebhookSubscription.objects.filter(Exists(due.filter(subscription=OuterRef("pk")))).order_by("pk")
+    return lanes + [webhook_policy(subscription) for subscription in subscriptions]
+
+
+def outbox_relay_lane_once(*, policy: LanePolicy, publish: Publisher, batch_size: int, probe: bool = False,
+                           should_stop: Callable[[], bool] = lambda: False,
+                           deadline: float | None = None) -> RelayStep:
+    """Claim one batch for one destination, deliver it, record the outcomes. ``probe``: claim a
+    single message (the destination timed out lately)."""
+    claim = outbox_claim(lane=policy.lane, limit=1 if probe else policy.claim_size(batch_size),
+                         lease_seconds=policy.lease_seconds)
+    if claim is None:
+        return RelayStep()
+    return outbox_deliver_claim(claim=claim, publish=publish, policy=policy, should_stop=should_stop,
+                                deadline=deadline)
 
 
 def outbox_relay_once(*, publish: Publisher, batch_size: int = 100) -> RelayStep:
-    """Claim one batch of due messages, publish each, record the outcome. One transaction."""
-    delivered = failed = dead = 0
-    with transaction.atomic(durable=True):
-        now = timezone.now()
-        ids = _claim_due(now=now, batch_size=batch_size)
-        if not ids:
-            return RelayStep(0, 0, 0, 0)
-        messages = list(OutboxMessage.objects.filter(pk__in=ids).select_related("subscription").order_by("id"))
-        delivered_ids: list[int] = []
-        blocked_keys: set[tuple[str, str, int | None]] = set()
-        for message in messages:
-            ordering_key = (message.key, message.destination, message.subscription_id)
-            if ordering_key in blocked_keys:
-                # An earlier message of this key failed in this batch: later ones wait for it.
-                continue
-            try:
-                publish(message, envelope(message))
-            except PublishError as exc:
-                blocked_keys.add(ordering_key)
-                if _record_failure(message, str(exc), now=now):
-                    dead += 1
-                else:
-                    failed += 1
-                continue
-            delivered_ids.append(message.pk)
-        if delivered_ids:
-            OutboxMessage.objects.filter(pk__in=delivered_ids).update(
-                status=OutboxStatus.DELIVERED, delivered_at=timezone.now(), last_error=""
-            )
-            delivered = len(delivered_ids)
-    return RelayStep(len(ids), delivered, failed, dead)
-
-
-def _record_failure(message: OutboxMessage, error: str, *, now: datetime) -> bool:
-    """Back off, or after the last attempt turn the row into a dead letter. True when dead."""
-    message.attempts += 1
-    message.last_error = error[:2000]
-    failure = {"attempt": message.attempts, "at": now.isoformat(), "error": error[:500]}
-    message.failures = [*(message.failures or []), failure][-FAILURES_KEPT:]
-    if message.attempts >= settings.BACKPLANE_OUTBOX_MAX_ATTEMPTS:
-        message.status = OutboxStatus.DEAD
-        message.save(update_fields=["attempts", "last_error", "status", "failures"])
-        DeadLetter.objects.create(
-            source=DeadLetterSource.OUTBOX,
-            reference=str(message.message_id),
-            task=message.task,
-            outbox_message=message,
-            topic=message.topic,
-            payload=message.payload,
-            error=message.last_error,
-            attempts=message.attempts,
-            history=message.failures,
-            created_at=now,
-        )
-        announce_dead_letters()
-        logger.warning("outbox message %s dead after %d attempts: %s", message.message_id, message.attempts, error)
-        return True
-    # From the moment of failure, not the batch's start: a slow failure (a connect timeout)
-    # must not eat the backoff.
-    message.next_attempt_at = timezone.now() + timedelta(seconds=backoff_seconds(message.attempts))
-    message.save(update_fields=["attempts", "last_error", "next_attempt_at", "failures"])
-    return False
+    """One batch for every destination with due messages, delivered here, one destination after
+    the other (tests and benchmarks; the worker delivers each destination in threads)."""
+    total = RelayStep()
+    for policy in outbox_lanes_due():
+        total += outbox_relay_lane_once(policy=policy, publish=publish, batch_size=batch_size)
+    return total
 
 
 def outbox_relay_until_idle(*, publish: Publisher, budget_seconds: float, batch_size: int = 100) -> RelayStep:
-    """Relay batches until nothing is due or the time budget is spent (the beat task's loop)."""
+    """Relay batches until nothing is claimable or the time budget is spent."""
     deadline = time.monotonic() + budget_seconds
-    totals = [0, 0, 0, 0]
+    total = RelayStep()
     while True:
         step = outbox_relay_once(publish=publish, batch_size=batch_size)
-        totals = [a + b for a, b in zip(totals, (step.claimed, step.delivered, step.failed, step.dead), strict=True)]
+        total += step
         if step.claimed == 0 or step.delivered == 0 or time.monotonic() >= deadline:
-            return RelayStep(*totals)
+            return total
 
 
 def outbox_prune_delivered(*, older_than: timedelta | None = None, batch_size: int = 5000) -> int:

@@ -9,20 +9,44 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, F, Min, Q, QuerySet
+from django.db.models import Count, F, IntegerField, Min, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, OutboxStatus
 
+# How many messages wait behind a dead letter: the undelivered messages of its outbox message's
+# key and destination queued after it, while that message holds its key (strict ordering, not
+# decided yet); 0 for every other dead letter. A correlated subquery on the outer row, so a page
+# of dead letters still reads in one query (the key-order index answers it).
+_WAITING_BEHIND_SQL = """
+SELECT count(*) FROM backplane_outboxmessage held
+JOIN backplane_outboxmessage waiting
+  ON waiting.key = held.key AND waiting.destination = held.destination
+ AND waiting.subscription_id IS NOT DISTINCT FROM held.subscription_id
+ AND waiting.id > held.id AND waiting.status = 'pending'
+WHERE held.id = backplane_deadletter.outbox_message_id AND held.holds_key
+"""
+
+
+def with_waiting_behind(items: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+    """Annotate ``waiting_behind`` (see ``_WAITING_BEHIND_SQL``)."""
+    return items.annotate(waiting_behind=RawSQL(_WAITING_BEHIND_SQL, [], output_field=IntegerField()))
+
+
+def dead_letter_waiting_behind(dead_letter_id: int) -> int:
+    row = with_waiting_behind(DeadLetter.objects.filter(pk=dead_letter_id)).values_list("waiting_behind", flat=True)
+    return next(iter(row), 0)
+
 
 @dataclass(frozen=True)
 class DeadLetterPage:
-    items: list[DeadLetter]
+    items: list[DeadLetter]  # with ``waiting_behind``
     next_cursor: int | None
 
 
 def dead_letter_list(*, status: str | None, limit: int, after_id: int) -> DeadLetterPage:
-    items = DeadLetter.objects.filter(pk__gt=after_id).order_by("pk")
+    items = with_waiting_behind(DeadLetter.objects.filter(pk__gt=after_id)).order_by("pk")
     if status:
         items = items.filter(status=status)
     page = list(items[: limit + 1])
@@ -38,9 +62,11 @@ class OutboxStats:
     lag_seconds: float
     pending: int
     delivered: int
-    failing: int
+    failing: int  # pending, and failed at least once
     dead: int
     dead_letters_pending: int
+    in_flight: int = 0  # pending, under a relay's live claim
+    held: int = 0  # dead letters holding their key (strict ordering, not decided yet)
 
 
 def outbox_stats(*, now: datetime | None = None) -> OutboxStats:
@@ -50,7 +76,10 @@ def outbox_stats(*, now: datetime | None = None) -> OutboxStats:
     aggregates = pending.aggregate(
         oldest_due=Min("created_at", filter=Q(next_attempt_at__lte=now)),
         pending=Count("id"),
-        failing=Count("id", filter=Q(attempts__gt=0)),
+        # Attempts are counted when a row is claimed, so a first delivery under way has one too:
+        # failing is what has a recorded failure.
+        failing=Count("id", filter=~Q(last_error="")),
+        in_flight=Count("id", filter=Q(claimed_until__gt=now)),
     )
     by_status = dict(
         OutboxMessage.objects.exclude(status=OutboxStatus.PENDING)
@@ -66,6 +95,8 @@ def outbox_stats(*, now: datetime | None = None) -> OutboxStats:
         failing=aggregates["failing"],
         dead=by_status.get(OutboxStatus.DEAD, 0),
         dead_letters_pending=DeadLetter.objects.filter(status=DeadLetterStatus.PENDING).count(),
+        in_flight=aggregates["in_flight"],
+        held=OutboxMessage.objects.filter(holds_key=True).count(),
     )
 
 
@@ -117,8 +148,11 @@ def dead_letters_filtered(filters: DeadLetterFilters) -> QuerySet[DeadLetter]:
 
 
 def _queue_rows(items: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
-    # The task's kind and status come in the same query (a LEFT JOIN: not every dead letter has a task).
-    return items.only(*QUEUE_FIELDS).annotate(task_kind=F("task__kind"), task_status=F("task__status"))
+    # The task's kind and status come in the same query (a LEFT JOIN: not every dead letter has a
+    # task), and so does how many messages wait behind each one.
+    return with_waiting_behind(
+        items.only(*QUEUE_FIELDS).annotate(task_kind=F("task__kind"), task_status=F("task__status"))
+    )
 
 
 def _decided(items: QuerySet[DeadLetter], filters: DeadLetterFilters) -> QuerySet[DeadLetter]:
@@ -160,7 +194,7 @@ def _decode_queue_cursor(cursor: str) -> tuple[str, datetime | None, int]:
 
 @dataclass(frozen=True)
 class DeadLetterQueuePage:
-    items: list[DeadLetter]  # with ``task_kind`` and ``task_status``
+    items: list[DeadLetter]  # with ``task_kind``, ``task_status`` and ``waiting_behind``
     next_cursor: str | None
     cursor: str | None
 
@@ -194,9 +228,10 @@ def dead_letter_queue_page(filters: DeadLetterFilters, *, cursor: str | None = N
 
 
 def dead_letter_for_review(dead_letter_id: int) -> DeadLetter | None:
-    """One dead letter with its task, its outbox message and that message's webhook (one query)."""
+    """One dead letter with its task, its outbox message and that message's webhook, and how many
+    messages wait behind it (one query)."""
     return (
-        DeadLetter.objects.select_related("task", "outbox_message__subscription")
+        with_waiting_behind(DeadLetter.objects.select_related("task", "outbox_message__subscription"))
         .defer("task__output", "outbox_message__headers", "outbox_message__subscription__secret")
         .filter(pk=dead_letter_id)
         .first()

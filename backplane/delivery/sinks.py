@@ -6,12 +6,13 @@ import hashlib
 import hmac
 import json
 import logging
+import socket
 import time
 from typing import Any
 
 import httpx
 from django.conf import settings
-from kombu import Connection, Exchange
+from kombu import Connection, Exchange, Queue
 
 from backplane.delivery.models import OutboxDestination, OutboxMessage
 from backplane.delivery.relay import PublishError
@@ -28,24 +29,41 @@ def webhook_signature(secret: str, body: bytes, timestamp: int) -> str:
 class KombuSink:
     """Publishes to a topic exchange, routing key = topic, persistent messages.
 
-    Keeps one connection per relay process and reconnects after a failure; a publish
-    that fails raises PublishError so the relay backs the row off.
+    Keeps one connection (per relay thread) and reconnects after a failure; a publish that
+    fails raises PublishError so the relay backs the row off. On every connect it declares the
+    exchange and the queues of ``BACKPLANE_OUTBOX_QUEUES`` with their bindings: a topic exchange
+    drops a message that no bound queue matches, so the product's own consumers' queues must
+    exist before the first publish (external consumers declare theirs: docs/delivery.md).
     """
 
-    def __init__(self, url: str | None = None, exchange_name: str | None = None) -> None:
+    def __init__(self, url: str | None = None, exchange_name: str | None = None,
+                 queues: list[tuple[str, str]] | None = None, timeout: float | None = None) -> None:
         self.url = url or settings.BACKPLANE_OUTBOX_BROKER_URL
         self.exchange = Exchange(exchange_name or settings.BACKPLANE_OUTBOX_EXCHANGE, type="topic", durable=True)
+        self.queues = [
+            Queue(name, self.exchange, routing_key=binding, durable=True)
+            for name, binding in (settings.BACKPLANE_OUTBOX_QUEUES if queues is None else queues)
+        ]
+        self.timeout = float(timeout or settings.BACKPLANE_OUTBOX_BROKER_TIMEOUT_SECONDS)
         self._connection: Connection | None = None
         self._producer: Any = None
 
     def _ensure_producer(self) -> Any:
         if self._producer is None:
-            options = settings.CELERY_BROKER_TRANSPORT_OPTIONS if self.url == settings.CELERY_BROKER_URL else {}
-            self._connection = Connection(self.url, transport_options=options, connect_timeout=3)
+            options = dict(settings.CELERY_BROKER_TRANSPORT_OPTIONS) if self.url == settings.CELERY_BROKER_URL else {}
+            if self.url.startswith(("redis://", "rediss://")):
+                # The publish deadline: a Redis that stops answering fails the publish instead of
+                # holding the relay's thread for the operating system's TCP timeout.
+                options.setdefault("socket_timeout", self.timeout)
+                options.setdefault("socket_connect_timeout", self.timeout)
+            self._connection = Connection(self.url, transport_options=options, connect_timeout=self.timeout)
             # No retries here: the relay's backoff is the retry policy.
-            self._connection.ensure_connection(max_retries=0, timeout=3)
+            self._connection.ensure_connection(max_retries=0, timeout=self.timeout)
             self._producer = self._connection.Producer(serializer="json")
-            self.exchange(self._producer.channel).declare()
+            channel = self._producer.channel
+            self.exchange(channel).declare()
+            for queue in self.queues:
+                queue(channel).declare()
         return self._producer
 
     def publish(self, message: OutboxMessage, body: dict[str, Any]) -> None:
@@ -62,7 +80,8 @@ class KombuSink:
             )
         except Exception as exc:  # noqa: BLE001 - kombu raises many transport-specific errors
             self.close()
-            raise PublishError(f"broker: {exc.__class__.__name__}: {exc}") from exc
+            timed_out = isinstance(exc, (TimeoutError, socket.timeout)) or "timed out" in str(exc).lower()
+            raise PublishError(f"broker: {exc.__class__.__name__}: {exc}", timed_out=timed_out) from exc
 
     def close(self) -> None:
         if self._connection is not None:
@@ -75,7 +94,15 @@ class KombuSink:
 
 
 class WebhookSink:
-    """POSTs the envelope with a Backplane-Signature header; any 2xx means delivered."""
+    """POSTs the envelope with a Backplane-Signature header; any 2xx means delivered.
+
+    The subscription's ``timeout_seconds`` is the deadline of the whole delivery: httpx's
+    timeouts apply to each network operation (connect, send, each read), so the answer is read
+    in chunks against the deadline as well (httpx has no total timeout, encode/httpx#1450).
+    """
+
+    # Enough of an answer to show in an error; the rest is not read.
+    ANSWER_BYTES_KEPT = 4096
 
     def __init__(self) -> None:
         self.client = httpx.Client(follow_redirects=False)
@@ -91,20 +118,32 @@ class WebhookSink:
             "Backplane-Message-Id": str(message.message_id),
             "User-Agent": "agent-backplane-relay/1",
         }
+        timeout = float(max(1, subscription.timeout_seconds))
+        deadline = time.monotonic() + timeout
         try:
-            response = self.client.post(subscription.url, content=raw, headers=headers,
-                                        timeout=subscription.timeout_seconds)
+            with self.client.stream("POST", subscription.url, content=raw, headers=headers,
+                                    timeout=timeout) as response:
+                answer = b""
+                for chunk in response.iter_raw():
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("the answer took longer than the deadline")
+                    answer += chunk[: self.ANSWER_BYTES_KEPT - len(answer)]
+                    if len(answer) >= self.ANSWER_BYTES_KEPT:
+                        break
         except httpx.HTTPError as exc:
-            raise PublishError(f"webhook {subscription.name}: {exc.__class__.__name__}: {exc}") from exc
+            raise PublishError(f"webhook {subscription.name}: {exc.__class__.__name__}: {exc}",
+                               timed_out=isinstance(exc, httpx.TimeoutException)) from exc
         if not 200 <= response.status_code < 300:
-            raise PublishError(f"webhook {subscription.name}: HTTP {response.status_code}: {response.text[:200]}")
+            text = answer.decode(errors="replace")[:200]
+            raise PublishError(f"webhook {subscription.name}: HTTP {response.status_code}: {text}")
 
     def close(self) -> None:
         self.client.close()
 
 
 class Sinks:
-    """The relay's publisher: sends each message to the sink its destination names."""
+    """A publisher for the relay: sends each message to the sink its destination names. Not
+    thread-safe: each relay thread has its own (backplane/delivery/lanes.py)."""
 
     def __init__(self, broker: KombuSink | None = None, webhooks: WebhookSink | None = None) -> None:
         self.broker = broker or KombuSink()

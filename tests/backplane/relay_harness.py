@@ -144,7 +144,8 @@ def enqueue_keyed_messages(*, keys: Sequence[str], per_key: int, first_seq: int 
 
 
 class RelayProcess:
-    """``manage.py relay`` as a child process on the test database, logging to a file."""
+    """``manage.py relay`` as a child process on the test database, logging to a file. Its
+    delivery lanes run in its threads, whose connections share ``PGAPPNAME`` if one is given."""
 
     def __init__(self, log_path: Path, *, batch_size: int, poll_seconds: float = 0.2,
                  env: dict[str, str] | None = None) -> None:
@@ -159,6 +160,10 @@ class RelayProcess:
             "BACKPLANE_VAR_DIR": os.environ["BACKPLANE_VAR_DIR"],
             "BACKPLANE_DB_POOL": "0",
             "PYTHONUNBUFFERED": "1",
+            # Short leases (the broker here is a local folder, publishes take a millisecond): the
+            # claims a killed relay leaves behind expire within 3 s and another relay takes them.
+            "BACKPLANE_OUTBOX_CLAIM_SECONDS": "2",
+            "BACKPLANE_OUTBOX_BROKER_TIMEOUT_SECONDS": "1",
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None
@@ -254,6 +259,7 @@ class Delivery:
     topic: str
     key: str
     seq: int | None
+    received_at: float = 0.0  # time.time() when the consumer got it
 
 
 class BrokerConsumer:
@@ -352,7 +358,7 @@ class BrokerConsumer:
                 payload = envelope.get("payload") or {}
                 with self._lock:
                     self.deliveries.append(Delivery(envelope["message_id"], envelope["topic"], envelope["key"],
-                                                    payload.get("seq")))
+                                                    payload.get("seq"), time.time()))
                 if self._apply(envelope):
                     self.applied += 1
                 message.ack()  # only after the commit: a crash before it means a redelivery, not a loss

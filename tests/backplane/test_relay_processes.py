@@ -15,6 +15,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -182,34 +183,40 @@ def test_an_unreachable_broker_backs_off_then_dead_letters_each_message_once_and
         "BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS": str(backoff_base),
     })
 
-    # Between two attempts a row waits out its backoff (>= 0.5 s), so polling sees every state.
-    history: dict[int, list[tuple[int, str, Any, str]]] = {row.pk: [] for row in rows}
+    # Polled throughout: attempts only ever go up, one claim at a time, and no row is ever
+    # delivered; the relay keeps no transaction open between claiming and recording.
+    seen_attempts: dict[int, list[int]] = {row.pk: [0] for row in rows}
 
-    def record_states() -> bool:
-        for row in OutboxMessage.objects.order_by("id"):
-            state = (row.attempts, row.status, row.next_attempt_at, row.last_error)
-            if not history[row.pk] or history[row.pk][-1] != state:
-                history[row.pk].append(state)
-        return all(states[-1][1] == OutboxStatus.DEAD for states in history.values())
+    def record_attempts() -> bool:
+        done = True
+        for pk, attempts, status in OutboxMessage.objects.values_list("pk", "attempts", "status"):
+            if seen_attempts[pk][-1] != attempts:
+                seen_attempts[pk].append(attempts)
+            done = done and status == OutboxStatus.DEAD
+        return done
 
-    wait_until(record_states, timeout=90, what="every row is dead", interval=0.02, on_timeout=relay_logs(relay))
+    wait_until(record_attempts, timeout=90, what="every row is dead", interval=0.02, on_timeout=relay_logs(relay))
     assert relay.stop() == 0
 
     for row in rows:
-        states = history[row.pk]
-        assert [s[0] for s in states] == [0, 1, 2, 3], states
-        assert [s[1] for s in states] == ["pending", "pending", "pending", "dead"]
-        assert all("broker:" in s[3] and "127.0.0.1:1" in s[3] for s in states[1:]), states
-        # Backoff: attempt n is not retried before ceiling/2 = base * 2**(n-1) / 2 seconds
-        # (full jitter keeps it in [ceiling/2, ceiling]), counted from when it became due.
-        due = [s[2] for s in states]
-        assert (due[1] - due[0]).total_seconds() >= backoff_base * 0.5
-        assert (due[2] - due[1]).total_seconds() >= backoff_base * 1.0
+        assert seen_attempts[row.pk] == sorted(set(seen_attempts[row.pk])), seen_attempts[row.pk]
+        row.refresh_from_db()
+        assert (row.status, row.attempts, row.holds_key) == (OutboxStatus.DEAD, max_attempts, True)
+        assert row.claimed_until is None and row.claim_token is None
+        # Every failed attempt is on the row, counted when it was claimed: 1, 2, 3.
+        assert [f["attempt"] for f in row.failures] == [1, 2, 3], row.failures
+        assert all("broker:" in f["error"] and "127.0.0.1:1" in f["error"] for f in row.failures), row.failures
+        # Backoff: attempt n is not retried before ceiling/2 = base * 2**(n-1) / 2 seconds after it
+        # failed (equal jitter keeps the delay in [ceiling/2, ceiling]).
+        failed_at = [datetime.fromisoformat(f["at"]) for f in row.failures]
+        assert (failed_at[1] - failed_at[0]).total_seconds() >= backoff_base * 0.5
+        assert (failed_at[2] - failed_at[1]).total_seconds() >= backoff_base * 1.0
         dead_letters = list(DeadLetter.objects.filter(outbox_message_id=row.pk))
         assert len(dead_letters) == 1, "one dead letter per message, however often the relay looked at it"
         assert dead_letters[0].attempts == max_attempts
         assert dead_letters[0].reference == str(row.message_id)
         assert dead_letters[0].status == DeadLetterStatus.PENDING
+        assert [h["attempt"] for h in dead_letters[0].history] == [1, 2, 3]
     assert DeadLetter.objects.count() == len(rows)
     assert consumer.delivery_count() == 0
 

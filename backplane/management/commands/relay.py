@@ -1,7 +1,12 @@
 """A long-running outbox relay that wakes on PostgreSQL NOTIFY, for low latency.
 
+The same delivery lanes as the worker (backplane/delivery/lanes.py): this loop only looks for
+destinations with due messages (on every NOTIFY, and at least every ``--poll-seconds`` for
+retries whose backoff ran out) and starts their jobs; the lanes deliver in threads of their own.
+
 It survives the database going away (a restart, a failover): the error is logged, the
-connections are dropped and the loop tries again after a pause, without exiting.
+connections are dropped and the loop tries again after a pause, without exiting. SIGTERM or
+SIGINT: deliveries under way finish, untried rows are given back, exit 0.
 """
 
 from __future__ import annotations
@@ -17,8 +22,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from backplane.delivery import relay
-from backplane.delivery.sinks import Sinks
+from backplane.delivery.lanes import LaneRunner
 
 logger = logging.getLogger("backplane.relay")
 
@@ -32,6 +36,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--batch-size", type=int, default=settings.BACKPLANE_OUTBOX_BATCH_SIZE)
+        parser.add_argument("--threads", type=int, default=settings.BACKPLANE_OUTBOX_RELAY_THREADS,
+                            help="delivery threads for all destinations together")
         parser.add_argument("--poll-seconds", type=float, default=1.0,
                             help="wake at least this often, for retries whose backoff has run out")
 
@@ -39,7 +45,7 @@ class Command(BaseCommand):
         self.stopping = False
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        sinks = Sinks()
+        lanes = LaneRunner(threads=max(2, options["threads"]), batch_size=options["batch_size"])
         listener: psycopg.Connection[Any] | None = None
         logger.info("relay started")
         try:
@@ -47,9 +53,7 @@ class Command(BaseCommand):
                 try:
                     if listener is None or listener.closed:
                         listener = self._listen()
-                    step = relay.outbox_relay_once(publish=sinks, batch_size=options["batch_size"])
-                    if step.claimed and step.delivered:
-                        continue  # more may be due right away
+                    lanes.tick()
                     self._wait(listener, options["poll_seconds"])
                 except (OperationalError, InterfaceError, DatabaseError, psycopg.Error) as exc:
                     logger.warning("database unavailable (%s); retrying in 1 s", exc.__class__.__name__)
@@ -59,7 +63,7 @@ class Command(BaseCommand):
                     listener = None
                     time.sleep(1)
         finally:
-            sinks.close()
+            lanes.stop()
             if listener is not None:
                 listener.close()
             logger.info("relay stopped")
