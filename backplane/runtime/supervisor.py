@@ -6,8 +6,7 @@ What it guarantees, and how:
    process group, which we signal as a whole) and is started with ``PR_SET_PDEATHSIG`` (Linux):
    the kernel sends it a signal when the thread that forked it dies, SIGKILL included. That is
    why every child is spawned from the main thread only. A child whose parent died between
-   ``fork`` and ``prctl`` would never get the signal, so it checks its parent and signals
-   itself.
+   ``fork`` and ``prctl`` would never get the signal, so it checks its parent and exits.
 2. **A child that dies comes back.** The death is logged at WARNING with its exit code or
    signal, and the child is started again after a backoff: 0.5 s doubling to 30 s for a child
    that keeps dying young, back to 0.5 s once it ran for a minute or proved healthy (a web
@@ -75,7 +74,9 @@ def die_with_parent(sig: int) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child receive ``sig`` when this thread dies (Linux only).
 
     Popen runs ``preexec_fn`` after any uid/gid change, which matters: changing credentials
-    clears the parent-death signal.
+    clears the parent-death signal. A parent that died between ``fork`` and ``prctl`` sends
+    nothing, so the child checks and gives up before ``exec`` (not by signalling itself: until
+    ``exec`` it still has the parent's Python signal handlers).
     """
     if _prctl is None:
         return None
@@ -85,7 +86,7 @@ def die_with_parent(sig: int) -> Callable[[], None] | None:
     def preexec() -> None:
         prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl: the signal will never come
-            os.kill(os.getpid(), sig)
+            os._exit(1)
 
     return preexec
 
