@@ -38,6 +38,12 @@ class DeadLetterOut(serializers.Serializer):
     decided_by = serializers.CharField(allow_null=True)
     decided_at = serializers.CharField(allow_null=True)
     reason = serializers.CharField()
+    waiting_behind = serializers.IntegerField(
+        min_value=0,
+        help_text="Outbox dead letters under strict ordering, until decided: how many later messages of the same "
+                  "key and destination wait for this decision (they are delivered after it when it is requeued, "
+                  "without it when it is discarded). 0 otherwise.",
+    )
 
 
 class DeadLetterListOut(serializers.Serializer):
@@ -59,6 +65,9 @@ class DiscardIn(StrictSerializer):
 
 
 def dead_letter_as_api_dict(item: DeadLetter) -> dict[str, Any]:
+    waiting_behind = getattr(item, "waiting_behind", None)
+    if waiting_behind is None:
+        waiting_behind = delivery_selectors.dead_letter_waiting_behind(item.pk)
     return {
         "id": item.pk,
         "source": item.source,
@@ -72,6 +81,7 @@ def dead_letter_as_api_dict(item: DeadLetter) -> dict[str, Any]:
         "decided_by": item.decided_by,
         "decided_at": optional_timestamp(item.decided_at),
         "reason": item.reason,
+        "waiting_behind": waiting_behind,
     }
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from backplane.delivery import outbox
 from backplane.delivery.models import DeadLetter, OutboxMessage
 from backplane.eventlog import services
 from backplane.eventlog.models import Event
@@ -48,9 +50,25 @@ def test_a_reviewer_lists_and_filters(reviewer, dead_letter) -> None:  # type: i
     (item,) = body["results"]
     assert item["id"] == dead_letter.pk and item["source"] == "outbox" and item["status"] == "pending"
     assert set(item) == {"id", "source", "task_id", "topic", "payload", "error", "attempts", "status", "created_at",
-                         "decided_by", "decided_at", "reason"}
+                         "decided_by", "decided_at", "reason", "waiting_behind"}
+    assert item["waiting_behind"] == 0  # made directly, holding no key
     assert reviewer.get("/api/v1/dead-letters/", {"status": "discarded"}).json()["results"] == []
     assert_error(reviewer.get("/api/v1/dead-letters/", {"status": "bogus"}), 400, "validation_error")
+
+
+def test_a_dead_letter_holding_its_key_says_how_many_messages_wait_behind_it(reviewer, dead_letter) -> None:  # type: ignore[no-untyped-def]
+    message = OutboxMessage.objects.get(pk=dead_letter.outbox_message_id)
+    OutboxMessage.objects.filter(pk=message.pk).update(holds_key=True)  # strict: it holds its key
+    with transaction.atomic():
+        for n in range(3):
+            outbox.outbox_enqueue(topic=message.topic, key=message.key, payload={"n": n}, headers={},
+                                  now=timezone.now())
+    (item,) = reviewer.get("/api/v1/dead-letters/", {"status": "pending"}).json()["results"]
+    assert item["waiting_behind"] == 3
+    decided = reviewer.post(f"/api/v1/dead-letters/{dead_letter.pk}/requeue/", {"reason": "back"}, format="json")
+    assert decided.status_code == 200 and decided.json()["waiting_behind"] == 0
+    schema = reviewer.get("/api/schema/", {"format": "json"}).json()
+    assert "waiting_behind" in schema["components"]["schemas"]["DeadLetterOut"]["required"]
 
 
 def test_requeue_with_an_edited_payload_goes_back_to_the_outbox(reviewer, dead_letter) -> None:  # type: ignore[no-untyped-def]

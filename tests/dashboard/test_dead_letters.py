@@ -433,6 +433,21 @@ def test_the_page_shows_the_payload_error_and_attempt_history(olivia_client: Cli
     assert olivia_client.get("/dead-letters/999999/").status_code == 404
 
 
+def test_a_dead_letter_holding_its_key_shows_how_many_messages_wait_behind_it(olivia_client: Client,
+                                                                             dead_outbox_messages: Any) -> None:
+    (outbox,) = dead_outbox_messages()  # strict ordering (the default): it holds its key
+    message = OutboxMessage.objects.get(pk=outbox.outbox_message_id)
+    for score in (71, 72):
+        services.event_append(namespace="acme", task_id=message.task_id, agent="scorer", draft=EventDraft(
+            type="LeadScored", payload={"score": score},
+            outbox=(OutboxDraft(topic=TEST_TOPIC, payload={"score": score}, key=message.key),)))
+    relay.outbox_relay_until_idle(publish=lambda m, body: None, budget_seconds=5)  # the endpoint is back
+    assert OutboxMessage.objects.filter(key=message.key, status="pending").count() == 2
+    page = html(olivia_client.get(f"/dead-letters/{outbox.pk}/"))
+    assert 'id="waiting-behind"><strong>2</strong> later messages' in page
+    assert "2 waiting behind" in html(olivia_client.get("/dead-letters/"))
+
+
 # --- many at once --------------------------------------------------------------------------------------
 
 
