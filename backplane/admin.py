@@ -111,9 +111,24 @@ class EventAdmin(ReadOnlyAdmin):
 
 @admin.register(WebhookSubscription)
 class WebhookSubscriptionAdmin(admin.ModelAdmin):
-    list_display = ("name", "topic_pattern", "url", "timeout_seconds", "is_active", "created_at")
-    list_filter = ("is_active",)
+    """Each subscription is a delivery lane of its own (docs/delivery.md): its deadline and
+    concurrency, its ordering, and its retry schedule (empty fields take the settings)."""
+
+    list_display = ("name", "topic_pattern", "url", "ordering", "timeout_seconds", "max_concurrency", "is_active",
+                    "created_at")
+    list_filter = ("is_active", "ordering")
     search_fields = ("name", "topic_pattern", "url")
+    fieldsets = (
+        (None, {"fields": ("name", "topic_pattern", "url", "secret", "is_active")}),
+        ("Delivery", {"fields": ("ordering", "timeout_seconds", "max_concurrency")}),
+        ("Retries", {
+            "description": "Exponential backoff with jitter: the delay after failed attempt n is drawn between half "
+                           "and all of min(longest delay, first delay × 2^(n-1)). Empty fields take "
+                           "BACKPLANE_OUTBOX_MAX_ATTEMPTS, BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS and "
+                           "BACKPLANE_OUTBOX_BACKOFF_MAX_SECONDS (by default 35 attempts over 25 to 51 hours).",
+            "fields": ("max_attempts", "retry_base_seconds", "retry_max_delay_seconds"),
+        }),
+    )
 
 
 @admin.register(OutboxMessage)

@@ -210,3 +210,27 @@ def test_all_dead_letters_the_admin_list_shows_can_be_decided_at_once(db) -> Non
     assert f"Discarded 2 of 2 dead letter(s): #{items[1].pk}, #{items[2].pk}." in [
         str(m) for m in done.context["messages"]]
     assert DeadLetter.objects.get(pk=items[0].pk).status == "requeued"
+
+
+def test_a_webhook_subscription_sets_its_delivery_and_retries_in_the_admin(staff_client: Client) -> None:
+    from backplane.delivery.models import WebhookSubscription
+    from backplane.delivery.policy import webhook_policy
+
+    form = staff_client.get("/admin/backplane/webhooksubscription/add/").content.decode()
+    for field in ("ordering", "timeout_seconds", "max_concurrency", "max_attempts", "retry_base_seconds",
+                  "retry_max_delay_seconds"):
+        assert f'name="{field}"' in form
+    response = staff_client.post("/admin/backplane/webhooksubscription/add/", {
+        "name": "crm", "topic_pattern": "leads.#", "url": "https://crm.example.com/hook", "secret": "s",
+        "is_active": "on", "ordering": "best_effort", "timeout_seconds": "10", "max_concurrency": "4",
+        "max_attempts": "", "retry_base_seconds": "30", "retry_max_delay_seconds": "",
+    })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    policy = webhook_policy(WebhookSubscription.objects.get(name="crm"))
+    assert (policy.ordering, policy.timeout_seconds, policy.concurrency) == ("best_effort", 10, 4)
+    assert policy.retry.base_seconds == 30 and policy.retry.max_attempts == 35  # empty: the setting
+    bad = staff_client.post("/admin/backplane/webhooksubscription/add/", {
+        "name": "bad", "topic_pattern": "#", "url": "https://x.example.com/", "secret": "s", "ordering": "strict",
+        "timeout_seconds": "0", "max_concurrency": "99",
+    })
+    assert bad.status_code == 200 and not WebhookSubscription.objects.filter(name="bad").exists()
