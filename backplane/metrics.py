@@ -31,6 +31,9 @@ class BackplaneCollector:
         messages.add_metric(["failing"], stats.failing)
         messages.add_metric(["delivered"], stats.delivered)
         messages.add_metric(["dead"], stats.dead)
+        # Under a relay's live claim, and dead letters holding their key (strict ordering).
+        messages.add_metric(["in_flight"], stats.in_flight)
+        messages.add_metric(["held"], stats.held)
         yield messages
         yield GaugeMetricFamily("backplane_dead_letters_pending", "Dead letters waiting for a decision",
                                 value=stats.dead_letters_pending)

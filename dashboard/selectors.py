@@ -641,7 +641,8 @@ def outbox_health(*, now: datetime | None = None, failing_limit: int = 20) -> Ou
         cursor.execute(
             """
             SELECT coalesce(s.name, m.destination),
-                   count(*) FILTER (WHERE m.attempts = 0), count(*) FILTER (WHERE m.attempts > 0), min(m.created_at)
+                   count(*) FILTER (WHERE m.last_error = ''), count(*) FILTER (WHERE m.last_error <> ''),
+                   min(m.created_at)
               FROM backplane_outboxmessage m LEFT JOIN backplane_webhooksubscription s ON s.id = m.subscription_id
              WHERE m.status = 'pending'
              GROUP BY 1 ORDER BY 1
@@ -656,8 +657,10 @@ def outbox_health(*, now: datetime | None = None, failing_limit: int = 20) -> Ou
             [now - timedelta(hours=1)],
         )
         dead, delivered = cursor.fetchone()
+    # Attempts are counted when the relay claims a row, so a first delivery under way has one:
+    # failing is what has a recorded failure.
     failing = list(
-        OutboxMessage.objects.filter(status="pending", attempts__gt=0)
+        OutboxMessage.objects.filter(status="pending").exclude(last_error="")
         .select_related("subscription")
         .only("id", "message_id", "topic", "destination", "subscription__name", "attempts", "last_error",
               "next_attempt_at", "created_at", "task_id")

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 
 def test_it_reports_outbox_and_task_figures(client: Client, make_task) -> None:  # type: ignore[no-untyped-def]
+    from backplane.delivery.models import OutboxMessage
+
     make_task()
     make_task()
+    # One of the two lifecycle messages is under a relay's claim right now.
+    first = OutboxMessage.objects.order_by("id").first()
+    OutboxMessage.objects.filter(pk=first.pk).update(claimed_until=timezone.now() + timedelta(seconds=30))
     response = client.get("/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     samples = {
@@ -17,6 +25,8 @@ def test_it_reports_outbox_and_task_figures(client: Client, make_task) -> None: 
         for sample in family.samples
     }
     assert samples[("backplane_outbox_messages", (("state", "pending"),))] == 2
+    assert samples[("backplane_outbox_messages", (("state", "in_flight"),))] == 1
+    assert samples[("backplane_outbox_messages", (("state", "held"),))] == 0
     assert samples[("backplane_tasks", (("status", "pending"),))] == 2
     assert samples[("backplane_dead_letters_pending", ())] == 0
     assert ("backplane_outbox_lag_seconds", ()) in samples
