@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.utils import timezone
 
 from backplane.runtime.duties import duties_state
 
@@ -24,10 +25,14 @@ class Command(BaseCommand):
         for state in states:
             if state.age_seconds is None:
                 age = "never scheduled"
+            elif state.last_succeeded_at is None or state.age_seconds < (
+                    timezone.now() - state.last_succeeded_at).total_seconds() - 0.5:
+                age = f"{state.age_seconds:.0f}s since beat started watching, no success since"
             else:
                 age = f"{state.age_seconds:.0f}s since its last success"
             mark = "OVERDUE" if state.overdue else "ok"
-            line = f"{state.name:<{width}}  every {state.interval_seconds:g}s  {mark:<7}  {age}"
+            every = f"every {state.interval_seconds:g}s"
+            line = f"{state.name:<{width}}  {every:<12}  {mark:<7}  {age}"
             if state.overdue:
                 error = f"  ({state.last_error[:120]})" if state.last_error else ""
                 self.stdout.write(self.style.ERROR(line) + error)
