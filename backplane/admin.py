@@ -49,6 +49,8 @@ class AgentAdmin(admin.ModelAdmin):
 
     @admin.action(description="Close the circuit breaker of the selected agents", permissions=["change"])
     def reset_breakers(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        if not self.has_change_permission(request):  # the admin offers the action only with it; check anyway
+            raise PermissionDenied
         for agent in queryset:
             breakers.breaker_reset(agent_id=agent.pk, decided_by=f"user:{request.user.get_username()}",
                                    reason="from the admin")
@@ -57,6 +59,8 @@ class AgentAdmin(admin.ModelAdmin):
     @admin.action(description="Rotate the token of the selected agents (shows the new tokens once)",
                   permissions=["change"])
     def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> HttpResponse:
+        if not self.has_change_permission(request):
+            raise PermissionDenied
         issued = [(agent, services.agent_rotate_token(agent_id=agent.pk).token) for agent in queryset]
         return tokens_page(request, self, issued, title="New tokens")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -27,8 +28,10 @@ class ToolAdmin(admin.ModelAdmin):
     actions = ("reset_breakers",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
-    @admin.action(description="Close the circuit breaker of the selected tools")
+    @admin.action(description="Close the circuit breaker of the selected tools", permissions=["change"])
     def reset_breakers(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:
+        if not self.has_change_permission(request):  # the admin offers the action only with it; check anyway
+            raise PermissionDenied
         for tool in queryset:
             gateway.tool_breaker_reset(tool_id=tool.pk, decided_by=f"user:{request.user.get_username()}")
         messages.info(request, f"Breakers closed for {queryset.count()} tool(s).")
