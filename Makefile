@@ -17,11 +17,13 @@ test: $(STAMP) browser
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt
+# The development set: the runtime requirements plus test, benchmark and lint tools. The
+# production image installs requirements.txt only (Dockerfile).
+$(STAMP): requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 
 # The browser tests (tests/browser) drive Debian's chromium through Playwright's Python package;
