@@ -3,12 +3,19 @@
 Collected per scrape (a custom collector) rather than with process-local counters, so
 every web process reports the same figures whatever handled the writes. Parts above the core
 add their own collectors with ``register_collector`` (recovery does in its ``AppConfig.ready``).
+Every figure is an aggregate computed by the database (a count or a group-by), never a list
+fetched and counted here, so a scrape costs the same number of queries at any size.
+
+``BACKPLANE_METRICS_TOKEN``: when set, a scrape must send ``Authorization: Bearer <token>``
+(Prometheus' ``authorization`` scrape setting); when empty the page is open, as it was.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
@@ -77,6 +84,20 @@ def register_collector(collector: object) -> None:
     _registry.register(collector)  # type: ignore[arg-type]
 
 
+def _authorized(request: HttpRequest) -> bool:
+    expected = settings.BACKPLANE_METRICS_TOKEN
+    if not expected:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    # compare_digest takes as long whatever prefix matches: the token cannot be guessed byte by byte.
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())
+
+
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
+    if not _authorized(request):
+        response = HttpResponse("metrics need Authorization: Bearer <BACKPLANE_METRICS_TOKEN>\n", status=401,
+                                content_type="text/plain; charset=utf-8")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)

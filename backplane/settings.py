@@ -219,6 +219,14 @@ else:
         "TEST": {"MIRROR": "default"},
     }
 
+# --- The shared cache: what every web process must agree on (the API's rate limits) ----------
+# Redis when REDIS_URL is set; otherwise a table in the database, created by the migration
+# recovery/migrations/0004_cache_table.py, so `migrate` is all a new deployment needs.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "backplane_cache"}}
+
 # Every event write announces itself to open dashboard pages after commit (dashboard/live.py).
 BACKPLANE_LIVE_NOTICES = env_bool("BACKPLANE_LIVE_NOTICES", True)
 
@@ -363,6 +371,8 @@ BACKPLANE_TOOL_BREAKER_THRESHOLD = env_int("BACKPLANE_TOOL_BREAKER_THRESHOLD", 3
 BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS", 30, minimum=1)
 # Per agent token, DRF's "<count>/<s|m|h|d>" syntax.
 BACKPLANE_RATE_LIMIT = env_str("BACKPLANE_RATE_LIMIT", "600/s")
+# /metrics asks for "Authorization: Bearer <token>" when set; open when empty (backplane/metrics.py).
+BACKPLANE_METRICS_TOKEN = env_str("BACKPLANE_METRICS_TOKEN", "")
 # Django refuses bodies above this before any view runs; keep it in step with the payload limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = BACKPLANE_PAYLOAD_LIMIT_BYTES
 

@@ -12,7 +12,8 @@ from tests.api.conftest import assert_error
 
 
 @pytest.fixture(autouse=True)
-def fresh_buckets():  # type: ignore[no-untyped-def]
+def fresh_buckets(db):  # type: ignore[no-untyped-def]
+    # The buckets live in the shared cache, by default a table in the database.
     cache.clear()
     yield
     cache.clear()

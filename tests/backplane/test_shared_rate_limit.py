@@ -1,0 +1,61 @@
+"""The API's rate limit is one limit for all web processes: they count in the shared cache
+(the database's cache table here; Redis with REDIS_URL), not each in its own memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from django.core.cache import caches
+from django.core.cache.backends.db import DatabaseCache
+
+from backplane.eventlog import services
+from tests.support.live_server import ROOT, web_env
+
+# One process: set Django up, wait for the common start, then send its requests as fast as it can.
+REQUESTS = """
+import json, sys, time
+import django
+django.setup()
+from django.test import Client
+token, start, count = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+client.get("/healthz")  # first-request costs (URL resolution, imports) before the start
+while time.time() < start:
+    time.sleep(0.005)
+print(json.dumps([client.get("/api/v1/tasks/").status_code for _ in range(count)]))
+"""
+
+
+def _away_from_a_window_edge(period: int, margin: float) -> None:
+    """Fixed windows: a run that straddles two windows would get twice the limit."""
+    into = time.time() % period
+    if into > period - margin:
+        time.sleep(period - into + 0.1)
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_limit(committed_db: None) -> None:
+    assert isinstance(caches["default"], DatabaseCache)  # no REDIS_URL in tests: the database's table
+    token = services.agent_create(name="bursty", namespace="acme").token
+    env = {**web_env(), "BACKPLANE_RATE_LIMIT": "7/m", "DJANGO_SETTINGS_MODULE": "backplane.settings"}
+    _away_from_a_window_edge(60, margin=25)
+    start = time.time() + 8  # both processes are set up by then
+    runs = [
+        subprocess.Popen([sys.executable, "-c", REQUESTS, token, str(start), "10"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    answers = []
+    for run in runs:
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    assert time.time() - start < 20, "too slow to stay in one window"
+    statuses = [status for answer in answers for status in answer]
+    # 20 requests against one limit of 7: exactly 7 got through, whichever process sent them;
+    # with a limit per process each would have let 7 through (14).
+    assert statuses.count(200) == 7 and statuses.count(429) == 13, answers
