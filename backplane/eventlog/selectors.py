@@ -6,7 +6,7 @@ import base64
 import binascii
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -104,6 +104,7 @@ def chain_verify_range(
     through_hash: str,
     replay_from: TaskState | None = None,
     chunk_size: int = 5000,
+    row_hash: Callable[[Sequence[Any]], str] = stored_row_hash,
 ) -> ChainVerification:
     """Check the events ``after_seq + 1 .. through_seq`` of a task, continuing from a verified
     ``(after_seq, after_hash)``: numbering, links and recomputed hashes, as ``chain_verify`` does.
@@ -114,6 +115,11 @@ def chain_verify_range(
 
     ``replay_from``, the projection as of ``after_seq`` (a checkpoint), makes the same pass
     fold the checked events through the reducer; ``state`` is the result when the chain holds.
+
+    ``row_hash`` recomputes an event's hash from its stored columns (``chain.HASHED_COLUMNS``,
+    in order, the payload as JSON text). The periodic verification passes an implementation
+    of its own (``backplane.integrity.independent_hash``), so that a bug in the writer's hashing
+    is not shared by the code that checks it.
     """
     task_key = str(task_id)
     expected_seq = after_seq + 1
@@ -145,7 +151,7 @@ def chain_verify_range(
             if link != prev_hash:
                 found = broken(seq, "prev_hash does not match the previous event's hash")
                 continue
-            if stored_row_hash(
+            if row_hash(
                 (task_key, seq, type_, payload, agent, key, lamport, causation, correlation, trace, recorded, link)
             ) != stored:
                 found = broken(seq, "hash does not match the event's content")
@@ -156,7 +162,7 @@ def chain_verify_range(
             # The fold costs nothing on most events: only TRANSITION_TYPES change more than the
             # head, and every event's head is overwritten by the next one's, so the others are
             # skipped here and the last event of the range is reduced once after the loop.
-            # stored_row_hash decoded the payload already, but only transitions (a few per
+            # row_hash decoded the payload already, but only transitions (a few per
             # task) need it as a dict, so decoding them twice beats changing the hash path.
             if state is not None and type_ in transitions:
                 state = task_reduce(state, StreamedEvent(seq, type_, json.loads(payload), lamport, recorded, stored))

@@ -28,6 +28,10 @@ def _verify_chains(mode: str, run_id: int | None = None) -> dict[str, int]:
     ).tasks_checked:
         after = step.last_task_id
         raised += step.alerts_raised
+    if mode == VerificationMode.FULL:
+        # The whole sealed tree, rebuilt from the events' content, against the signed head: an
+        # O(all events) pass, so with the full run, not the incremental one.
+        verification.verification_run_seals(run=run)
     run = verification.verification_run_finish(run_id=run.pk)
     if run.failures:
         logger.warning(

@@ -9,6 +9,13 @@ Two modes:
   carry ``verified_hash``, or something at or before it was rewritten.
 - **full** (every few hours): every chain from seq 1 with ``chain_verify``. This also catches
   an edit behind the head that left the stored hashes alone, which only recomputing shows.
+  Then the seals (``verification_run_seals``): every sealed event's hash recomputed from its
+  content, the Merkle tree rebuilt and its root checked against the signed tree head, which
+  catches even an edit re-hashed consistently through the chain and the task row.
+
+Every hash is recomputed with ``backplane.integrity.independent_hash``, never with the writer's
+own hashing code (``backplane.eventlog.canonical`` / ``chain``): a checker sharing the writer's code
+would share its bugs, e.g. a hash that leaves ``prev_hash`` or the payload out.
 
 Both also prove each checked task's row is what its log makes of it (DESIGN.md, "the log is the
 truth"): the pass that hashes the events folds them through the reducer too, and the result is
@@ -29,7 +36,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
@@ -45,10 +52,13 @@ from backplane.eventlog.reducer import (
     task_state_from_json,
     task_state_of,
 )
-from backplane.eventlog.selectors import ChainVerification, chain_verify, chain_verify_range
+from backplane.eventlog.selectors import ChainVerification, chain_verify_range, use_c_timestamp_loader
+from backplane.integrity import independent_hash, merkle, sealing
 from backplane.integrity.models import (
     IntegrityAlert,
     IntegrityAlertKind,
+    MerkleLeaf,
+    SignedTreeHead,
     VerificationMode,
     VerificationRun,
     VerifiedHead,
@@ -247,7 +257,7 @@ def _heads_after(
 
 def _verify_incremental(head: _Head) -> _Outcome:
     if head.history_changed:
-        found = chain_verify(task=Task.objects.get(pk=head.task_id))
+        found = _chain_verify(task=Task.objects.get(pk=head.task_id))
         return _Outcome(head.task_id, found.checked, broken=_rewrite_break(head, found))
     if head.last_seq < head.verified_seq:
         return _Outcome(
@@ -270,6 +280,7 @@ def _verify_incremental(head: _Head) -> _Outcome:
         # only the transitions' payloads); the head written for this run carries one.
         checkpoint = projection_replay(task_id=head.task_id, through_seq=head.verified_seq)
     result = chain_verify_range(
+        row_hash=independent_hash.row_hash,
         task_id=head.task_id,
         after_seq=head.verified_seq,
         after_hash=head.verified_hash,
@@ -321,6 +332,7 @@ def _reported(result: ChainVerification) -> tuple[int, str]:
 def _chain_verify_confirmed(head: _Head) -> tuple[ChainVerification, TaskState]:
     """The whole chain checked and replayed from scratch, and the row it was checked against."""
     result = chain_verify_range(
+        row_hash=independent_hash.row_hash,
         task_id=head.task_id,
         after_seq=0,
         after_hash=GENESIS_HASH,
@@ -335,15 +347,28 @@ def _chain_verify_confirmed(head: _Head) -> tuple[ChainVerification, TaskState]:
     # locked, so no append can slip in (they wait for this lock).
     with transaction.atomic(durable=True):
         task = Task.objects.select_for_update().get(pk=head.task_id)
-        return chain_verify(task=task, replay_from=TaskState()), task_state_of(task)
+        return _chain_verify(task=task, replay_from=TaskState()), task_state_of(task)
+
+
+def _chain_verify(*, task: Task, replay_from: TaskState | None = None) -> ChainVerification:
+    """``selectors.chain_verify`` with the hashes recomputed by ``independent_hash``."""
+    return chain_verify_range(
+        task_id=task.pk,
+        after_seq=0,
+        after_hash=GENESIS_HASH,
+        through_seq=task.last_seq,
+        through_hash=task.head_hash,
+        replay_from=replay_from,
+        row_hash=independent_hash.row_hash,
+    )
 
 
 def _rewrite_break(head: _Head, found: ChainVerification) -> tuple[int, str]:
     """Where to report a change behind the verified head.
 
-    chain_verify names the first bad seq when it finds one at or before the pinned seq.
+    _chain_verify names the first bad seq when it finds one at or before the pinned seq.
     Otherwise the history was rewritten and re-hashed consistently up to there (a
-    problem chain_verify reports further on, say a stale task row, changes nothing),
+    problem _chain_verify reports further on, say a stale task row, changes nothing),
     and the pinned seq is the first one that can be proved bad.
     """
     pinned = head.verified_seq
@@ -352,6 +377,137 @@ def _rewrite_break(head: _Head, found: ChainVerification) -> tuple[int, str]:
         return found.first_invalid_seq, f"{prefix}: {found.problem}"
     what = "is missing" if head.pinned_hash is None else "no longer carries the verified hash"
     return pinned, f"{prefix}: the event at seq {pinned} {what} (rewritten and re-hashed at or before it)"
+
+
+# --- seals: the signed tree head against the events' content ------------------------------------
+
+# A page of sealed events in leaf order: the leaf's sealed hash and the columns the event's hash
+# covers (independent_hash.HASHED_EVENT_COLUMNS, in order). A bounded range of leaf indices, as in
+# sealing.seal_verify_against_head.
+_SEALED_PAGE_SQL = """
+SELECT l.leaf_index, l.event_hash, e.task_id, e.seq, e.type, e.payload, e.agent, e.idempotency_key, e.lamport,
+       e.causation_id, e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash
+FROM backplane_merkleleaf l JOIN backplane_event e ON e.position = l.event_id
+WHERE l.leaf_index >= %s AND l.leaf_index < %s
+ORDER BY l.leaf_index
+"""
+_SEALED_PAGE_SIZE = 5000
+
+
+@dataclass(frozen=True)
+class SealFinding:
+    """What the seal check found wrong: where (the first bad leaf's event, when it can be told)
+    and what."""
+
+    problem: str
+    leaf_index: int | None = None
+    task_id: uuid.UUID | None = None
+    seq: int | None = None
+
+
+@dataclass(frozen=True)
+class SealCheck:
+    tree_size: int  # of the signed head checked (0: nothing sealed yet)
+    finding: SealFinding | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.finding is None
+
+
+def seals_verify(*, head: SignedTreeHead | None = None) -> SealCheck:
+    """Check the latest signed tree head (or ``head``) against what the events say now.
+
+    Every sealed event's hash is recomputed from its content (never read from its ``hash``
+    column) with ``independent_hash``, the tree is rebuilt from those hashes, and its root must
+    be the signed one, under a signature that verifies. The first leaf whose event no longer
+    hashes to the hash it was sealed with is named; when every leaf matches its sealed copy but
+    the root does not (the leaf table was rewritten as well), the head's stored frontier, if it
+    still matches the signed root, narrows the change to one perfect subtree and its first leaf
+    is named.
+    """
+    head = head or SignedTreeHead.objects.order_by("-tree_size").first()
+    if head is None:
+        return SealCheck(0)
+    if not sealing.verify_tree_head(tree_size=head.tree_size, root_hash=head.root_hash, signed_at=head.signed_at,
+                                    signature=head.signature, public_key=head.public_key):
+        return SealCheck(head.tree_size, SealFinding("the tree head's signature does not verify"))
+    frontier = merkle.CompactRange()
+    first_bad: SealFinding | None = None
+    with connection.cursor() as cursor:
+        use_c_timestamp_loader(cursor)
+        while frontier.size < head.tree_size:
+            page_end = min(frontier.size + _SEALED_PAGE_SIZE, head.tree_size)
+            cursor.execute(_SEALED_PAGE_SQL, [frontier.size, page_end])
+            rows = cursor.fetchall()
+            for leaf_index, sealed_hash, *columns in rows:
+                if leaf_index != frontier.size:
+                    return SealCheck(head.tree_size, first_bad or SealFinding(f"leaf {frontier.size} is missing"))
+                recomputed = independent_hash.row_hash(columns)
+                if recomputed != sealed_hash and first_bad is None:
+                    first_bad = SealFinding(
+                        f"seal: the event of leaf {leaf_index} no longer hashes to the hash it was sealed with",
+                        leaf_index, columns[0], columns[1],
+                    )
+                frontier.append(merkle.event_leaf_hash(recomputed))
+            if frontier.size < page_end:
+                break  # the last leaves (or their events) are gone: reported below
+    if first_bad is not None:
+        return SealCheck(head.tree_size, first_bad)
+    if frontier.size != head.tree_size:
+        return SealCheck(head.tree_size, SealFinding(f"leaf {frontier.size} of {head.tree_size} is missing"))
+    if frontier.root().hex() != head.root_hash:
+        return SealCheck(head.tree_size, _located_by_frontier(head, frontier))
+    return SealCheck(head.tree_size)
+
+
+def _located_by_frontier(head: SignedTreeHead, recomputed: merkle.CompactRange) -> SealFinding:
+    problem = "seal: the events no longer hash to the signed root"
+    try:
+        stored = merkle.CompactRange.from_hex(head.tree_size, head.frontier)
+    except ValueError:
+        return SealFinding(problem)
+    if stored.root().hex() != head.root_hash:
+        return SealFinding(problem)  # the frontier was rewritten too: it locates nothing
+    # The frontier's subtrees, largest (leftmost) first, one per set bit of the size.
+    start = 0
+    sizes = [1 << bit for bit in reversed(range(head.tree_size.bit_length())) if head.tree_size >> bit & 1]
+    for size, ours, theirs in zip(sizes, recomputed.hashes, stored.hashes, strict=True):
+        if ours != theirs:
+            leaf = MerkleLeaf.objects.filter(leaf_index=start).select_related("event").first()
+            if leaf is None:
+                return SealFinding(f"{problem}; the change lies in leaves {start}..{start + size - 1}")
+            return SealFinding(f"{problem}; the change lies in leaves {start}..{start + size - 1}",
+                               start, leaf.event.task_id, leaf.event.seq)
+        start += size
+    return SealFinding(problem)
+
+
+def verification_run_seals(*, run: VerificationRun) -> SealCheck:
+    """The seal check as part of a run: a finding counts as a failure of the run and raises an
+    alert (kind ``chain``: an event whose content changed is a broken chain, and the full run's
+    chain check, finding the same (task, seq), then shares the one alert) at the first bad leaf's
+    event. A finding that names no event (a bad signature, a missing leaf) has no task to hang an
+    alert on: it is counted and logged."""
+    checked = seals_verify()
+    finding = checked.finding
+    if finding is None:
+        return checked
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        VerificationRun.objects.filter(pk=run.pk).update(failures=F("failures") + 1)
+        if finding.task_id is not None and finding.seq is not None:
+            alert, created = IntegrityAlert.objects.get_or_create(
+                task_id=finding.task_id,
+                kind=IntegrityAlertKind.CHAIN,
+                first_invalid_seq=finding.seq,
+                defaults={"run": run, "problem": finding.problem, "created_at": now},
+            )
+            if created:
+                logger.warning("integrity alert %d: task %s sealed event at seq %d changed (%s)",
+                               alert.pk, alert.task_id, alert.first_invalid_seq, alert.problem)
+    logger.warning("seal verification of tree size %d failed: %s", checked.tree_size, finding.problem)
+    return checked
 
 
 # --- people and the dashboard -------------------------------------------------------------------
