@@ -48,6 +48,28 @@ if not IS_LOCAL and not ALLOWED_HOSTS:
     raise ImproperlyConfiguredEnv("ALLOWED_HOSTS must be set in production")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# --- HTTPS (production): ``manage.py check --deploy`` passes with these defaults -------------
+# Development and tests run over plain http and turn all of it off. TLS usually ends at a
+# proxy in front of the web process; it says the original request was HTTPS in a header,
+# given here as "Header-Name: value" (e.g. "X-Forwarded-Proto: https"). Set it only when
+# that proxy always sets the header and strips it from clients' requests, or anyone can
+# claim HTTPS. Without it behind such a proxy, the redirect below would loop.
+_proxy_ssl_header = env_str("BACKPLANE_SECURE_PROXY_SSL_HEADER", "")
+if _proxy_ssl_header:
+    _header, _colon, _value = (part.strip() for part in _proxy_ssl_header.partition(":"))
+    if not _colon or not _header or not _value:
+        raise ImproperlyConfiguredEnv(
+            f"BACKPLANE_SECURE_PROXY_SSL_HEADER={_proxy_ssl_header!r} must be 'Header-Name: value'")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _header.upper().replace("-", "_"), _value)
+SECURE_SSL_REDIRECT = env_bool("BACKPLANE_SSL_REDIRECT", not IS_LOCAL)
+# Probes from inside the deployment (compose's healthcheck, a load balancer) speak plain http.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+SECURE_HSTS_SECONDS = env_int("BACKPLANE_HSTS_SECONDS", 0 if IS_LOCAL else 365 * 24 * 3600, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BACKPLANE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("BACKPLANE_HSTS_PRELOAD", True)
+SESSION_COOKIE_SECURE = env_bool("BACKPLANE_SECURE_COOKIES", not IS_LOCAL)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

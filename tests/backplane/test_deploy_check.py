@@ -1,0 +1,69 @@
+"""Production settings pass ``manage.py check --deploy`` (HSTS, HTTPS redirect, secure cookies);
+development and tests keep working over plain http."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from tests.support.live_server import ROOT
+
+PROXY_HEADER = "X-Forwarded-Proto: https"
+
+
+def _production_env(var_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BACKPLANE_", "DJANGO_")) and k not in {"DATABASE_URL", "SECRET_KEY", "ALLOWED_HOSTS",
+                                                                         "REDIS_URL", "DEBUG"}}
+    return {
+        **env,
+        "BACKPLANE_ENV": "production",
+        "BACKPLANE_VAR_DIR": str(var_dir),
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "backplane.example.com",
+        # check --deploy reads the settings only; nothing connects to these.
+        "DATABASE_URL": "postgresql://backplane:secret@db.example.com:5432/backplane",
+        "BACKPLANE_SECURE_PROXY_SSL_HEADER": PROXY_HEADER,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("redis", ["", "redis://redis.example.com:6379/0"], ids=["database-cache", "redis"])
+def test_production_settings_pass_the_deploy_check(tmp_path: Path, redis: str) -> None:
+    env = _production_env(tmp_path, **({"REDIS_URL": redis} if redis else {}))
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "check", "--deploy", "--fail-level", "WARNING"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WARNING" not in done.stdout + done.stderr and "identified no issues" in done.stdout
+
+
+def test_a_malformed_proxy_header_setting_is_refused(tmp_path: Path) -> None:
+    env = _production_env(tmp_path, BACKPLANE_SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto")
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "check"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "BACKPLANE_SECURE_PROXY_SSL_HEADER" in done.stderr
+
+
+def test_tests_and_development_speak_plain_http(client: Client, db) -> None:  # type: ignore[no-untyped-def]
+    assert not settings.SECURE_SSL_REDIRECT and not settings.SECURE_HSTS_SECONDS
+    assert not settings.SESSION_COOKIE_SECURE and not settings.CSRF_COOKIE_SECURE
+    assert client.get("/healthz").status_code == 200
+
+
+def test_behind_the_proxy_http_is_redirected_and_probes_are_not(client: Client, db, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_HSTS_SECONDS = 3600
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    redirected = client.get("/login/")
+    assert redirected.status_code == 301 and redirected["Location"] == "https://testserver/login/"
+    served = client.get("/login/", HTTP_X_FORWARDED_PROTO="https")
+    assert served.status_code == 200 and served["Strict-Transport-Security"].startswith("max-age=3600")
+    # The compose healthcheck and load balancers probe from inside, over plain http.
+    assert client.get("/healthz").status_code == 200
