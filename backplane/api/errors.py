@@ -29,6 +29,9 @@ def flatten_details(detail: Any, prefix: str = "") -> dict[str, str]:
     if isinstance(detail, dict):
         flat: dict[str, str] = {}
         for key, value in detail.items():
+            if isinstance(key, int):  # a list serializer's errors, by index
+                flat.update(flatten_details(value, f"{prefix}[{key}]"))
+                continue
             name = "" if key in ("non_field_errors",) and not prefix else key
             flat.update(flatten_details(value, f"{prefix}.{name}" if prefix and name else prefix or name))
         return flat
@@ -88,6 +91,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             headers["Retry-After"] = str(max(1, int(exc.wait or 1)))
             message = "rate limit exceeded"
             details: dict[str, Any] = {"retry_after": int(headers["Retry-After"])}
+        elif isinstance(exc, exceptions.ParseError):
+            message = "the body is not acceptable JSON"
+            details = {"body": str(exc.detail)}
         elif isinstance(exc, exceptions.ValidationError):
             message = "invalid request"
             details = flatten_details(exc.detail)

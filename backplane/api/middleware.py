@@ -1,41 +1,115 @@
-"""Guards that run before DRF sees a request to the API."""
+"""Guards that run before DRF sees a request to the API, and the net under every answer it gives.
+
+API.md's transport rules: a path without its trailing ``/`` is the same route; a body over the
+limit is 413, whether its length is declared or it arrives chunked; and every answer is the
+contract's JSON, even when Django itself answers (an unknown path, a CSRF failure, a crash).
+"""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
+from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest, HttpResponse
+from django.urls import is_valid_path
 
 from backplane.api.errors import json_error
 
 API_PREFIX = "/api/"
+READ_CHUNK = 64 * 1024
+
+# Django's own answers (not DRF's) that reach an API client: what each status means in the contract.
+_CONTRACT_CODES = {
+    400: ("validation_error", "bad request"),
+    403: ("permission_denied", "permission denied"),
+    404: ("not_found", "no such route"),
+    405: ("method_not_allowed", "method not allowed"),
+    413: ("payload_too_large", "request body is over the limit"),
+}
+
+
+def _too_large(limit: int) -> HttpResponse:
+    return json_error("payload_too_large", f"request body is over the limit of {limit} bytes", 413)
+
+
+def _add_trailing_slash(request: HttpRequest) -> None:
+    """``/api/v1/tasks`` is ``/api/v1/tasks/``: routed in place, before CommonMiddleware would
+    answer with a redirect (an HTML 301, or a 500 for a POST with DEBUG on) that no client
+    should have to follow with its body."""
+    path_info = request.path_info
+    if path_info.endswith("/"):
+        return
+    candidate = path_info + "/"
+    if not is_valid_path(path_info, getattr(request, "urlconf", None)) and is_valid_path(
+        candidate, getattr(request, "urlconf", None)
+    ):
+        request.path_info = candidate
+        request.path = request.path + "/"
+        request.META["PATH_INFO"] = candidate
+
+
+def _read_chunked_body(request: HttpRequest, limit: int) -> HttpResponse | None:
+    """A body sent with ``Transfer-Encoding: chunked`` has no Content-Length, and Django's
+    WSGIRequest (which a2wsgi feeds under uvicorn) then reads it as empty. Read it here, at
+    most one byte past the limit, and hand it on as if its length had been declared."""
+    source: Any = request.environ["wsgi.input"] if isinstance(request, WSGIRequest) else request._stream  # type: ignore[attr-defined]
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        part = source.read(min(READ_CHUNK, limit + 1 - size))
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    if size > limit:
+        return _too_large(limit)
+    body = b"".join(parts)
+    request._body = body  # type: ignore[attr-defined]
+    request._stream = io.BytesIO(body)  # type: ignore[attr-defined]
+    request._read_started = False  # type: ignore[attr-defined]
+    request.META["CONTENT_LENGTH"] = str(len(body))
+    return None
 
 
 def _refuse_before_view(request: HttpRequest) -> HttpResponse | None:
     """413 for a body over the limit. DRF reads the body as a stream, which skips Django's
     DATA_UPLOAD_MAX_MEMORY_SIZE check, so the limit is enforced here, before any parsing."""
     limit = settings.BACKPLANE_PAYLOAD_LIMIT_BYTES
+    raw_length = request.META.get("CONTENT_LENGTH")
     try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        declared = int(raw_length or 0)
     except ValueError:
         return json_error("validation_error", "invalid Content-Length", 400)
+    if declared < 0:
+        return json_error("validation_error", "invalid Content-Length", 400)
     if declared > limit:
-        return json_error("payload_too_large", f"request body is over the limit of {limit} bytes", 413)
-    if request.method in ("POST", "PUT", "PATCH") and not declared and len(request.body) > limit:
-        return json_error("payload_too_large", f"request body is over the limit of {limit} bytes", 413)
+        return _too_large(limit)
+    if not raw_length and "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return _read_chunked_body(request, limit)
     return None
 
 
-def _json_not_found(response: HttpResponse) -> HttpResponse:
-    if response.status_code == 404 and not response.get("Content-Type", "").startswith("application/json"):
-        return json_error("not_found", "no such route", 404)
-    return response
+def _in_contract_shape(response: HttpResponse) -> HttpResponse:
+    """Django's HTML answers (404 and 405 pages, CSRF's 403, a 500 page) become the contract's JSON."""
+    if response.status_code < 400 or response.get("Content-Type", "").startswith("application/json"):
+        return response
+    if response.status_code >= 500:
+        converted = json_error("internal_error", "internal error", response.status_code)
+    else:
+        code, message = _CONTRACT_CODES.get(response.status_code, ("error", response.reason_phrase.lower()))
+        converted = json_error(code, message, response.status_code)
+    for header in ("Allow", "Retry-After"):
+        if header in response:
+            converted[header] = response[header]
+    return converted
 
 
 class ApiErrorMiddleware:
-    """Oversize bodies get 413 and unknown API paths a JSON 404, in the contract's error shape.
+    """The API's transport rules (module docstring), in the contract's error shape.
 
     Async-capable as well as sync: under ASGI a sync-only middleware costs every request
     an extra hop to a worker thread (measured at several milliseconds here).
@@ -55,15 +129,17 @@ class ApiErrorMiddleware:
             return self._acall(request)
         if not request.path.startswith(API_PREFIX):
             return self.get_response(request)  # type: ignore[return-value]
+        _add_trailing_slash(request)
         refused = _refuse_before_view(request)
         if refused is not None:
             return refused
-        return _json_not_found(self.get_response(request))  # type: ignore[arg-type]
+        return _in_contract_shape(self.get_response(request))  # type: ignore[arg-type]
 
     async def _acall(self, request: HttpRequest) -> HttpResponse:
         if not request.path.startswith(API_PREFIX):
             return await self.get_response(request)  # type: ignore[misc]
+        _add_trailing_slash(request)
         refused = _refuse_before_view(request)
         if refused is not None:
             return refused
-        return _json_not_found(await self.get_response(request))  # type: ignore[misc]
+        return _in_contract_shape(await self.get_response(request))  # type: ignore[misc]

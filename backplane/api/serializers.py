@@ -201,7 +201,7 @@ class EventFieldsIn(StrictSerializer):
             + ", ".join(sorted(SERVER_ONLY_TYPES)) + "."
         ),
     )
-    payload = JSONObjectField(required=False, default=dict)
+    payload = JSONObjectField(help_text="required (API.md); `{}` when the type needs nothing")
     idempotency_key = StrictCharField(max_length=255, min_length=1, required=False, allow_null=True)
     lamport = StrictIntegerField(required=False, min_value=0, max_value=2**62)
     causation_id = StrictCharField(max_length=255, required=False, allow_null=True)

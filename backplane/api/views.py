@@ -33,7 +33,7 @@ from backplane.eventlog.writer import EventDraft, OutboxDraft
 def draft_from(data: dict[str, Any]) -> EventDraft:
     return EventDraft(
         type=data["type"],
-        payload=data.get("payload", {}),
+        payload=data["payload"],
         idempotency_key=data.get("idempotency_key"),
         lamport=data.get("lamport"),
         causation_id=data.get("causation_id"),

@@ -57,6 +57,9 @@ class AgentCreated:
 # --- tasks ---------------------------------------------------------------------------------
 
 
+TASK_ID_TAKEN = "this task_id is not available for this task; create it under a new UUID"
+
+
 def task_create(
     *,
     namespace: str,
@@ -122,11 +125,13 @@ def task_create_in_transaction(
         existing = Task.objects.filter(pk=task_id).first()
         if existing is None:  # pragma: no cover - the conflicting row must exist once we see the error
             raise
+        # Task ids are global (the primary key), so an id can be taken by another namespace.
+        # That conflict answers word for word like a same-namespace one with other content,
+        # whatever the content: the caller learns that the id is not available, never where
+        # it is used, nor whether its kind or input match (identical content elsewhere is not
+        # a replay). A free id could only answer alike with a second row under the same id.
         if existing.namespace != namespace or existing.kind != kind or existing.input != input:
-            raise TaskExists(
-                "a task with this task_id exists with a different kind or input",
-                {"task_id": str(task_id)},
-            ) from None
+            raise TaskExists(TASK_ID_TAKEN, {"task_id": "already taken; use a new UUID"}) from None
         replay_count(task_id=existing.pk, kind="task_create", now=now)
         return TaskCreateOutcome(task=existing, created=False)
 

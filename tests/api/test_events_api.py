@@ -41,10 +41,10 @@ def test_an_idempotent_replay_is_200_with_the_header_and_writes_nothing(alice, c
 
 def test_expected_seq_conflicts_are_409_with_the_last_seq(alice, counts) -> None:  # type: ignore[no-untyped-def]
     task = create_task(alice)
-    assert alice.post(events_url(task), {"type": "Noted", "expected_seq": 1}, format="json").status_code == 201
+    noted = {"type": "Noted", "payload": {}, "expected_seq": 1}
+    assert alice.post(events_url(task), noted, format="json").status_code == 201
     before = counts()
-    error = assert_error(alice.post(events_url(task), {"type": "Noted", "expected_seq": 1}, format="json"),
-                         409, "seq_conflict")
+    error = assert_error(alice.post(events_url(task), noted, format="json"), 409, "seq_conflict")
     assert error["details"]["last_seq"] == 2
     assert counts() == before
 
@@ -56,8 +56,8 @@ def test_every_reserved_type_from_a_client_is_400(alice, counts, event_type) -> 
     error = assert_error(alice.post(events_url(task), {"type": event_type, "payload": {}}, format="json"),
                          400, "validation_error")
     assert "type" in error["details"]
-    batch = alice.post(events_url(task) + "batch/", {"events": [{"type": "Noted"}, {"type": event_type}]},
-                       format="json")
+    events = [{"type": "Noted", "payload": {}}, {"type": event_type, "payload": {}}]
+    batch = alice.post(events_url(task) + "batch/", {"events": events}, format="json")
     assert_error(batch, 400, "validation_error")
     assert counts() == before
 
@@ -69,20 +69,22 @@ def test_every_reserved_type_from_a_client_is_400(alice, counts, event_type) -> 
         {"type": 7},
         {"type": "Noted", "payload": [1]},
         {"type": "Noted", "payload": "x"},
-        {"type": "Noted", "expected_seq": "1"},
-        {"type": "Noted", "expected_seq": -1},
-        {"type": "Noted", "lease_epoch": True},
-        {"type": "Noted", "idempotency_key": "k" * 256},
-        {"type": "Noted", "idempotency_key": 5},
-        {"type": "Noted", "seq": 5},
-        {"type": "Noted", "hash": "0" * 64},
-        {"type": "Noted", "agent": "someone-else"},
-        {"type": "Noted", "outbox": [{"payload": {}}]},
-        {"type": "Noted", "outbox": {"topic": "t", "payload": {}}},
+        {"type": "Noted", "payload": {}, "expected_seq": "1"},
+        {"type": "Noted", "payload": {}, "expected_seq": -1},
+        {"type": "Noted", "payload": {}, "lease_epoch": True},
+        {"type": "Noted", "payload": {}, "idempotency_key": "k" * 256},
+        {"type": "Noted", "payload": {}, "idempotency_key": 5},
+        {"type": "Noted", "payload": {}, "seq": 5},
+        {"type": "Noted", "payload": {}, "hash": "0" * 64},
+        {"type": "Noted", "payload": {}, "agent": "someone-else"},
+        {"type": "Noted", "payload": {}, "outbox": [{"payload": {}}]},
+        {"type": "Noted", "payload": {}, "outbox": {"topic": "t", "payload": {}}},
         {"type": "ReasoningStepCompleted", "payload": {"step": "one"}},
         {"type": "TaskCompleted", "payload": {}},
         {"type": "TaskFailed", "payload": {"error": "x"}},
-        {"type": "not-pascal"},
+        {"type": "not-pascal", "payload": {}},
+        {"type": "Noted"},
+        {"type": "Noted", "payload": None},
     ],
 )
 def test_wrong_types_and_server_fields_are_400_and_write_nothing(alice, counts, body) -> None:  # type: ignore[no-untyped-def]
@@ -115,8 +117,12 @@ def test_a_batch_is_201_all_or_nothing_and_replays_as_a_whole(alice, counts) -> 
     again = alice.post(events_url(task) + "batch/", body, format="json")
     assert again.status_code == 200 and again["Idempotent-Replay"] == "true"
     assert again.json() == response.json()
-    failing = {"events": [{"type": "Noted"}, {"type": "TaskCompleted", "payload": {"output": {}}}, {"type": "Noted"}]}
+    failing = {"events": [{"type": "Noted", "payload": {}}, {"type": "TaskCompleted", "payload": {"output": {}}},
+                          {"type": "Noted", "payload": {}}]}
     assert_error(alice.post(events_url(task) + "batch/", failing, format="json"), 409, "task_closed")
+    no_payload = {"events": [{"type": "Noted"}, {"type": "Noted", "payload": {}}, {"type": "Noted"}]}
+    error = assert_error(alice.post(events_url(task) + "batch/", no_payload, format="json"), 400, "validation_error")
+    assert set(error["details"]) == {"events[0].payload", "events[2].payload"}, error
     assert_error(alice.post(events_url(task) + "batch/", {"events": []}, format="json"), 400, "validation_error")
     assert counts() == before
 
@@ -142,14 +148,14 @@ def test_completion_closes_the_task(alice, counts) -> None:  # type: ignore[no-u
     state = alice.get(f"/api/v1/tasks/{task['task_id']}/").json()
     assert (state["status"], state["output"], state["lease"]) == ("completed", {"score": 1}, None)
     before = counts()
-    assert_error(alice.post(events_url(task), {"type": "Noted", "lease_epoch": lease["lease_epoch"]}, format="json"),
-                 409, "task_closed")
+    late = {"type": "Noted", "payload": {}, "lease_epoch": lease["lease_epoch"]}
+    assert_error(alice.post(events_url(task), late, format="json"), 409, "task_closed")
     assert counts() == before
 
 
 def test_verify_reports_the_chain(alice) -> None:  # type: ignore[no-untyped-def]
     task = create_task(alice)
-    alice.post(events_url(task), {"type": "Noted"}, format="json")
+    alice.post(events_url(task), {"type": "Noted", "payload": {}}, format="json")
     body = alice.get(f"/api/v1/tasks/{task['task_id']}/verify/").json()
     head = alice.get(f"/api/v1/tasks/{task['task_id']}/").json()["head_hash"]
     assert body == {"valid": True, "checked": 2, "head_hash": head, "first_invalid_seq": None}

@@ -74,8 +74,8 @@ def test_staff_sessions_cannot_hold_leases(db, alice) -> None:  # type: ignore[n
 
 
 STALE_WRITES = [
-    ("/api/v1/tasks/{id}/events/", {"type": "Noted"}),
-    ("/api/v1/tasks/{id}/events/batch/", {"events": [{"type": "Noted"}]}),
+    ("/api/v1/tasks/{id}/events/", {"type": "Noted", "payload": {}}),
+    ("/api/v1/tasks/{id}/events/batch/", {"events": [{"type": "Noted", "payload": {}}]}),
     ("/api/v1/tasks/{id}/heartbeat/", {}),
     ("/api/v1/tasks/{id}/release/", {}),
     ("/api/v1/tasks/{id}/tool-calls/", {"step": 1, "tool": "crm", "input": {}}),

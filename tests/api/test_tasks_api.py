@@ -37,6 +37,23 @@ def test_the_same_task_id_with_other_content_is_409(alice, counts) -> None:  # t
     assert counts() == before
 
 
+def test_a_task_id_taken_in_another_namespace_answers_like_any_conflict(alice, mallory, counts) -> None:  # type: ignore[no-untyped-def]
+    task_id = str(uuid.uuid4())
+    same = {"task_id": task_id, "kind": "lead-qualification", "input": {"lead": "alice@example.com"}}
+    create_task(alice, **same)
+    before = counts()
+    own_conflict = assert_error(alice.post("/api/v1/tasks/", {**same, "kind": "other"}, format="json"),
+                                409, "task_exists")
+    # Identical content from another namespace is no replay of alice's task, and other
+    # content answers alike: neither says where the id is used or what it holds.
+    for body in (same, {**same, "kind": "other"}, {**same, "input": {}}):
+        error = assert_error(mallory.post("/api/v1/tasks/", body, format="json"), 409, "task_exists")
+        assert error == own_conflict
+        assert task_id not in str(error)
+    assert_error(mallory.get(f"/api/v1/tasks/{task_id}/"), 404, "not_found")
+    assert counts() == before
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -1,0 +1,144 @@
+"""The API's one request parser: strict JSON (API.md, Conventions).
+
+DRF's ``JSONParser`` hands the body to ``json.load``, which recurses once per nesting level:
+ten kilobytes of ``[`` are a ``RecursionError`` (a 500), duplicate keys keep the last value
+silently, ``\\ud800`` and ``\\u0000`` arrive as strings PostgreSQL refuses at INSERT, and ``1e400``
+becomes ``inf``. This parser refuses all of that, as ``400 validation_error``, before anything
+recurses:
+
+1. the nesting depth is measured on the raw bytes, without recursion, before ``json.loads``
+   sees them (a body with 64 brackets or fewer cannot be too deep, so nearly every request
+   skips the scan);
+2. ``json.loads`` runs with an ``object_pairs_hook`` that refuses duplicate keys and a
+   ``parse_float``/``parse_constant`` that refuse anything that is not a finite double;
+3. only when the raw text holds a ``\\u0000`` or ``\\uD800``-``\\uDFFF`` escape are the parsed
+   strings (keys and values) walked for NUL and lone surrogates: a surrogate that survives
+   parsing had no partner.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+
+MAX_DEPTH = 64
+
+_OPEN = frozenset(b"[{")
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRUCTURE_ONLY = bytes(b for b in range(256) if b not in b'[]{}"')
+# A string once escapes are gone and only brackets and quotes are left; an unterminated one
+# runs to the end (the parser stops there too).
+_STRING = re.compile(rb'"[^"]*"?')
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class InvalidJSON(ValueError):
+    pass
+
+
+def nesting_depth_exceeds(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether any prefix of ``raw`` opens more than ``limit`` arrays and objects, outside strings.
+
+    The parser recurses once per open bracket still unclosed, so this bounds its recursion
+    for any input, well-formed or not: up to the first syntax error, its strings are ours.
+    Steps, each a C loop over the bytes: drop every backslash escape (so every quote left
+    delimits a string), keep only brackets and quotes, drop the strings; then one Python
+    loop over the brackets left.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    if b"\\" in raw:
+        raw = _ESCAPE.sub(b"", raw)
+    brackets = _STRING.sub(b"", raw.translate(None, _STRUCTURE_ONLY))
+    depth = 0
+    for byte in brackets:
+        if byte in _OPEN:
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise InvalidJSON(f"duplicate object key {duplicate!r}")
+    return obj
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise InvalidJSON(f"number {text[:40]} is outside the range of a double")
+    return value
+
+
+def _no_constants(name: str) -> Any:
+    raise InvalidJSON(f"{name} is not JSON")
+
+
+def _reject_nul_and_lone_surrogates(value: Any) -> None:
+    """An explicit stack, not recursion: the depth is already bounded, but so is this loop's cost."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidJSON("strings may not contain U+0000")
+            if _SURROGATE.search(item):
+                raise InvalidJSON("strings may not contain a lone UTF-16 surrogate")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def loads_strict(raw: bytes, encoding: str = "utf-8") -> Any:
+    """Parse a request body, or raise ``InvalidJSON`` saying why not."""
+    try:
+        text = raw.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise InvalidJSON(f"the body is not valid {encoding}: {exc}") from None
+    if encoding.lower().replace("-", "") != "utf8":
+        raw = text.encode("utf-8")  # the scans below read UTF-8 bytes
+    if nesting_depth_exceeds(raw):
+        raise InvalidJSON(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_object_without_duplicates,
+            parse_float=_finite_float,
+            parse_constant=_no_constants,
+        )
+    except InvalidJSON:
+        raise
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and integers over Python's 4300-digit limit;
+        # RecursionError cannot happen past the depth check but must never be a 500.
+        raise InvalidJSON(str(exc)) from None
+    if _SUSPECT_ESCAPE.search(raw):
+        _reject_nul_and_lone_surrogates(value)
+    return value
+
+
+class StrictJSONParser(JSONParser):
+    """DRF's JSON parser with the rules above; every failure is a ``ParseError`` (400 validation_error)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+        encoding = (parser_context or {}).get("encoding") or "utf-8"
+        raw = stream.read() if stream is not None else b""
+        try:
+            return loads_strict(raw, encoding)
+        except InvalidJSON as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
