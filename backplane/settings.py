@@ -406,5 +406,5 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     # channels_postgres warns on every group_send to a group nobody has joined, which is
     # every live notice while no dashboard page is open.
-    "loggers": {"channels_postgres.database": {"level": "ERROR"}},
+    "loggers": {"channels_postgres.database": {"level": "ERROR"}, "channels_postgres.core": {"level": "ERROR"}},
 }
