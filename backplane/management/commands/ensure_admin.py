@@ -13,7 +13,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
-        parser.add_argument("--url", default="http://127.0.0.1:8000/admin/")
+        parser.add_argument("--url", default="http://127.0.0.1:8000/")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not settings.IS_LOCAL:
@@ -37,4 +37,7 @@ class Command(BaseCommand):
             )
             return
         banner = f"Login: {options['url']}  user: {username}  password: {password}"
-        self.stdout.write("=" * len(banner) + "\n" + banner + "\n" + "=" * len(banner))
+        base = options["url"].rstrip("/")
+        urls = f"API docs: {base}/api/docs/   Admin: {base}/admin/   Ready: {base}/readyz"
+        rule = "=" * max(len(banner), len(urls))
+        self.stdout.write("\n".join([rule, banner, urls, rule]))
