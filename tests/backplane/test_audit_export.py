@@ -16,6 +16,7 @@ from typing import Any
 import boto3
 import pytest
 from django.core.management import call_command
+from pytest_django import DjangoCaptureOnCommitCallbacks
 
 from backplane import celery_app
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
@@ -33,7 +34,11 @@ def read_manifest(path: Path, number: int) -> dict[str, Any]:
     return json.loads((path / fmt.manifest_name(number)).read_bytes())
 
 
-def test_it_exports_sealed_events_to_read_only_files_that_verify_offline(db, audit_dir, public_key) -> None:  # type: ignore[no-untyped-def]
+def test_it_exports_sealed_events_to_read_only_files_that_verify_offline(
+    db: None,
+    audit_dir: Path,
+    public_key: str,
+) -> None:
     first, second = seed(steps=3), seed(steps=2)
     seal = sealing.seal_new_events()
 
@@ -63,8 +68,8 @@ def test_it_exports_sealed_events_to_read_only_files_that_verify_offline(db, aud
     assert f"tree size {seal.tree_size}, root {head.root_hash}" in verified.stdout
 
 
-def test_a_second_export_writes_only_the_new_range_and_chains_to_the_previous_manifest(  # type: ignore[no-untyped-def]
-    db, audit_dir, public_key
+def test_a_second_export_writes_only_the_new_range_and_chains_to_the_previous_manifest(
+    db: None, audit_dir: Path, public_key: str
 ) -> None:
     task = seed(steps=3)
     first = sealing.seal_new_events()
@@ -86,7 +91,11 @@ def test_a_second_export_writes_only_the_new_range_and_chains_to_the_previous_ma
     assert f"2 segment(s), {Event.objects.count()} event(s), 2 task(s)" in verified.stdout
 
 
-def test_segments_end_at_signed_heads_within_the_size_limit(db, audit_dir, settings) -> None:  # type: ignore[no-untyped-def]
+def test_segments_end_at_signed_heads_within_the_size_limit(
+    db: None,
+    audit_dir: Path,
+    settings: Any,
+) -> None:
     for _ in range(4):
         seed(steps=2)  # 3 events per task: 12 in all
     while sealing.seal_new_events(batch_size=3).sealed:
@@ -103,7 +112,7 @@ def test_segments_end_at_signed_heads_within_the_size_limit(db, audit_dir, setti
     assert [(s.first_leaf, s.tree_size) for s in export.audit_export_until_idle().segments] == [(12, 17)]
 
 
-def test_nothing_sealed_means_nothing_exported(db, audit_dir) -> None:  # type: ignore[no-untyped-def]
+def test_nothing_sealed_means_nothing_exported(db: None, audit_dir: Path) -> None:
     seed()
     assert export.audit_export_next_segment() == export.ExportStep(ran=True, segment=None)
     assert not audit_dir.exists() or not list(audit_dir.iterdir())
@@ -114,7 +123,11 @@ def forget_recorded_segments() -> None:
     as_attacker(("DELETE FROM backplane_auditsegment", []))
 
 
-def test_a_segment_written_but_not_recorded_is_recorded_as_it_was_not_duplicated(db, audit_dir, public_key) -> None:  # type: ignore[no-untyped-def]
+def test_a_segment_written_but_not_recorded_is_recorded_as_it_was_not_duplicated(
+    db: None,
+    audit_dir: Path,
+    public_key: str,
+) -> None:
     seed()
     sealing.seal_new_events()
     original = export.audit_export_next_segment().segment
@@ -134,7 +147,7 @@ def test_a_segment_written_but_not_recorded_is_recorded_as_it_was_not_duplicated
     assert run_verifier(audit_dir, public_key).returncode == 0
 
 
-def test_an_orphan_segment_file_gets_its_identical_manifest(db, audit_dir, public_key) -> None:  # type: ignore[no-untyped-def]
+def test_an_orphan_segment_file_gets_its_identical_manifest(db: None, audit_dir: Path, public_key: str) -> None:
     seed()
     sealing.seal_new_events()
     export.audit_export_next_segment()
@@ -150,7 +163,7 @@ def test_an_orphan_segment_file_gets_its_identical_manifest(db, audit_dir, publi
     assert (audit_dir / fmt.manifest_name(1)).read_bytes() == manifest_before
 
 
-def test_an_object_with_other_content_is_left_alone_and_nothing_recorded(db, audit_dir) -> None:  # type: ignore[no-untyped-def]
+def test_an_object_with_other_content_is_left_alone_and_nothing_recorded(db: None, audit_dir: Path) -> None:
     seed()
     sealing.seal_new_events()
     audit_dir.mkdir()
@@ -165,7 +178,7 @@ def test_an_object_with_other_content_is_left_alone_and_nothing_recorded(db, aud
     assert not AuditSegment.objects.exists()
 
 
-def test_only_one_exporter_runs_at_a_time(db, audit_dir) -> None:  # type: ignore[no-untyped-def]
+def test_only_one_exporter_runs_at_a_time(db: None, audit_dir: Path) -> None:
     from django.db import connections
 
     seed()
@@ -182,7 +195,7 @@ def test_only_one_exporter_runs_at_a_time(db, audit_dir) -> None:  # type: ignor
     assert len(export.audit_export_until_idle().segments) == 1
 
 
-def test_the_command_prints_what_it_exported(db, audit_dir) -> None:  # type: ignore[no-untyped-def]
+def test_the_command_prints_what_it_exported(db: None, audit_dir: Path) -> None:
     seed(steps=2)
     seal = sealing.seal_new_events()
     out = StringIO()
@@ -199,8 +212,8 @@ def test_the_command_prints_what_it_exported(db, audit_dir) -> None:  # type: ig
 # --- failures: retried, then one dead letter; fixed, the export catches up ------------------------
 
 
-def test_an_unwritable_directory_ends_in_one_dead_letter_then_exports_once_fixed(  # type: ignore[no-untyped-def]
-    db, settings, tmp_path, public_key
+def test_an_unwritable_directory_ends_in_one_dead_letter_then_exports_once_fixed(
+    db: None, settings: Any, tmp_path: Path, public_key: str
 ) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the audit directory's parent should be")
@@ -225,8 +238,8 @@ def test_an_unwritable_directory_ends_in_one_dead_letter_then_exports_once_fixed
     assert run_verifier(blocker / "audit", public_key).returncode == 0
 
 
-def test_requeueing_an_audit_export_dead_letter_runs_the_export(  # type: ignore[no-untyped-def]
-    db, audit_dir, django_capture_on_commit_callbacks
+def test_requeueing_an_audit_export_dead_letter_runs_the_export(
+    db: None, audit_dir: Path, django_capture_on_commit_callbacks: DjangoCaptureOnCommitCallbacks
 ) -> None:
     seed()
     sealing.seal_new_events()
@@ -262,7 +275,12 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 
 @pytest.fixture
-def s3_bucket(s3_endpoint, settings, monkeypatch, request) -> Any:  # type: ignore[no-untyped-def]
+def s3_bucket(
+    s3_endpoint: str,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> Any:
     """A fresh Object Lock bucket, configured as the audit destination."""
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)
@@ -277,8 +295,8 @@ def s3_bucket(s3_endpoint, settings, monkeypatch, request) -> Any:  # type: igno
     return client
 
 
-def test_it_exports_to_s3_with_a_compliance_lock_and_the_verifier_reads_it_there(  # type: ignore[no-untyped-def]
-    db, s3_bucket, s3_endpoint, settings, public_key
+def test_it_exports_to_s3_with_a_compliance_lock_and_the_verifier_reads_it_there(
+    db: None, s3_bucket: Any, s3_endpoint: str, settings: Any, public_key: str
 ) -> None:
     bucket = settings.BACKPLANE_AUDIT_S3_BUCKET
     task = seed(steps=3)
@@ -316,8 +334,8 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_an_unreachable_s3_endpoint_ends_in_one_dead_letter_then_exports_once_reachable(  # type: ignore[no-untyped-def]
-    db, s3_bucket, s3_endpoint, settings
+def test_an_unreachable_s3_endpoint_ends_in_one_dead_letter_then_exports_once_reachable(
+    db: None, s3_bucket: Any, s3_endpoint: str, settings: Any
 ) -> None:
     seed()
     sealing.seal_new_events()
@@ -333,7 +351,7 @@ def test_an_unreachable_s3_endpoint_ends_in_one_dead_letter_then_exports_once_re
     assert DeadLetter.objects.count() == 1
 
 
-def test_a_bucket_without_object_lock_is_refused_loudly(db, s3_bucket, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_bucket_without_object_lock_is_refused_loudly(db: None, s3_bucket: Any, settings: Any) -> None:
     s3_bucket.create_bucket(Bucket="no-lock-here")
     settings.BACKPLANE_AUDIT_S3_BUCKET = "no-lock-here"
     seed()

@@ -33,7 +33,7 @@ class Exported:
 
 
 @pytest.fixture
-def exported(db, audit_dir, public_key) -> Exported:  # type: ignore[no-untyped-def]
+def exported(db: None, audit_dir: Path, public_key: str) -> Exported:
     """Two segments; segment 2 holds two tasks' later events and a new task, interleaved."""
     first, second = seed(steps=2), seed(steps=2)
     sealing.seal_new_events()
@@ -70,13 +70,13 @@ def reseal(exported: Exported, number: int) -> None:
     """An insider who holds the signing key puts the file's new SHA-256 in a re-signed manifest."""
     data = (exported.path / fmt.segment_name(number)).read_bytes()
 
-    def change(manifest: dict) -> None:  # type: ignore[type-arg]
+    def change(manifest: dict) -> None:
         manifest["segment_sha256"] = hashlib.sha256(data).hexdigest()
 
     resign(exported.path, number, change)
 
 
-def test_an_untouched_export_verifies_in_a_process_without_database_or_settings(exported) -> None:  # type: ignore[no-untyped-def]
+def test_an_untouched_export_verifies_in_a_process_without_database_or_settings(exported: Exported) -> None:
     result = run_verifier(exported.path, exported.public_key)
 
     assert result.returncode == 0, result.stderr
@@ -103,7 +103,11 @@ def test_the_tree_head_message_is_the_sealers() -> None:
     assert fmt.tree_head_message(**fields) == sealing.tree_head_message(**fields)
 
 
-def test_a_public_key_can_be_given_as_a_file_hex_or_pem(exported, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_public_key_can_be_given_as_a_file_hex_or_pem(
+    exported: Exported,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     hex_file = tmp_path / "key.hex"
     hex_file.write_text(exported.public_key + "\n")
     pem_file = tmp_path / "key.pem"
@@ -115,7 +119,7 @@ def test_a_public_key_can_be_given_as_a_file_hex_or_pem(exported, tmp_path, caps
     assert "neither 64 hex digits nor a readable key file" in capsys.readouterr().err
 
 
-def test_another_public_key_is_not_trusted(exported) -> None:  # type: ignore[no-untyped-def]
+def test_another_public_key_is_not_trusted(exported: Exported) -> None:
     stranger = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
     result = run_verifier(exported.path, stranger)
     assert result.returncode == 1
@@ -162,7 +166,11 @@ FILE_TAMPERING: dict[str, Callable[[Exported], None]] = {
 
 
 @pytest.mark.parametrize("tamper", FILE_TAMPERING.values(), ids=FILE_TAMPERING.keys())
-def test_a_changed_segment_file_fails_its_sha256(exported, tamper, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_changed_segment_file_fails_its_sha256(
+    exported: Exported,
+    tamper: Callable[[Exported], None],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     tamper(exported)
 
     code, output = verify_in_process(exported, capsys)
@@ -181,7 +189,12 @@ def test_a_changed_segment_file_fails_its_sha256(exported, tamper, capsys) -> No
     ],
     ids=["delete a line", "reorder two lines", "edit a field", "edit a field and its hash"],
 )
-def test_even_with_a_resigned_manifest_each_line_is_checked(exported, tamper, problem, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_even_with_a_resigned_manifest_each_line_is_checked(
+    exported: Exported,
+    tamper: Callable[[Exported], None],
+    problem: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # Segment 2 in leaf order: third#1, third#2, first#4, second#4, first#5, second#5.
     task = exported.tasks[0].pk
     tamper(exported)
@@ -193,7 +206,7 @@ def test_even_with_a_resigned_manifest_each_line_is_checked(exported, tamper, pr
     assert f"segment 2 (segment-00000002.jsonl) {problem.format(task=task)}" in output
 
 
-def test_a_changed_file_with_its_new_sha256_in_the_manifest_fails_the_signature(exported) -> None:  # type: ignore[no-untyped-def]
+def test_a_changed_file_with_its_new_sha256_in_the_manifest_fails_the_signature(exported: Exported) -> None:
     edit_a_field(exported)
     data = (exported.path / fmt.segment_name(2)).read_bytes()
     manifest_file = writable(exported.path / fmt.manifest_name(2))
@@ -207,7 +220,7 @@ def test_a_changed_file_with_its_new_sha256_in_the_manifest_fails_the_signature(
     assert "segment 2 (segment-00000002.manifest.json): the manifest's signature does not verify" in result.stderr
 
 
-def test_a_manifest_swapped_for_another_is_caught(exported, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_manifest_swapped_for_another_is_caught(exported: Exported, capsys: pytest.CaptureFixture[str]) -> None:
     first = (exported.path / fmt.manifest_name(1)).read_bytes()
     writable(exported.path / fmt.manifest_name(2)).write_bytes(first)
 
@@ -217,7 +230,7 @@ def test_a_manifest_swapped_for_another_is_caught(exported, capsys) -> None:  # 
     assert "segment 2 (segment-00000002.manifest.json): the manifest is that of segment 1" in output
 
 
-def test_a_manifest_signed_with_another_key_is_caught(exported, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_manifest_signed_with_another_key_is_caught(exported: Exported, capsys: pytest.CaptureFixture[str]) -> None:
     forger = Ed25519PrivateKey.generate()
     forger_public = forger.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
     resign(exported.path, 2, lambda manifest: None, key=forger)  # same content, other key, trusted key claimed
@@ -230,19 +243,25 @@ def test_a_manifest_signed_with_another_key_is_caught(exported, capsys) -> None:
     assert code == 1 and f"signed by '{forger_public}', which is not a trusted public key" in output
 
 
-def test_a_resigned_manifest_that_skips_the_chain_is_caught(exported, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_resigned_manifest_that_skips_the_chain_is_caught(
+    exported: Exported,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     resign(exported.path, 2, lambda manifest: manifest.update(previous_manifest_sha256="1" * 64))
     code, output = verify_in_process(exported, capsys)
     assert code == 1 and "segment 2 (segment-00000002.manifest.json): previous_manifest_sha256" in output
 
 
-def test_a_missing_segment_is_caught(exported, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_missing_segment_is_caught(exported: Exported, capsys: pytest.CaptureFixture[str]) -> None:
     (exported.path / fmt.manifest_name(1)).unlink()
     code, output = verify_in_process(exported, capsys)
     assert code == 1 and "segment 1 is missing" in output
 
 
-def test_reordered_events_of_different_tasks_chain_but_miss_the_signed_root(exported, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_reordered_events_of_different_tasks_chain_but_miss_the_signed_root(
+    exported: Exported,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     lines = segment_lines(exported, 2)
     tasks = [json.loads(line)["task_id"] for line in lines]
     i = next(i for i in range(len(lines) - 1) if tasks[i] != tasks[i + 1])
@@ -260,7 +279,11 @@ def test_reordered_events_of_different_tasks_chain_but_miss_the_signed_root(expo
 # --- tampering with the database before the export -------------------------------------------
 
 
-def test_an_edited_row_with_a_recomputed_chain_is_exported_faithfully_and_caught(db, audit_dir, public_key) -> None:  # type: ignore[no-untyped-def]
+def test_an_edited_row_with_a_recomputed_chain_is_exported_faithfully_and_caught(
+    db: None,
+    audit_dir: Path,
+    public_key: str,
+) -> None:
     honest, victim = seed(steps=2), seed(steps=4)
     sealing.seal_new_events()
     # The attacker, a superuser, edits seq 2 and recomputes the rest of the chain (and the leaf copies).

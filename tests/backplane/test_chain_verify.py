@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -15,7 +16,7 @@ from backplane.eventlog.selectors import chain_verify
 from backplane.eventlog.writer import EventDraft
 
 
-def build_task(make_task, steps: int = 4) -> Task:  # type: ignore[no-untyped-def]
+def build_task(make_task: Callable[..., Task], steps: int = 4) -> Task:
     task = make_task()
     for n in range(1, steps + 1):
         services.event_append(
@@ -28,7 +29,7 @@ def build_task(make_task, steps: int = 4) -> Task:  # type: ignore[no-untyped-de
     return task
 
 
-def as_attacker(sql: str, params: list) -> None:  # type: ignore[type-arg]
+def as_attacker(sql: str, params: list) -> None:
     """A superuser who switches the append-only triggers off for their session."""
     with connection.cursor() as cursor:
         cursor.execute("SET session_replication_role = replica")
@@ -38,20 +39,20 @@ def as_attacker(sql: str, params: list) -> None:  # type: ignore[type-arg]
             cursor.execute("SET session_replication_role = origin")
 
 
-def test_an_untouched_chain_is_valid(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_an_untouched_chain_is_valid(make_task: Callable[..., Task]) -> None:
     task = build_task(make_task)
     result = chain_verify(task=task)
     assert (result.valid, result.checked, result.first_invalid_seq, result.head_hash) == (True, 5, None, task.head_hash)
 
 
-def test_it_finds_an_edited_payload(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_finds_an_edited_payload(make_task: Callable[..., Task]) -> None:
     task = build_task(make_task)
     as_attacker("UPDATE backplane_event SET payload = '{\"step\": 99}' WHERE task_id = %s AND seq = 3", [task.pk])
     result = chain_verify(task=task)
     assert (result.valid, result.first_invalid_seq, result.checked) == (False, 3, 2)
 
 
-def test_it_finds_a_deleted_event_in_the_middle_and_at_the_end(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_finds_a_deleted_event_in_the_middle_and_at_the_end(make_task: Callable[..., Task]) -> None:
     task = build_task(make_task)
     as_attacker("DELETE FROM backplane_event WHERE task_id = %s AND seq = 3", [task.pk])
     assert chain_verify(task=task).first_invalid_seq == 3
@@ -62,7 +63,7 @@ def test_it_finds_a_deleted_event_in_the_middle_and_at_the_end(make_task) -> Non
     assert (result.valid, result.first_invalid_seq) == (False, 5)
 
 
-def test_it_finds_a_rewritten_event_whose_own_hash_was_recomputed(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_finds_a_rewritten_event_whose_own_hash_was_recomputed(make_task: Callable[..., Task]) -> None:
     task = build_task(make_task)
     event = Event.objects.get(task=task, seq=2)
     forged = hashed_fields(
@@ -78,7 +79,7 @@ def test_it_finds_a_rewritten_event_whose_own_hash_was_recomputed(make_task) -> 
     assert chain_verify(task=task).first_invalid_seq == 3
 
 
-def test_the_command_prints_a_summary_and_fails_on_a_broken_chain(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_the_command_prints_a_summary_and_fails_on_a_broken_chain(make_task: Callable[..., Task]) -> None:
     good = build_task(make_task)
     out = io.StringIO()
     call_command("verify_chain", "--all", stdout=out)

@@ -42,7 +42,7 @@ def new_task() -> Task:
     return services.task_create(namespace="acme", kind="k", input={}, agent="planner").task
 
 
-def test_parallel_appends_to_one_task_get_gap_free_seqs_and_a_valid_chain(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_parallel_appends_to_one_task_get_gap_free_seqs_and_a_valid_chain(committed_db: None) -> None:
     task = new_task()
     threads, per_thread = 8, 25
 
@@ -60,7 +60,7 @@ def test_parallel_appends_to_one_task_get_gap_free_seqs_and_a_valid_chain(commit
     assert chain_verify(task=task).valid and task.last_seq == len(seqs)
 
 
-def test_expected_seq_lets_exactly_one_of_the_racers_win(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_expected_seq_lets_exactly_one_of_the_racers_win(committed_db: None) -> None:
     task = new_task()
     wins: list[int] = []
     conflicts: list[int] = []
@@ -81,7 +81,7 @@ def test_expected_seq_lets_exactly_one_of_the_racers_win(committed_db) -> None: 
     assert Event.objects.filter(task=task).count() == 2
 
 
-def test_the_same_idempotency_key_from_many_connections_writes_once(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_idempotency_key_from_many_connections_writes_once(committed_db: None) -> None:
     task = new_task()
     replayed: list[bool] = []
 
@@ -97,7 +97,7 @@ def test_the_same_idempotency_key_from_many_connections_writes_once(committed_db
     assert Event.objects.filter(task=task, type="EmailSent").count() == 1
 
 
-def test_appends_to_different_tasks_do_not_block_each_other(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_appends_to_different_tasks_do_not_block_each_other(committed_db: None) -> None:
     tasks = [new_task() for _ in range(6)]
     holding = threading.Event()
     release = threading.Event()

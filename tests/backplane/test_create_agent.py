@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from backplane.eventlog.models import Agent
 
 
-def test_it_prints_a_token_and_stores_only_its_hash(db) -> None:  # type: ignore[no-untyped-def]
+def test_it_prints_a_token_and_stores_only_its_hash(db: None) -> None:
     out = io.StringIO()
     call_command("create_agent", "qualifier-1", "--namespace", "acme", "--kinds", "lead-qualification, scoring",
                  stdout=out, stderr=io.StringIO())
@@ -24,7 +24,7 @@ def test_it_prints_a_token_and_stores_only_its_hash(db) -> None:  # type: ignore
     assert agent.token_matches(token) and not agent.token_matches(token + "x")
 
 
-def test_it_refuses_a_duplicate_name_in_a_namespace(db) -> None:  # type: ignore[no-untyped-def]
+def test_it_refuses_a_duplicate_name_in_a_namespace(db: None) -> None:
     call_command("create_agent", "a1", "--namespace", "acme", stdout=io.StringIO(), stderr=io.StringIO())
     with pytest.raises(CommandError):
         call_command("create_agent", "a1", "--namespace", "acme", stdout=io.StringIO(), stderr=io.StringIO())
@@ -32,7 +32,7 @@ def test_it_refuses_a_duplicate_name_in_a_namespace(db) -> None:  # type: ignore
     assert Agent.objects.filter(name="a1").count() == 2
 
 
-def test_it_refuses_a_bad_name(db) -> None:  # type: ignore[no-untyped-def]
+def test_it_refuses_a_bad_name(db: None) -> None:
     with pytest.raises(CommandError):
         call_command("create_agent", "has space", "--namespace", "acme", stdout=io.StringIO(), stderr=io.StringIO())
     assert not Agent.objects.exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -17,11 +18,11 @@ from backplane.runtime.models import Duty
 
 
 @pytest.fixture
-def watched(settings) -> None:  # type: ignore[no-untyped-def]
+def watched(settings: Any) -> None:
     settings.BACKPLANE_DUTY_WATCH = True
 
 
-def test_beat_start_watches_every_scheduled_duty_and_forgets_the_rest(db) -> None:  # type: ignore[no-untyped-def]
+def test_beat_start_watches_every_scheduled_duty_and_forgets_the_rest(db: None) -> None:
     Duty.objects.create(name="a-duty-that-left-the-schedule", interval_seconds=5)
     assert duties.duties_watch_start() == len(settings.CELERY_BEAT_SCHEDULE)
     rows = {duty.name: duty for duty in Duty.objects.all()}
@@ -31,7 +32,7 @@ def test_beat_start_watches_every_scheduled_duty_and_forgets_the_rest(db) -> Non
     assert duties.duties_overdue() == []
 
 
-def test_a_duty_run_through_celery_stamps_its_start_and_success(db) -> None:  # type: ignore[no-untyped-def]
+def test_a_duty_run_through_celery_stamps_its_start_and_success(db: None) -> None:
     # The real task, run eagerly: Celery sends the same signals a worker does.
     app.tasks["backplane.tasks.seal_events"].apply()
     row = Duty.objects.get(name="seal-events")
@@ -39,19 +40,19 @@ def test_a_duty_run_through_celery_stamps_its_start_and_success(db) -> None:  # 
     assert (row.runs_total, row.failures_total) == (1, 0)
 
 
-def test_a_failed_run_is_counted_and_does_not_count_as_a_success(db) -> None:  # type: ignore[no-untyped-def]
+def test_a_failed_run_is_counted_and_does_not_count_as_a_success(db: None) -> None:
     duties.duty_stamp(task_name="backplane.tasks.seal_events", outcome="failed", error="RuntimeError: no key")
     row = Duty.objects.get(name="seal-events")
     assert row.last_succeeded_at is None and row.last_error == "RuntimeError: no key"
     assert (row.runs_total, row.failures_total) == (1, 1)
 
 
-def test_a_task_that_is_no_duty_is_not_stamped(db) -> None:  # type: ignore[no-untyped-def]
+def test_a_task_that_is_no_duty_is_not_stamped(db: None) -> None:
     assert duties.duty_stamp(task_name="backplane.tasks.verify_chains_requested", outcome="succeeded") is None
     assert not Duty.objects.exists()
 
 
-def test_a_duty_is_overdue_after_three_intervals_and_never_before_the_floor(db) -> None:  # type: ignore[no-untyped-def]
+def test_a_duty_is_overdue_after_three_intervals_and_never_before_the_floor(db: None) -> None:
     duties.duties_watch_start()
     now = timezone.now()
     # detect-stalls runs every 2 s: 3 intervals is under the floor, so the floor (10 s) decides.
@@ -64,7 +65,7 @@ def test_a_duty_is_overdue_after_three_intervals_and_never_before_the_floor(db) 
     assert [duty.name for duty in duties.duties_overdue(now=now)] == ["detect-stalls", "seal-events"]
 
 
-def test_the_supervisor_sql_agrees_with_the_selector(db) -> None:  # type: ignore[no-untyped-def]
+def test_the_supervisor_sql_agrees_with_the_selector(db: None) -> None:
     from django.db import connection
 
     duties.duties_watch_start()
@@ -76,7 +77,7 @@ def test_the_supervisor_sql_agrees_with_the_selector(db) -> None:  # type: ignor
     assert 299 < rows[0][1] < 400
 
 
-def test_readyz_names_an_overdue_duty(client: Client, db, watched) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_names_an_overdue_duty(client: Client, db: None, watched: None) -> None:
     duties.duties_watch_start()
     assert client.get("/readyz").status_code == 200
     Duty.objects.filter(name="detect-stalls").update(watch_started_at=timezone.now() - timedelta(minutes=2))
@@ -86,7 +87,7 @@ def test_readyz_names_an_overdue_duty(client: Client, db, watched) -> None:  # t
     assert len(problems) == 1 and problems[0].startswith("duty detect-stalls overdue"), problems
 
 
-def test_readyz_says_when_no_beat_ever_scheduled_the_duties(client: Client, db, watched) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_says_when_no_beat_ever_scheduled_the_duties(client: Client, db: None, watched: None) -> None:
     response = client.get("/readyz")
     assert response.status_code == 503
     problems = response.json()["error"]["details"]["problems"]
@@ -94,7 +95,7 @@ def test_readyz_says_when_no_beat_ever_scheduled_the_duties(client: Client, db, 
     assert all("is beat running?" in problem for problem in problems)
 
 
-def test_readyz_quotes_the_error_of_a_duty_that_keeps_failing(client: Client, db, watched) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_quotes_the_error_of_a_duty_that_keeps_failing(client: Client, db: None, watched: None) -> None:
     duties.duties_watch_start()
     Duty.objects.filter(name="seal-events").update(watch_started_at=timezone.now() - timedelta(minutes=2))
     duties.duty_stamp(task_name="backplane.tasks.seal_events", outcome="failed", error="RuntimeError: no signing key")
@@ -102,7 +103,7 @@ def test_readyz_quotes_the_error_of_a_duty_that_keeps_failing(client: Client, db
     assert problems == [p for p in problems if "seal-events" in p] and "no signing key" in problems[0]
 
 
-def test_metrics_export_each_duty_age_and_whether_it_is_overdue(client: Client, db) -> None:  # type: ignore[no-untyped-def]
+def test_metrics_export_each_duty_age_and_whether_it_is_overdue(client: Client, db: None) -> None:
     duties.duties_watch_start()
     Duty.objects.filter(name="relay-outbox").update(watch_started_at=timezone.now() - timedelta(minutes=1))
     text = client.get("/metrics").content.decode()
@@ -147,7 +148,7 @@ def test_a_duty_whose_last_run_still_hangs_is_skipped_not_stacked() -> None:
         task.run = original
 
 
-def test_the_duties_command_lists_them_and_its_check_fails_on_an_overdue_one(db) -> None:  # type: ignore[no-untyped-def]
+def test_the_duties_command_lists_them_and_its_check_fails_on_an_overdue_one(db: None) -> None:
     import io
 
     from django.core.management import call_command

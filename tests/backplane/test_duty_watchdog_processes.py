@@ -9,7 +9,8 @@ blocks on its first query while the relay and the stall detector keep running.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,7 +26,7 @@ SEAL_SECONDS = 4
 
 
 @pytest.fixture
-def worker_and_beat(committed_db: None, settings) -> Iterator[CeleryProcesses]:  # type: ignore[no-untyped-def]
+def worker_and_beat(committed_db: None, settings: Any) -> Iterator[CeleryProcesses]:
     settings.BACKPLANE_DUTY_WATCH = True
     processes = CeleryProcesses(env={"BACKPLANE_SEAL_SECONDS": str(SEAL_SECONDS)})
     try:
@@ -41,7 +42,7 @@ def _readyz_problems(client: Client) -> list[str]:
     return [] if response.status_code == 200 else response.json()["error"]["details"]["problems"]
 
 
-def _wait(what: str, condition, timeout: float, processes: CeleryProcesses) -> float:  # type: ignore[no-untyped-def]
+def _wait(what: str, condition: Callable[[], object], timeout: float, processes: CeleryProcesses) -> float:
     started = time.monotonic()
     while not condition():
         assert time.monotonic() - started < timeout, (

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from django.db import DatabaseError, connection, transaction
 
 from backplane.eventlog import services
-from backplane.eventlog.models import Event
+from backplane.eventlog.models import Event, Task
 
 
-def run_sql(sql: str, params: list | None = None) -> None:  # type: ignore[type-arg]
+def run_sql(sql: str, params: list | None = None) -> None:
     # Each attempt in a savepoint so the failure leaves the test's transaction usable.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -23,7 +25,7 @@ def run_sql(sql: str, params: list | None = None) -> None:  # type: ignore[type-
         "DELETE FROM backplane_event WHERE task_id = %s",
     ],
 )
-def test_it_rejects_update_and_delete_in_raw_sql(make_task, sql: str) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_update_and_delete_in_raw_sql(make_task: Callable[..., Task], sql: str) -> None:
     task = make_task()
     before = list(Event.objects.filter(task=task).values())
     with pytest.raises(DatabaseError, match="append-only"):
@@ -32,7 +34,7 @@ def test_it_rejects_update_and_delete_in_raw_sql(make_task, sql: str) -> None:  
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_rejects_truncate(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_truncate(committed_db: None) -> None:
     # Committed first: inside the creating transaction PostgreSQL refuses TRUNCATE anyway
     # (pending deferred foreign-key checks), which would prove nothing about the trigger.
     services.task_create(namespace="acme", kind="k", input={})
@@ -41,7 +43,7 @@ def test_it_rejects_truncate(committed_db) -> None:  # type: ignore[no-untyped-d
     assert Event.objects.count() == 1
 
 
-def test_it_rejects_the_orm_too(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_the_orm_too(make_task: Callable[..., Task]) -> None:
     make_task()
     with pytest.raises(DatabaseError, match="append-only"):
         with transaction.atomic():

@@ -5,15 +5,20 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test import Client
+from pytest_django import DjangoAssertNumQueries
 
 
-def test_healthz_answers_without_touching_the_database(client: Client, db, django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+def test_healthz_answers_without_touching_the_database(
+    client: Client,
+    db: None,
+    django_assert_num_queries: DjangoAssertNumQueries,
+) -> None:
     with django_assert_num_queries(0):
         response = client.get("/healthz")
     assert response.status_code == 200 and response.json() == {"status": "ok"}
 
 
-def test_readyz_is_200_with_the_database_up(client: Client, db) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_is_200_with_the_database_up(client: Client, db: None) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200, response.content
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
+from pytest_django import DjangoAssertNumQueries
 
 from backplane.eventlog import services
 from backplane.eventlog.chain import compute_hash, event_hashed_fields
@@ -52,7 +54,7 @@ def build_task(make_task):  # type: ignore[no-untyped-def]
     return build
 
 
-def as_attacker(sql: str, params: list) -> None:  # type: ignore[type-arg]
+def as_attacker(sql: str, params: list) -> None:
     """A superuser who switches the append-only triggers off for their session."""
     with connection.cursor() as cursor:
         cursor.execute("SET session_replication_role = replica")
@@ -62,7 +64,7 @@ def as_attacker(sql: str, params: list) -> None:  # type: ignore[type-arg]
             cursor.execute("SET session_replication_role = origin")
 
 
-def rewrite_and_rehash(task: Task, *, from_seq: int, payload: dict) -> None:  # type: ignore[type-arg]
+def rewrite_and_rehash(task: Task, *, from_seq: int, payload: dict) -> None:
     """The careful attacker: edits one event and recomputes every hash after it, the task's
     head_hash included, so the chain is consistent again."""
     prev_hash = Event.objects.get(task=task, seq=from_seq).prev_hash
@@ -93,7 +95,7 @@ def figures(verification: VerificationRun) -> tuple[int, int, int]:
     return verification.tasks_checked, verification.events_checked, verification.failures
 
 
-def test_it_verifies_only_what_is_new_since_the_last_run(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_verifies_only_what_is_new_since_the_last_run(build_task: Callable[..., Task]) -> None:
     first, second, third = build_task(4), build_task(2), build_task(0)
     # 5 + 3 + 1 events (TaskStarted and the steps).
     assert figures(run(INCREMENTAL)) == (3, 9, 0)
@@ -109,7 +111,7 @@ def test_it_verifies_only_what_is_new_since_the_last_run(build_task) -> None:  #
     assert not IntegrityAlert.objects.exists()
 
 
-def test_a_run_is_recorded_with_its_mode_and_times(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_is_recorded_with_its_mode_and_times(build_task: Callable[..., Task]) -> None:
     build_task(1)
     verification = run(FULL)
     assert verification.mode == FULL and verification.finished_at is not None
@@ -119,7 +121,7 @@ def test_a_run_is_recorded_with_its_mode_and_times(build_task) -> None:  # type:
         integrity.verification_run_start(mode="sometimes")
 
 
-def test_an_edited_new_event_raises_an_alert_with_its_seq(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_an_edited_new_event_raises_an_alert_with_its_seq(build_task: Callable[..., Task]) -> None:
     task = build_task(2)
     run(INCREMENTAL)
     append_steps(task, 3)  # seq 4..6, not verified yet
@@ -136,7 +138,7 @@ def test_an_edited_new_event_raises_an_alert_with_its_seq(build_task) -> None:  
     assert VerifiedHead.objects.get(task=task).verified_seq == 3
 
 
-def test_the_next_run_counts_the_break_but_raises_no_second_alert(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_the_next_run_counts_the_break_but_raises_no_second_alert(build_task: Callable[..., Task]) -> None:
     task = build_task(3)
     as_attacker("DELETE FROM backplane_event WHERE task_id = %s AND seq = 2", [task.pk])
     first = run(INCREMENTAL)
@@ -151,7 +153,7 @@ def test_the_next_run_counts_the_break_but_raises_no_second_alert(build_task) ->
     assert IntegrityAlert.objects.count() == 1
 
 
-def test_an_edit_behind_the_verified_head_is_caught_by_the_incremental_run(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_an_edit_behind_the_verified_head_is_caught_by_the_incremental_run(build_task: Callable[..., Task]) -> None:
     task = build_task(4)
     run(INCREMENTAL)
     # The last verified event gets new content and a recomputed hash of its own.
@@ -169,7 +171,7 @@ def test_an_edit_behind_the_verified_head_is_caught_by_the_incremental_run(build
     )
 
 
-def test_a_rewrite_rehashed_to_the_head_is_caught_at_the_verified_head(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_rewrite_rehashed_to_the_head_is_caught_at_the_verified_head(build_task: Callable[..., Task]) -> None:
     task = build_task(4)
     run(INCREMENTAL)
     rewrite_and_rehash(task, from_seq=2, payload={"step": "forged"})
@@ -186,7 +188,7 @@ def test_a_rewrite_rehashed_to_the_head_is_caught_at_the_verified_head(build_tas
     assert IntegrityAlert.objects.count() == 1
 
 
-def test_deleted_verified_events_are_caught(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_deleted_verified_events_are_caught(build_task: Callable[..., Task]) -> None:
     task = build_task(4)
     run(INCREMENTAL)
     as_attacker("DELETE FROM backplane_event WHERE task_id = %s AND seq >= 4", [task.pk])
@@ -197,7 +199,7 @@ def test_deleted_verified_events_are_caught(build_task) -> None:  # type: ignore
     assert alert.first_invalid_seq == 5 and "the event at seq 5 is missing" in alert.problem
 
 
-def test_the_full_pass_catches_what_the_incremental_run_skips(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_the_full_pass_catches_what_the_incremental_run_skips(build_task: Callable[..., Task]) -> None:
     good, bad = build_task(3), build_task(3)
     run(INCREMENTAL)
     # Content edited behind the head, stored hashes left alone: the links and the pinned
@@ -213,14 +215,14 @@ def test_the_full_pass_catches_what_the_incremental_run_skips(build_task) -> Non
     assert VerifiedHead.objects.get(task=good).verified_seq == 4
 
 
-def test_the_full_pass_sets_the_heads_the_incremental_run_continues_from(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_the_full_pass_sets_the_heads_the_incremental_run_continues_from(build_task: Callable[..., Task]) -> None:
     task = build_task(2)
     assert figures(run(FULL)) == (1, 3, 0)
     append_steps(task, 1)
     assert figures(run(INCREMENTAL)) == (1, 1, 0)
 
 
-def test_a_stale_task_row_is_not_a_broken_chain(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_stale_task_row_is_not_a_broken_chain(build_task: Callable[..., Task]) -> None:
     """chain_verify reads the task row before the log; an append in between must not raise."""
     task = build_task(1)
     stale = Task.objects.get(pk=task.pk)
@@ -234,7 +236,7 @@ def test_a_stale_task_row_is_not_a_broken_chain(build_task) -> None:  # type: ig
     assert outcome.drifted is None and outcome.checkpoint == task_state_of(stale)
 
 
-def test_an_alert_is_acknowledged_once(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_an_alert_is_acknowledged_once(build_task: Callable[..., Task]) -> None:
     task = build_task(2)
     as_attacker("UPDATE backplane_event SET prev_hash = %s WHERE task_id = %s AND seq = 2", ["0" * 64, task.pk])
     run(INCREMENTAL)
@@ -250,8 +252,8 @@ def test_an_alert_is_acknowledged_once(build_task) -> None:  # type: ignore[no-u
     assert IntegrityAlert.objects.get().acknowledged_by == "user:alice"
 
 
-def test_the_summary_shows_the_last_finished_runs_and_open_alerts(  # type: ignore[no-untyped-def]
-    build_task, django_assert_max_num_queries
+def test_the_summary_shows_the_last_finished_runs_and_open_alerts(
+    build_task: Callable[..., Task], django_assert_max_num_queries: DjangoAssertNumQueries
 ) -> None:
     tampered = build_task(1)
     build_task(1)
@@ -271,7 +273,7 @@ def test_the_summary_shows_the_last_finished_runs_and_open_alerts(  # type: igno
     assert integrity.integrity_summary().open_alert_count == 0
 
 
-def test_metrics_report_unacknowledged_alerts(client: Client, build_task) -> None:  # type: ignore[no-untyped-def]
+def test_metrics_report_unacknowledged_alerts(client: Client, build_task: Callable[..., Task]) -> None:
     task = build_task(1)
     as_attacker("DELETE FROM backplane_event WHERE task_id = %s AND seq = 2", [task.pk])
     run(INCREMENTAL)
@@ -283,7 +285,7 @@ def test_metrics_report_unacknowledged_alerts(client: Client, build_task) -> Non
     assert samples["backplane_integrity_alerts_unacknowledged"] == 1
 
 
-def test_the_celery_tasks_run_both_modes(build_task, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_the_celery_tasks_run_both_modes(build_task: Callable[..., Task], caplog: pytest.LogCaptureFixture) -> None:
     task = build_task(2)
     result = integrity_tasks.verify_chains_incremental()
     assert {k: result[k] for k in ("tasks", "events", "failures", "alerts_raised")} == {
@@ -309,15 +311,15 @@ def test_the_beat_schedule_runs_both() -> None:
 
 
 @pytest.fixture
-def operator_client(db) -> Client:  # type: ignore[no-untyped-def]
+def operator_client(db: None) -> Client:
     User.objects.create_superuser("root", "", "pw-for-tests-only")
     client = Client()
     client.login(username="root", password="pw-for-tests-only")
     return client
 
 
-def test_the_admin_acknowledges_with_a_note_and_changes_nothing_else(  # type: ignore[no-untyped-def]
-    operator_client: Client, build_task
+def test_the_admin_acknowledges_with_a_note_and_changes_nothing_else(
+    operator_client: Client, build_task: Callable[..., Task]
 ) -> None:
     task = build_task(1)
     as_attacker("DELETE FROM backplane_event WHERE task_id = %s AND seq = 2", [task.pk])
@@ -340,13 +342,13 @@ def test_the_admin_acknowledges_with_a_note_and_changes_nothing_else(  # type: i
 # --- the row against its log ---------------------------------------------------------------------
 
 
-def checkpoint_of(task: Task) -> dict:  # type: ignore[type-arg]
+def checkpoint_of(task: Task) -> dict:
     projection = VerifiedHead.objects.get(task=task).projection
     assert projection is not None
     return projection
 
 
-def test_a_tampered_row_of_a_touched_task_raises_one_projection_alert(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_tampered_row_of_a_touched_task_raises_one_projection_alert(build_task: Callable[..., Task]) -> None:
     touched, untouched = build_task(2), build_task(2)
     run(INCREMENTAL)
     append_steps(touched, 2)  # seq 4, 5
@@ -376,7 +378,7 @@ def test_a_tampered_row_of_a_touched_task_raises_one_projection_alert(build_task
         (touched.pk, IntegrityAlertKind.PROJECTION, 5), (untouched.pk, IntegrityAlertKind.PROJECTION, 3)}
 
 
-def test_a_chain_break_and_a_row_finding_at_the_same_seq_are_two_alerts(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_chain_break_and_a_row_finding_at_the_same_seq_are_two_alerts(build_task: Callable[..., Task]) -> None:
     task = build_task(2)
     Task.objects.filter(pk=task.pk).update(attempts=1)
     assert figures(run(FULL)) == (1, 3, 1)
@@ -386,7 +388,7 @@ def test_a_chain_break_and_a_row_finding_at_the_same_seq_are_two_alerts(build_ta
         (IntegrityAlertKind.CHAIN, 3), (IntegrityAlertKind.PROJECTION, 3)]
 
 
-def test_the_next_incremental_run_folds_only_new_events_onto_the_checkpoint(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_the_next_incremental_run_folds_only_new_events_onto_the_checkpoint(build_task: Callable[..., Task]) -> None:
     task = build_task(3)
     run(INCREMENTAL)
     assert checkpoint_of(task) == task_state_as_json(task_state_of(task))
@@ -406,7 +408,7 @@ def test_the_next_incremental_run_folds_only_new_events_onto_the_checkpoint(buil
     assert checkpoint_of(task) == task_state_as_json(task_state_of(task))
 
 
-def test_a_head_verified_before_checkpoints_replays_its_task_once(build_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_head_verified_before_checkpoints_replays_its_task_once(build_task: Callable[..., Task]) -> None:
     task = build_task(3)
     run(INCREMENTAL)
     VerifiedHead.objects.filter(task=task).update(projection=None)
@@ -417,7 +419,9 @@ def test_a_head_verified_before_checkpoints_replays_its_task_once(build_task) ->
     assert checkpoint_of(task) == task_state_as_json(task_state_of(task))
 
 
-def test_transitions_and_a_heartbeat_extended_lease_are_checked_without_findings(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_transitions_and_a_heartbeat_extended_lease_are_checked_without_findings(
+    make_task: Callable[..., Task],
+) -> None:
     from recovery import leases
 
     worker = services.agent_create(name="qualifier-1", namespace="acme").agent

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,6 +24,7 @@ from backplane.delivery import selectors as delivery_selectors
 from backplane.delivery.models import DeadLetter, OutboxMessage, OutboxStatus, WebhookSubscription
 from backplane.delivery.sinks import KombuSink, Sinks
 from backplane.eventlog import services
+from backplane.eventlog.models import Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft
 
 UNREACHABLE_BROKER = "redis://127.0.0.1:1/0"
@@ -77,7 +79,7 @@ def test_topic_patterns_match_like_amqp(pattern: str, topic: str, expected: bool
     assert outbox.topic_matches(pattern, topic) is expected
 
 
-def test_a_message_gets_one_row_per_destination(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_message_gets_one_row_per_destination(make_task: Callable[..., Task]) -> None:
     WebhookSubscription.objects.create(name="crm", topic_pattern="leads.*", url="http://127.0.0.1:9/", secret="s")
     WebhookSubscription.objects.create(name="other", topic_pattern="billing.#", url="http://127.0.0.1:9/", secret="s")
     WebhookSubscription.objects.create(name="off", topic_pattern="#", url="http://127.0.0.1:9/", secret="s",
@@ -91,7 +93,7 @@ def test_a_message_gets_one_row_per_destination(make_task) -> None:  # type: ign
     assert rows[0].message_id != rows[1].message_id
 
 
-def test_lifecycle_messages_announce_pending_completed_and_failed(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_lifecycle_messages_announce_pending_completed_and_failed(make_task: Callable[..., Task]) -> None:
     done = make_task(kind="scoring")
     services.event_append(namespace="acme", task_id=done.pk, agent="a",
                           draft=EventDraft(type="TaskCompleted", payload={"output": {"ok": True}}))
@@ -122,7 +124,10 @@ def test_the_relay_publishes_envelopes_to_the_broker(make_task, broker_queue) ->
     assert relay.outbox_relay_once(publish=sinks).claimed == 0
 
 
-def test_an_unreachable_broker_backs_off_then_dead_letters_once(make_task, settings) -> None:  # type: ignore[no-untyped-def]
+def test_an_unreachable_broker_backs_off_then_dead_letters_once(
+    make_task: Callable[..., Task],
+    settings: Any,
+) -> None:
     settings.BACKPLANE_OUTBOX_MAX_ATTEMPTS = 3
     task = make_task()
     append_with_outbox(task, "leads.scored", {"score": 7})
@@ -182,7 +187,7 @@ class _Recorder:
         self.published.append((message.key, body["payload"]["n"]))
 
 
-def test_a_batch_takes_the_head_of_every_key_and_keeps_key_order(db) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_takes_the_head_of_every_key_and_keeps_key_order(db: None) -> None:
     for key in ("a", "b", "c"):
         _enqueue_direct(key, 5)
     recorder = _Recorder()
@@ -193,7 +198,7 @@ def test_a_batch_takes_the_head_of_every_key_and_keeps_key_order(db) -> None:  #
         assert [n for k, n in recorder.published if k == key] == [0, 1, 2, 3, 4]
 
 
-def test_a_key_backing_off_does_not_starve_keys_beyond_the_claim_window(db) -> None:  # type: ignore[no-untyped-def]
+def test_a_key_backing_off_does_not_starve_keys_beyond_the_claim_window(db: None) -> None:
     # Key "stuck": its head fails and backs off; its 60 successors stay due and fill the
     # window (2 x batch 10 = 20 oldest due rows) without one of them being claimable.
     _enqueue_direct("stuck", 61)
@@ -270,7 +275,7 @@ def test_the_webhook_signature_is_verifiable_by_the_consumer_helper() -> None:
     assert client.verify("s3cret", header, body, now=1_800_000_010) == 1_800_000_000
 
 
-def test_delivered_rows_are_pruned_after_the_retention(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_delivered_rows_are_pruned_after_the_retention(make_task: Callable[..., Task]) -> None:
     make_task()
     relay.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
     OutboxMessage.objects.update(delivered_at=timezone.now() - timedelta(days=2))
@@ -278,7 +283,7 @@ def test_delivered_rows_are_pruned_after_the_retention(make_task) -> None:  # ty
     assert relay.outbox_prune_delivered() == 0 and not OutboxMessage.objects.exists()
 
 
-def test_stats_report_lag_and_counts(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_stats_report_lag_and_counts(make_task: Callable[..., Task]) -> None:
     make_task()
     OutboxMessage.objects.update(created_at=timezone.now() - timedelta(seconds=30))
     stats = delivery_selectors.outbox_stats()

@@ -28,7 +28,7 @@ def seed(steps: int = 3, namespace: str = "acme"):  # type: ignore[no-untyped-de
     return task
 
 
-def test_sealing_signs_a_head_over_every_committed_event(db) -> None:  # type: ignore[no-untyped-def]
+def test_sealing_signs_a_head_over_every_committed_event(db: None) -> None:
     seed()
     step = sealing.seal_new_events()
     assert step.ran and step.sealed == Event.objects.count() == step.tree_size
@@ -69,7 +69,7 @@ def test_another_namespace_gets_no_proof(db, alice, mallory) -> None:  # type: i
     assert_error(mallory.get(f"/api/v1/events/{position}/proof/"), 404, "not_found")
 
 
-def test_a_rewritten_history_fails_the_consistency_check(db) -> None:  # type: ignore[no-untyped-def]
+def test_a_rewritten_history_fails_the_consistency_check(db: None) -> None:
     seed()
     first = sealing.seal_new_events()
     first_root = bytes.fromhex(SignedTreeHead.objects.get(tree_size=first.tree_size).root_hash)
@@ -83,7 +83,7 @@ def test_a_rewritten_history_fails_the_consistency_check(db) -> None:  # type: i
     assert not merkle.verify_consistency(first.tree_size, second.tree_size, forged_first, second_root, proof)
 
 
-def test_an_edit_with_a_recomputed_chain_is_still_caught_by_the_signed_root(db) -> None:  # type: ignore[no-untyped-def]
+def test_an_edit_with_a_recomputed_chain_is_still_caught_by_the_signed_root(db: None) -> None:
     task = seed(steps=4)
     sealing.seal_new_events()
     assert sealing.seal_verify_against_head().valid
@@ -96,7 +96,7 @@ def test_an_edit_with_a_recomputed_chain_is_still_caught_by_the_signed_root(db) 
     assert not result.valid and "signed root" in result.problem
 
 
-def test_leaf_assignments_are_append_only(db) -> None:  # type: ignore[no-untyped-def]
+def test_leaf_assignments_are_append_only(db: None) -> None:
     from django.db import DatabaseError
 
     seed()
@@ -108,7 +108,7 @@ def test_leaf_assignments_are_append_only(db) -> None:  # type: ignore[no-untype
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_late_committing_event_is_sealed_once_never_twice_never_skipped(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_a_late_committing_event_is_sealed_once_never_twice_never_skipped(committed_db: None) -> None:
     slow_task = seed()
     fast_task = seed()
     holding = threading.Event()
@@ -143,7 +143,7 @@ def test_a_late_committing_event_is_sealed_once_never_twice_never_skipped(commit
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_event_in_flight_over_several_runs_is_sealed_when_it_commits(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_an_event_in_flight_over_several_runs_is_sealed_when_it_commits(committed_db: None) -> None:
     slow_task = seed()
     fast_task = seed()
     sealing.seal_new_events()  # everything so far: behind the floor once the next runs see it
@@ -185,7 +185,7 @@ def test_an_event_in_flight_over_several_runs_is_sealed_when_it_commits(committe
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_sealers_at_once_seal_each_event_once(committed_db) -> None:  # type: ignore[no-untyped-def]
+def test_two_sealers_at_once_seal_each_event_once(committed_db: None) -> None:
     for _ in range(5):
         seed()
     results: list[sealing.SealStep] = []

@@ -20,7 +20,7 @@ def create(**kwargs):  # type: ignore[no-untyped-def]
     return services.task_create(agent="planner", **kwargs)
 
 
-def test_it_creates_a_pending_task_with_its_first_event(db) -> None:  # type: ignore[no-untyped-def]
+def test_it_creates_a_pending_task_with_its_first_event(db: None) -> None:
     outcome = create(max_attempts=5, metadata={"source": "crm"})
     task = outcome.task
     assert outcome.created
@@ -36,14 +36,14 @@ def test_it_creates_a_pending_task_with_its_first_event(db) -> None:  # type: ig
     assert started.agent == "planner"
 
 
-def test_it_returns_the_same_task_for_the_same_id_and_content(db, task_id: uuid.UUID) -> None:  # type: ignore[no-untyped-def]
+def test_it_returns_the_same_task_for_the_same_id_and_content(db: None, task_id: uuid.UUID) -> None:
     first = create(task_id=task_id)
     second = create(task_id=task_id)
     assert not second.created and second.task.pk == first.task.pk
     assert Event.objects.filter(task_id=task_id).count() == 1
 
 
-def test_it_refuses_the_same_id_with_other_content(db, task_id: uuid.UUID) -> None:  # type: ignore[no-untyped-def]
+def test_it_refuses_the_same_id_with_other_content(db: None, task_id: uuid.UUID) -> None:
     create(task_id=task_id)
     with pytest.raises(TaskExists):
         create(task_id=task_id, input={"lead": "bob"})
@@ -52,7 +52,7 @@ def test_it_refuses_the_same_id_with_other_content(db, task_id: uuid.UUID) -> No
     assert Event.objects.filter(task_id=task_id).count() == 1
 
 
-def test_it_refuses_a_parent_from_another_namespace(db) -> None:  # type: ignore[no-untyped-def]
+def test_it_refuses_a_parent_from_another_namespace(db: None) -> None:
     parent = create(namespace="globex").task
     with pytest.raises(InvalidInput):
         create(parent_task_id=parent.pk)
@@ -60,7 +60,7 @@ def test_it_refuses_a_parent_from_another_namespace(db) -> None:  # type: ignore
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_creates_of_one_id_make_one_task(committed_db, task_id: uuid.UUID) -> None:  # type: ignore[no-untyped-def]
+def test_concurrent_creates_of_one_id_make_one_task(committed_db: None, task_id: uuid.UUID) -> None:
     outcomes, errors = [], []
     barrier = threading.Barrier(8)
 
