@@ -17,14 +17,14 @@ from recovery.models import Tool, ToolCall
 class ToolAdmin(admin.ModelAdmin):
     list_display = ("name", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active",
                     "breaker_state", "consecutive_failures", "opened_at")
-    list_filter = ("is_active", "breaker_state")
-    search_fields = ("name", "url")
+    list_filter = ("namespace", "is_active", "breaker_state")
+    search_fields = ("name", "namespace", "url")
     # The breaker changes only under the row lock (recovery/breakers.py), the rate window only by
     # the gateway's conditional update: an edit here would race them.
     readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "opened_at", "probe_started_at",
                        "last_error", "rate_window_start", "rate_window_count")
-    fields = ("name", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active", "created_at",
-              *readonly_fields[1:])
+    fields = ("name", "namespace", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active",
+              "created_at", *readonly_fields[1:])
     actions = ("reset_breakers",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 

@@ -479,7 +479,7 @@ def _tool_policy(tool: Tool) -> Policy:
 TOOLS: BreakerStore[Tool] = BreakerStore(
     model=Tool,
     kind="tool",
-    label=lambda tool: tool.name,
+    label=str,  # "name", or "name (namespace)" for a namespace's own tool
     state_field="breaker_state",
     failures_field="consecutive_failures",
     opened_at_field="opened_at",

@@ -6,7 +6,8 @@ One invoke, in order:
    record and within the tool's TTL is the cache: it is returned as it is and the tool is
    not called, so neither the breaker nor the rate limit is consulted.
 2. Otherwise the request must pass the tool's circuit breaker and rate limit. Both live on
-   the Tool row, so they hold across web processes: the breaker (recovery/breakers.py, the
+   the Tool row (the task's namespace's tool of that name, else the global one: each row
+   has its own), so they hold across web processes: the breaker (recovery/breakers.py, the
    same state machine as the agents') changes under the row lock, the rate-limit window by a
    conditional UPDATE. A refused request changes nothing.
 3. ``tool_call_dispatch`` commits ``ToolCallDispatched`` (write before you act).
@@ -72,9 +73,16 @@ def _seconds_until(moment: datetime, now: datetime) -> int:
     return max(1, math.ceil((moment - now).total_seconds()))
 
 
-def tool_active(*, name: str) -> Tool:
-    tool = Tool.objects.filter(name=name, is_active=True).first()
-    if tool is None:
+def tool_for_namespace(*, namespace: str, name: str) -> Tool:
+    """The tool ``name`` as the namespace's agents see it: the namespace's own, else the global
+    one (blank namespace); never another namespace's, which is as unknown as a missing tool.
+
+    The namespace's row shadows the global one even while inactive: switching a namespace's
+    tool off must not send its calls to the global tool's URL instead.
+    """
+    tool = (Tool.objects.filter(name=name, namespace__in=[namespace, ""])
+            .order_by(Case(When(namespace="", then=Value(1)), default=Value(0))).first())
+    if tool is None or not tool.is_active:
         raise NotFound("tool not found", {"tool": name})
     return tool
 
@@ -96,13 +104,16 @@ def tool_invoke(
 
     Must not run inside a transaction: the tool is called between two commits.
     """
-    tool = tool_active(name=tool_name)
+    # The task first: its namespace says which tool the name means (staff, who have no
+    # namespace of their own, call the tools of the task's).
+    task = task_visible(namespace=namespace, task_id=task_id)
+    tool = tool_for_namespace(namespace=task.namespace, name=tool_name)
     key = tool_call_key(task_id=task_id, step=step, tool=tool.name)
     now = timezone.now()
     # Checked again under the task's row lock by tool_call_dispatch; checking first means a
     # request that will be refused anyway spends neither a rate-limit slot nor the probe.
     ensure_storable_json(input, "input")
-    check_lease(task_visible(namespace=namespace, task_id=task_id), lease_epoch)
+    check_lease(task, lease_epoch)
 
     known = ToolCall.objects.filter(pk=key).first()
     if known is not None and known.status != ToolCallStatus.DISPATCHED and known.expires_at <= now:

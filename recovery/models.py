@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from backplane.eventlog.models import Task
+from backplane.eventlog.models import NAME_VALIDATOR, Task
 
 
 class ToolCallStatus(models.TextChoices):
@@ -59,12 +59,18 @@ class BreakerState(models.TextChoices):
 class Tool(models.Model):
     """An external tool the backplane calls itself (``POST /api/v1/tools/{name}/invoke/``).
 
-    Registered by administrators. The row also holds what must hold across web processes:
+    Registered by administrators, for one namespace or for all (``namespace`` blank). A
+    namespace's tool shadows a global one of the same name: its agents get theirs, the others
+    the global one, and no agent sees another namespace's tool. The row also holds what must hold across web processes:
     the circuit breaker, changed under the row lock (recovery/breakers.py, store ``TOOLS``),
     and the per-minute rate-limit window, changed by a conditional UPDATE (recovery/gateway.py).
     """
 
-    name = models.SlugField(max_length=200, unique=True)
+    name = models.SlugField(max_length=200)
+    namespace = models.CharField(
+        max_length=100, blank=True, default="", validators=[NAME_VALIDATOR],
+        help_text="Blank: every namespace's agents may call it, unless their namespace has a tool of this name.",
+    )
     url = models.URLField(max_length=1000)
     timeout_seconds = models.PositiveIntegerField(default=10, help_text="Per call; a timeout counts as a failure.")
     rate_limit_per_minute = models.PositiveIntegerField(default=0, help_text="Calls per minute; 0 means unlimited.")
@@ -87,6 +93,8 @@ class Tool(models.Model):
 
     class Meta:
         constraints = [
+            # Each row its own breaker and rate limit; a blank namespace is the global tool.
+            models.UniqueConstraint(fields=["namespace", "name"], name="tool_unique_name_per_namespace"),
             models.CheckConstraint(condition=Q(timeout_seconds__gte=1), name="tool_timeout_at_least_1s"),
             # A record must outlive the call it caches, or the answer would have nowhere to go.
             models.CheckConstraint(condition=Q(ttl_seconds__gte=models.F("timeout_seconds")),
@@ -94,4 +102,4 @@ class Tool(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.name
+        return f"{self.name} ({self.namespace})" if self.namespace else self.name
