@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import secrets
+import sys
 from pathlib import Path
 
 from backplane.runtime.env import (
@@ -134,7 +135,24 @@ def _database_url() -> str:
     )
 
 
-DATABASES = {"default": database_from_url(_database_url())}
+# Two roles (docs/operations.md): DATABASE_URL is the application's, which may insert events but
+# not change them, alter tables or switch triggers off (backplane/runtime/db_roles.py); the
+# optional MIGRATION_DATABASE_URL is the owner of the tables and is used by `manage.py migrate`
+# alone, which then also lets the application's role log in with DATABASE_URL's password. Without
+# it, migrate uses DATABASE_URL (one role for everything, as the test suite does).
+BACKPLANE_DB_APP_ROLE = env_str("BACKPLANE_DB_APP_ROLE", "backplane_app")
+BACKPLANE_DB_APP_LOGIN: dict[str, str] | None = None
+_migration_url = env_str("MIGRATION_DATABASE_URL", "")
+_app_database = database_from_url(_database_url())
+if _migration_url and Path(sys.argv[0]).name == "manage.py" and sys.argv[1:2] == ["migrate"]:
+    if _app_database["USER"] != BACKPLANE_DB_APP_ROLE:
+        raise ImproperlyConfiguredEnv(
+            f"with MIGRATION_DATABASE_URL set, DATABASE_URL must log in as BACKPLANE_DB_APP_ROLE "
+            f"({BACKPLANE_DB_APP_ROLE!r}), not {_app_database['USER']!r}")
+    BACKPLANE_DB_APP_LOGIN = {"password": str(_app_database["PASSWORD"])}
+    DATABASES = {"default": database_from_url(_migration_url)}
+else:
+    DATABASES = {"default": _app_database}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("BACKPLANE_CONN_MAX_AGE", 0, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TIME_ZONE"] = None

@@ -6,7 +6,9 @@
    start time) are stopped. A web port held by anything else is reported before anything starts.
 2. Starts the embedded PostgreSQL through its guard (``embedded_db guard``, a supervised child
    that adopts a server left running, restarts a dead one and stops it when we stop or die),
-   unless ``DATABASE_URL`` is set; migrates; makes sure an admin login exists and prints it.
+   unless ``DATABASE_URL`` is set; migrates as the owner of the tables; makes sure an admin
+   login exists and prints it. Everything after migrate logs in as the application's role,
+   which cannot change events (backplane/runtime/db_roles.py).
 3. Runs the ASGI server (web), a Celery worker and Celery beat under ``Supervisor``: a child
    that dies is restarted with a backoff and the restart logged at WARNING; every child dies
    with the launcher, SIGKILL included (``PR_SET_PDEATHSIG``).
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psutil
 
@@ -67,6 +70,16 @@ DATABASE_PROGRAM = "database"
 DATABASE_READY_SECONDS = 180.0  # a first start runs initdb
 # A leftover guard stops its PostgreSQL on SIGTERM, which may take a checkpoint.
 LEFTOVER_GRACE = {"app": 10.0, DATABASE_PROGRAM: 60.0}
+
+
+APP_ROLE = "backplane_app"  # settings.BACKPLANE_DB_APP_ROLE's default
+
+
+def with_user(url: str, user: str) -> str:
+    """``url`` logging in as ``user`` (no password: the embedded server trusts local connections)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(user)}@{host}"))
 
 
 class SetupFailed(RuntimeError):
@@ -193,7 +206,12 @@ class Launcher:
                 raise SetupFailed(f"PostgreSQL did not start within {DATABASE_READY_SECONDS:.0f} s")
             self.supervisor.tick()  # a guard that died is started again
             time.sleep(TICK_SECONDS)
-        self.env["DATABASE_URL"] = self.url_file.read_text().strip()
+        # Two roles, as in production (backplane/runtime/db_roles.py): migrate runs as the
+        # server's superuser, which owns the tables; web, worker, beat and the admin command log
+        # in as the application's role, which migrate lets log in (local trust, no password).
+        owner_url = self.url_file.read_text().strip()
+        self.env["MIGRATION_DATABASE_URL"] = owner_url
+        self.env["DATABASE_URL"] = with_user(owner_url, self.env.get("BACKPLANE_DB_APP_ROLE", APP_ROLE))
         self.supervisor.programs[DATABASE_PROGRAM].proven = True
         logger.info("embedded PostgreSQL running, data in %s", self.pgdata)
 
