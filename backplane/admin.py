@@ -9,10 +9,12 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
 
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
 from backplane.eventlog import services
@@ -22,6 +24,30 @@ from backplane.integrity import verification as integrity
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
 from recovery import breakers, dead_letters
 
+# Changelists fit a 1280 px window (tests/browser/test_admin_widths.py): a few columns to find a
+# row by, ids and hashes cut to their first characters (the whole value on hover and on the
+# detail page), everything else on the detail page. The navigation sidebar would take a quarter
+# of the width from every list; the breadcrumbs and the index lead to the same places.
+admin.site.enable_nav_sidebar = False
+SHORT_ID = 8
+
+
+def short(attname: str, description: str, *, ordering: str | None = None) -> Any:
+    """A changelist column with the first characters of a long value (UUID, hash, key)."""
+
+    @admin.display(description=description, ordering=ordering or attname)
+    def column(obj: Any) -> str:
+        value = getattr(obj, attname)
+        if value is None or value == "":
+            return "-"
+        text = str(value)
+        if len(text) <= SHORT_ID + 1:
+            return text
+        return format_html('<span title="{}">{}…</span>', text, text[:SHORT_ID])
+
+    column.__name__ = f"short_{attname}"
+    return column
+
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
@@ -30,8 +56,7 @@ class AgentAdmin(admin.ModelAdmin):
     readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "breaker_opened_at")
     fields = ("name", "namespace", "kinds", "user", "is_active", "created_at", "breaker_state", "consecutive_failures",
               "breaker_opened_at")
-    list_display = ("name", "namespace", "kinds", "user", "is_active", "breaker_state", "consecutive_failures",
-                    "created_at")
+    list_display = ("name", "namespace", "is_active", "breaker_state", "created_at")
     actions = ("rotate_tokens", "reset_breakers")
 
     def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
@@ -94,7 +119,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class TaskAdmin(ReadOnlyAdmin):
     """Tasks are a projection of their events: they change only through the services."""
 
-    list_display = ("id", "namespace", "kind", "status", "attempts", "lease_holder", "last_seq", "updated_at")
+    list_display = (short("id", "id"), "namespace", "kind", "status", "attempts", "updated_at")
     list_filter = ("status", "namespace", "kind")
     search_fields = ("=id", "kind", "namespace", "lease_holder")
     date_hierarchy = "created_at"
@@ -105,7 +130,7 @@ class TaskAdmin(ReadOnlyAdmin):
 class EventAdmin(ReadOnlyAdmin):
     """The log is append-only; the database refuses changes even if this admin allowed them."""
 
-    list_display = ("position", "task_id", "seq", "type", "agent", "idempotency_key", "recorded_at")
+    list_display = ("position", short("task_id", "task"), "seq", "type", "recorded_at")
     list_filter = ("type",)
     search_fields = ("=task__id", "type", "=idempotency_key")
     list_select_related = False
@@ -118,8 +143,8 @@ class WebhookSubscriptionAdmin(admin.ModelAdmin):
     """Each subscription is a delivery lane of its own (docs/delivery.md): its deadline and
     concurrency, its ordering, and its retry schedule (empty fields take the settings)."""
 
-    list_display = ("name", "topic_pattern", "url", "ordering", "timeout_seconds", "max_concurrency", "is_active",
-                    "created_at")
+    list_display = ("name", "topic_pattern", "ordering", "is_active", "created_at")
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_filter = ("is_active", "ordering")
     search_fields = ("name", "topic_pattern", "url")
     fieldsets = (
@@ -139,7 +164,7 @@ class WebhookSubscriptionAdmin(admin.ModelAdmin):
 class OutboxMessageAdmin(ReadOnlyAdmin):
     """Delivery state is the relay's; people act on failures through dead letters."""
 
-    list_display = ("id", "topic", "key", "destination", "status", "attempts", "next_attempt_at", "delivered_at")
+    list_display = ("id", "topic", short("key", "key"), "status", "attempts", "next_attempt_at")
     list_filter = ("status", "destination")
     search_fields = ("=message_id", "topic", "=key")
     ordering = ("-id",)
@@ -153,7 +178,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     (``dead_letters_decide_many``), which records each decision and decides each dead letter once;
     the outcome is reported per item. The rows themselves stay read-only."""
 
-    list_display = ("id", "source", "reference", "topic", "status", "attempts", "created_at", "decided_by")
+    list_display = ("id", "source", "topic", "status", "attempts", "created_at")
     list_filter = ("status", "source")
     search_fields = ("reference", "topic", "=task__id")
     ordering = ("-id",)
@@ -228,25 +253,36 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
 @admin.register(BreakerTransition)
 class BreakerTransitionAdmin(ReadOnlyAdmin):
-    list_display = ("at", "agent", "from_state", "to_state", "reason", "task_id", "decided_by")
+    list_display = ("at", "agent", "change", "reason")
+    list_select_related = ("agent",)
     list_filter = ("to_state",)
     search_fields = ("agent__name", "reason")
     ordering = ("-at",)
 
+    @admin.display(description="change")
+    def change(self, obj: BreakerTransition) -> str:
+        return f"{obj.from_state} → {obj.to_state}"
+
 
 @admin.register(VerificationRun)
 class VerificationRunAdmin(ReadOnlyAdmin):
-    list_display = ("id", "mode", "started_at", "finished_at", "tasks_checked", "events_checked", "failures")
+    list_display = ("id", "mode", "started_at", "seconds", "tasks_checked", "events_checked", "failures")
     list_filter = ("mode",)
     ordering = ("-started_at",)
     show_full_result_count = False
+
+    @admin.display(description="seconds")
+    def seconds(self, run: VerificationRun) -> str:
+        if run.finished_at is None:
+            return "unfinished"
+        return f"{(run.finished_at - run.started_at).total_seconds():.1f}"
 
 
 @admin.register(VerifiedHead)
 class VerifiedHeadAdmin(ReadOnlyAdmin):
     """Where the incremental verifier continues from, per task; written only by the verifier."""
 
-    list_display = ("task_id", "verified_seq", "verified_hash", "verified_at")
+    list_display = (short("task_id", "task"), "verified_seq", short("verified_hash", "verified hash"), "verified_at")
     search_fields = ("=task__id",)
     ordering = ("-verified_at",)
     show_full_result_count = False
@@ -255,7 +291,7 @@ class VerifiedHeadAdmin(ReadOnlyAdmin):
 class IntegrityAlertActionForm(ActionForm):
     """The changelist's action bar, with the note an acknowledgement records."""
 
-    note = forms.CharField(required=False, label="Note", widget=forms.TextInput(attrs={"size": 50}))
+    note = forms.CharField(required=False, label="Note", widget=forms.TextInput(attrs={"size": 30}))
 
 
 @admin.register(IntegrityAlert)
@@ -263,15 +299,16 @@ class IntegrityAlertAdmin(ReadOnlyAdmin):
     """Raised by the chain verifier (a broken chain, or a row that differs from its log); the
     only change people make is to acknowledge one."""
 
-    list_display = (
-        "id", "task", "kind", "first_invalid_seq", "problem", "created_at", "acknowledged_by", "acknowledged_at"
-    )
+    list_display = ("id", short("task_id", "task"), "kind", "first_invalid_seq", "created_at", "acknowledged")
     list_filter = ("kind", ("acknowledged_at", admin.EmptyFieldListFilter))
-    list_select_related = ("task",)
     search_fields = ("=task__id", "problem")
     ordering = ("-created_at",)
     action_form = IntegrityAlertActionForm
     actions = ("acknowledge",)
+
+    @admin.display(description="acknowledged", boolean=True, ordering="acknowledged_at")
+    def acknowledged(self, alert: IntegrityAlert) -> bool:
+        return alert.acknowledged_at is not None
 
     def has_acknowledge_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("backplane.acknowledge_integrityalert")
@@ -298,5 +335,5 @@ class IntegrityAlertAdmin(ReadOnlyAdmin):
 class AuditSegmentAdmin(ReadOnlyAdmin):
     """What the audit export wrote where; written only by the exporter (backplane/integrity/audit/export.py)."""
 
-    list_display = ("number", "first_leaf", "tree_size", "root_hash", "manifest_sha256", "destination", "exported_at")
+    list_display = ("number", "first_leaf", "tree_size", short("root_hash", "root hash"), "exported_at")
     ordering = ("-number",)

@@ -8,15 +8,14 @@ from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from backplane.admin import ReadOnlyAdmin
+from backplane.admin import ReadOnlyAdmin, short
 from recovery import gateway
 from recovery.models import Tool, ToolCall
 
 
 @admin.register(Tool)
 class ToolAdmin(admin.ModelAdmin):
-    list_display = ("name", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active",
-                    "breaker_state", "consecutive_failures", "opened_at")
+    list_display = ("name", "namespace", "is_active", "breaker_state", "rate_limit_per_minute")
     list_filter = ("namespace", "is_active", "breaker_state")
     search_fields = ("name", "namespace", "url")
     # The breaker changes only under the row lock (recovery/breakers.py), the rate window only by
@@ -41,8 +40,8 @@ class ToolAdmin(admin.ModelAdmin):
 class ToolCallAdmin(ReadOnlyAdmin):
     """Written before the call and answered once by the services; never edited by hand."""
 
-    list_display = ("idempotency_key", "tool", "step", "task_id", "status", "dispatched_at", "completed_at",
-                    "expires_at")
+    list_display = (short("idempotency_key", "key"), "tool", "step", short("task_id", "task"), "status",
+                    "dispatched_at")
     list_filter = ("status", "tool")
     search_fields = ("=idempotency_key", "=task__id", "tool")
     ordering = ("-dispatched_at",)
