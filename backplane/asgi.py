@@ -19,6 +19,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
 # Django must be set up before anything imports models (the WebSocket routes do).
 django_wsgi_app = get_wsgi_application()
 
+from backplane.integrity.sealing import require_signing_key  # noqa: E402
+
+# In production, no signing key means no seals and no audit export: refuse to serve at all.
+require_signing_key()
+
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import Error as DjangoDatabaseError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -35,6 +37,9 @@ from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.selectors import use_c_timestamp_loader
 from backplane.integrity import merkle
 from backplane.integrity.models import MerkleLeaf, SignedTreeHead
+
+if TYPE_CHECKING:
+    from backplane.delivery.models import DeadLetter
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,15 @@ def signing_key() -> Ed25519PrivateKey:
         return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(seed_hex))
     except ValueError as exc:
         raise ImproperlyConfigured(f"BACKPLANE_SIGNING_KEY is not a 32-byte hex seed: {exc}") from None
+
+
+def require_signing_key() -> None:
+    """Outside development and tests, raise ImproperlyConfigured unless a usable signing key is
+    configured. The web process calls it as it starts (backplane/asgi.py) and a system check
+    runs it (``manage.py migrate`` and ``check``), so a deployment without a key stops at once
+    rather than running a sealer that fails every few seconds and an export that has nothing."""
+    if not settings.IS_LOCAL:
+        signing_key()
 
 
 def public_key_hex(key: Ed25519PrivateKey | None = None) -> str:
@@ -367,3 +381,44 @@ def seal_verify_against_head(*, head: SignedTreeHead | None = None) -> SealVerif
     if frontier.root().hex() != head.root_hash:
         return SealVerification(False, head.tree_size, "the events no longer hash to the signed root")
     return SealVerification(True, head.tree_size)
+
+
+# --- a sealer that fails -----------------------------------------------------------------
+
+
+def sealing_record_failure(*, error: BaseException) -> DeadLetter | None:
+    """A sealer run raised: make it a dead letter people see, not only a log line.
+
+    Beat runs the sealer every ``BACKPLANE_SEAL_SECONDS``, so a lasting failure (no signing key,
+    a bad one) would repeat every few seconds: each distinct failure (its type and message) is
+    one pending dead letter whose ``attempts`` grow. Its source is ``audit_export``: without new
+    seals the audit export has nothing to export, and requeueing runs an export, which is
+    harmless. The caller re-raises, so the duty records the failure too (/readyz, /metrics).
+    Returns None when the database cannot take the record (then it is the failure).
+    """
+    from backplane.delivery.announcements import announce_dead_letters
+    from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
+
+    text = f"{type(error).__name__}: {error}"[:2000]
+    reference = f"sealer: {text}"[:255]
+    try:
+        with transaction.atomic(durable=True):
+            dead_letter = (
+                DeadLetter.objects.select_for_update()
+                .filter(source=DeadLetterSource.AUDIT_EXPORT, status=DeadLetterStatus.PENDING, reference=reference)
+                .first()
+            )
+            if dead_letter is None:
+                dead_letter = DeadLetter.objects.create(
+                    source=DeadLetterSource.AUDIT_EXPORT, reference=reference, payload={"stage": "sealing"},
+                    error=text, attempts=1, created_at=timezone.now(),
+                )
+                announce_dead_letters()
+                logger.error("the sealer failed, dead letter %d: %s", dead_letter.pk, text)
+            else:
+                dead_letter.attempts += 1
+                dead_letter.save(update_fields=["attempts"])
+    except DjangoDatabaseError:
+        logger.warning("the sealer failed (%s) and the failure could not be recorded", text, exc_info=True)
+        return None
+    return dead_letter

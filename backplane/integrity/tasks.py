@@ -71,8 +71,14 @@ def seal_events() -> int:
     from backplane.integrity import sealing
 
     total = 0
-    while (step := sealing.seal_new_events()).sealed:
-        total += step.sealed
+    try:
+        while (step := sealing.seal_new_events()).sealed:
+            total += step.sealed
+    except Exception as exc:
+        # Not retried here: beat runs it again in a few seconds. A dead letter (one per distinct
+        # failure) makes it visible; raising makes the duty record it (/readyz, /metrics).
+        sealing.sealing_record_failure(error=exc)
+        raise
     return total
 
 
