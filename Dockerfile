@@ -8,7 +8,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies first so that code changes do not reinstall them.
+# Dependencies first so that code changes do not reinstall them. Only the runtime set: the test,
+# benchmark and lint tools (requirements-dev.txt) stay out of the image.
 COPY requirements.txt ./
 RUN pip install -r requirements.txt
 
@@ -28,9 +29,15 @@ RUN DATABASE_URL=postgresql://build@localhost/build \
     python manage.py collectstatic --noinput
 
 # The code and collected static files stay owned by root: the app can read but not change them.
+# The var directory itself (BACKPLANE_VAR_DIR, /app/var) and its audit/ belong to the app user: the
+# audit export writes there and beat keeps its schedule there. docker-compose.yml mounts a named
+# volume on var/audit, which Docker creates with this ownership; the static files are not on a
+# volume, so a new image always serves its own.
 RUN groupadd --system --gid 10001 backplane \
     && useradd --system --uid 10001 --gid backplane --create-home --home-dir /home/backplane \
-       --shell /usr/sbin/nologin backplane
+       --shell /usr/sbin/nologin backplane \
+    && mkdir -p /app/var/audit \
+    && chown 10001:10001 /app/var /app/var/audit
 USER 10001:10001
 
 EXPOSE 8000

@@ -3,7 +3,9 @@
 There is no Docker engine here, so nothing is built or started. Instead the files are
 parsed and every name they depend on (commands, modules, settings variables, health
 endpoints, services) is resolved against the code, so that renaming any of those
-breaks this test rather than a deployment.
+breaks this test rather than a deployment. The file is validated against the Compose
+Specification's JSON schema (tests/vectors/compose_spec.json), and with ``docker-compose
+config`` too where that program is installed (Debian's ``docker-compose`` needs no engine).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,8 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
+from django.conf import settings
 from django.core.management import get_commands
 from django.urls import resolve
 
@@ -31,14 +36,25 @@ from backplane.runtime.env import database_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker-compose.yml"
+COMPOSE_SCHEMA = REPO / "tests" / "vectors" / "compose_spec.json"
+# The image's code lives in /app (WORKDIR); settings' VAR_DIR defaults to its var/.
+IMAGE_VAR_DIR = Path("/app/var")
+IMAGE_USER = "10001"
 SETTINGS_FILE = REPO / "backplane" / "settings.py"
 
 APP_SERVICES = ("migrate", "web", "worker", "beat")
 LONG_RUNNING_APP_SERVICES = ("web", "worker", "beat")
-SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD")
+SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "BACKPLANE_DB_APP_PASSWORD", "BACKPLANE_SIGNING_KEY")
 # ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?message}, ${NAME?message}
 INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
-SAMPLE_VALUES = {"SECRET_KEY": "sample-secret", "POSTGRES_PASSWORD": "sample-password"}
+SAMPLE_VALUES = {
+    "SECRET_KEY": "sample-secret",
+    "POSTGRES_PASSWORD": "sample-password",
+    "BACKPLANE_DB_APP_PASSWORD": "sample-app-password",
+    "BACKPLANE_SIGNING_KEY": "11" * 32,
+}
+# Only the migrate job knows the owner's password: the long-running services log in as the app role.
+MIGRATE_ONLY = {"MIGRATION_DATABASE_URL"}
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -233,7 +249,10 @@ def test_it_shares_one_app_definition_through_the_x_backplane_anchor(compose: di
         service = compose["services"][name]
         assert service["image"] == shared["image"]
         assert service["build"] == shared["build"]
-        assert environment(service) == environment(shared)
+        assert service["volumes"] == shared["volumes"]
+        extra = MIGRATE_ONLY if name == "migrate" else set()
+        assert set(environment(service)) == set(environment(shared)) | extra, name
+        assert {k: v for k, v in environment(service).items() if k not in extra} == environment(shared)
 
 
 def test_it_builds_the_app_services_from_a_context_with_a_dockerfile(services: dict[str, Any]) -> None:
@@ -288,7 +307,7 @@ def test_it_rejects_a_command_naming_something_that_does_not_exist(command: str)
 def test_it_keeps_beat_to_a_single_replica_and_leaves_the_others_scalable(services: dict[str, Any]) -> None:
     assert services["beat"]["deploy"]["replicas"] == 1
     schedule = argv(services["beat"])[argv(services["beat"]).index("--schedule") + 1]
-    assert schedule.startswith("/tmp/"), "the non-root app user can only write under /tmp"
+    assert Path(schedule).parent == IMAGE_VAR_DIR, "the non-root app user writes only to the var directory"
     for name in ("web", "worker"):
         assert "container_name" not in services[name], f"{name} with a container_name cannot be scaled"
         assert services[name].get("deploy", {}).get("replicas", 1) >= 1
@@ -394,12 +413,13 @@ def test_it_guards_secrets_and_defaults_every_other_variable() -> None:
             assert match["op"] == ":?", f"{match.group(0)}: a secret must be required with :?, never defaulted"
     for match in references:
         assert match["op"], f"{match.group(0)} has neither a :? guard nor a default"
-    with pytest.raises(LookupError, match="SECRET_KEY"):
-        interpolate(text, {"POSTGRES_PASSWORD": "x"})
-    with pytest.raises(LookupError, match="POSTGRES_PASSWORD"):
-        interpolate(text, {"SECRET_KEY": "x"})
-    with pytest.raises(LookupError, match="SECRET_KEY"):
-        interpolate(text, {"SECRET_KEY": "", "POSTGRES_PASSWORD": "x"})
+    interpolate(text, SAMPLE_VALUES)
+    for secret in SECRETS:
+        with pytest.raises(LookupError, match=secret):
+            interpolate(text, {name: value for name, value in SAMPLE_VALUES.items() if name != secret})
+        with pytest.raises(LookupError, match=secret):
+            interpolate(text, {**SAMPLE_VALUES, secret: ""})
+    assert "docs/operations.md" in next(m["arg"] for m in references if m["name"] == "BACKPLANE_SIGNING_KEY")
 
 
 def test_it_configures_the_apps_only_through_variables_settings_reads(services: dict[str, Any]) -> None:
@@ -421,11 +441,27 @@ def test_it_points_the_apps_at_the_compose_postgres_and_redis(services: dict[str
         assert database["HOST"] == "postgres"
         assert database["PORT"] in {"", "5432"}
         assert database["NAME"] == postgres_env["POSTGRES_DB"]
-        assert database["USER"] == postgres_env["POSTGRES_USER"]
-        assert database["PASSWORD"] == postgres_env["POSTGRES_PASSWORD"] == SAMPLE_VALUES["POSTGRES_PASSWORD"]
+        # The application's role, which may not change events (backplane/runtime/db_roles.py).
+        assert database["USER"] == settings.BACKPLANE_DB_APP_ROLE != postgres_env["POSTGRES_USER"]
+        assert database["PASSWORD"] == SAMPLE_VALUES["BACKPLANE_DB_APP_PASSWORD"]
         assert env["REDIS_URL"].startswith("redis://redis:6379/")
         assert env["SECRET_KEY"] == SAMPLE_VALUES["SECRET_KEY"]
+        assert env["BACKPLANE_SIGNING_KEY"] == SAMPLE_VALUES["BACKPLANE_SIGNING_KEY"]
         assert env["ALLOWED_HOSTS"]
+
+
+def test_it_migrates_as_the_owner_and_runs_everything_else_as_the_app_role(services: dict[str, Any]) -> None:
+    postgres_env = {key: interpolate(value, SAMPLE_VALUES) for key, value in environment(services["postgres"]).items()}
+    migrate_env = {key: interpolate(value, SAMPLE_VALUES) for key, value in environment(services["migrate"]).items()}
+    owner = database_from_url(migrate_env["MIGRATION_DATABASE_URL"])
+    app = database_from_url(migrate_env["DATABASE_URL"])
+    assert owner["USER"] == postgres_env["POSTGRES_USER"]
+    assert owner["PASSWORD"] == postgres_env["POSTGRES_PASSWORD"] == SAMPLE_VALUES["POSTGRES_PASSWORD"]
+    assert (owner["HOST"], owner["PORT"], owner["NAME"]) == (app["HOST"], app["PORT"], app["NAME"])
+    for name in LONG_RUNNING_APP_SERVICES:
+        assert "MIGRATION_DATABASE_URL" not in environment(services[name]), name
+        assert SAMPLE_VALUES["POSTGRES_PASSWORD"] not in str(
+            {key: interpolate(value, SAMPLE_VALUES) for key, value in environment(services[name]).items()})
 
 
 # --- the image -----------------------------------------------------------------------------
@@ -481,3 +517,82 @@ def test_it_keeps_local_state_and_secrets_out_of_the_build_context() -> None:
     ignored = {line.strip().rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()}
     # var/ holds the embedded database, the development secret key and broker files.
     assert {"var", ".venv", ".git", ".env"} <= ignored
+
+
+def test_it_gives_the_image_user_a_var_directory_and_a_volume_for_the_audit_export(
+    services: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    instructions = dockerfile_instructions(REPO / "Dockerfile")
+    assert next(rest for keyword, rest in instructions if keyword == "WORKDIR") == str(IMAGE_VAR_DIR.parent)
+    users = [rest for keyword, rest in instructions if keyword == "USER"]
+    assert users[-1].split(":")[0] == IMAGE_USER
+    setup = " ".join(rest for keyword, rest in instructions if keyword == "RUN" and "chown" in rest)
+    audit = IMAGE_VAR_DIR / "audit"
+    assert f"mkdir -p {audit}" in setup
+    assert re.search(rf"chown {IMAGE_USER}:{IMAGE_USER} {IMAGE_VAR_DIR} {audit}(\s|$)", setup), setup
+    # The chown comes after collectstatic: the static files stay root's, not on any volume.
+    runs = [rest for keyword, rest in instructions if keyword == "RUN"]
+    assert runs.index(next(r for r in runs if "collectstatic" in r)) < runs.index(next(r for r in runs if "chown" in r))
+    for name in APP_SERVICES:
+        mounts = [str(volume).split(":") for volume in services[name]["volumes"]]
+        assert [source for source, target, *_ in mounts if Path(target) == audit] == ["backplane-audit"], name
+        for _, target, *_ in mounts:
+            assert Path(target) != IMAGE_VAR_DIR / "staticfiles" and IMAGE_VAR_DIR / "staticfiles" not in Path(
+                target).parents, "a volume would keep an old image's static files"
+    assert "backplane-audit" in compose["volumes"]
+    # Settings put the audit export under the var directory unless told otherwise.
+    assert "BACKPLANE_AUDIT_DIR" not in environment(services["worker"])
+    assert re.search(r'BACKPLANE_AUDIT_DIR = Path\(env_str\("BACKPLANE_AUDIT_DIR", str\(VAR_DIR / "audit"\)\)\)',
+                     SETTINGS_FILE.read_text())
+
+
+def test_it_installs_only_the_runtime_requirements_in_the_image() -> None:
+    runs = [rest for keyword, rest in dockerfile_instructions(REPO / "Dockerfile") if keyword in {"RUN", "COPY"}]
+    assert "pip install -r requirements.txt" in runs
+    assert not [rest for rest in runs if "requirements-dev" in rest]
+
+
+def interpolated_compose(values: dict[str, str]) -> dict[str, Any]:
+    return yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), values))
+
+
+def test_it_is_a_valid_compose_file_by_the_compose_specification_schema() -> None:
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    validator = jsonschema.Draft201909Validator(schema)
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator.iter_errors(interpolated_compose(SAMPLE_VALUES))]
+    assert not errors, errors
+    # The schema does catch mistakes: an unknown key in a service, a wrong type.
+    broken = interpolated_compose(SAMPLE_VALUES)
+    broken["services"]["web"]["helthcheck"] = broken["services"]["web"].pop("healthcheck")
+    broken["services"]["worker"]["deploy"]["replicas"] = "two"
+    assert len(list(validator.iter_errors(broken))) == 2
+
+
+def docker_compose() -> list[str] | None:
+    """``docker compose`` (v2 plugin) or ``docker-compose`` (Debian's 1.29 needs no engine for config)."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+@pytest.mark.skipif(docker_compose() is None, reason="no docker compose program (apt-get install docker-compose)")
+def test_docker_compose_config_accepts_it_only_with_every_secret(tmp_path: Path) -> None:
+    program = docker_compose()
+    assert program is not None
+
+    def config(values: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), **values}
+        return subprocess.run([*program, "-f", str(COMPOSE_FILE), "--project-directory", str(REPO), "config"],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    done = config(SAMPLE_VALUES)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    assert resolved["services"]["web"]["environment"]["BACKPLANE_SIGNING_KEY"] == SAMPLE_VALUES["BACKPLANE_SIGNING_KEY"]
+    for secret in SECRETS:
+        done = config({name: value for name, value in SAMPLE_VALUES.items() if name != secret})
+        assert done.returncode != 0, secret
+        assert f"set {secret}" in done.stderr, done.stderr
