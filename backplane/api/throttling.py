@@ -12,7 +12,7 @@ from django.core.cache import caches
 from django.core.cache.backends.db import DatabaseCache
 from django.db import connections, router, transaction
 from rest_framework.request import Request
-from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
+from rest_framework.throttling import BaseThrottle
 
 
 class PrincipalRateThrottle(BaseThrottle):
@@ -39,9 +39,7 @@ class PrincipalRateThrottle(BaseThrottle):
         key = self.get_cache_key(request, view)
         if key is None:
             return True
-        limit, period = SimpleRateThrottle.parse_rate(self, settings.BACKPLANE_RATE_LIMIT)  # type: ignore[arg-type]
-        if limit is None or period is None:
-            return True
+        limit, period = parse_rate(settings.BACKPLANE_RATE_LIMIT)
         now = time.time()
         window = int(now // period)
         # Kept a second past its window: the database cache stores expiry times in whole seconds.
@@ -52,6 +50,15 @@ class PrincipalRateThrottle(BaseThrottle):
 
     def wait(self) -> float | None:
         return self.retry_after
+
+
+PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """DRF's "<count>/<period>" (period s, m, h or d; only its first letter counts, "10/min" too)."""
+    count, _, period = rate.partition("/")
+    return int(count), PERIODS[period.strip()[:1]]
 
 
 def _count(key: str, *, timeout: int) -> int:

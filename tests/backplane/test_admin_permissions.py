@@ -23,17 +23,17 @@ def _staff(name: str, *codenames: str) -> Client:
 
 
 @pytest.fixture
-def viewer(db) -> Client:  # type: ignore[no-untyped-def]
+def viewer(db: None) -> Client:
     return _staff("vera", "view_agent", "view_tool")
 
 
 @pytest.fixture
-def operator(db) -> Client:  # type: ignore[no-untyped-def]
+def operator(db: None) -> Client:
     return _staff("otto", "view_agent", "change_agent", "view_tool", "change_tool")
 
 
 @pytest.fixture
-def open_agent(db) -> Agent:  # type: ignore[no-untyped-def]
+def open_agent(db: None) -> Agent:
     agent = services.agent_create(name="qualifier-1", namespace="acme").agent
     Agent.objects.filter(pk=agent.pk).update(breaker_state="open", consecutive_failures=3,
                                              breaker_opened_at=timezone.now())
@@ -41,7 +41,7 @@ def open_agent(db) -> Agent:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def open_tool(db) -> Tool:  # type: ignore[no-untyped-def]
+def open_tool(db: None) -> Tool:
     return Tool.objects.create(name="send-email", url="https://tools.example.com/send", breaker_state="open",
                                consecutive_failures=3, opened_at=timezone.now())
 

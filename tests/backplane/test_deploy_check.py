@@ -8,6 +8,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -27,6 +28,7 @@ def _production_env(var_dir: Path, **extra: str) -> dict[str, str]:
         "BACKPLANE_ENV": "production",
         "BACKPLANE_VAR_DIR": str(var_dir),
         "SECRET_KEY": secrets.token_urlsafe(50),
+        "BACKPLANE_SIGNING_KEY": secrets.token_hex(32),
         "ALLOWED_HOSTS": "backplane.example.com",
         # check --deploy reads the settings only; nothing connects to these.
         "DATABASE_URL": "postgresql://backplane:secret@db.example.com:5432/backplane",
@@ -51,13 +53,14 @@ def test_a_malformed_proxy_header_setting_is_refused(tmp_path: Path) -> None:
     assert done.returncode != 0 and "BACKPLANE_SECURE_PROXY_SSL_HEADER" in done.stderr
 
 
-def test_tests_and_development_speak_plain_http(client: Client, db) -> None:  # type: ignore[no-untyped-def]
+def test_tests_and_development_speak_plain_http(client: Client, db: None) -> None:
     assert not settings.SECURE_SSL_REDIRECT and not settings.SECURE_HSTS_SECONDS
     assert not settings.SESSION_COOKIE_SECURE and not settings.CSRF_COOKIE_SECURE
     assert client.get("/healthz").status_code == 200
 
 
-def test_behind_the_proxy_http_is_redirected_and_probes_are_not(client: Client, db, settings) -> None:  # type: ignore[no-untyped-def]
+def test_behind_the_proxy_http_is_redirected_and_probes_are_not(client: Client, db: None,
+                                                                settings: Any) -> None:
     settings.SECURE_SSL_REDIRECT = True
     settings.SECURE_HSTS_SECONDS = 3600
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -3,11 +3,15 @@ computed with aggregates in the database whatever the number of rows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
+from django.http import HttpResponse
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
+from pytest_django.fixtures import DjangoAssertNumQueries
 
 from backplane.eventlog.models import Task
 from recovery.models import ToolCall
@@ -15,17 +19,17 @@ from recovery.models import ToolCall
 TOKEN = "scrape-3f9c1e7a"
 
 
-def _samples(response) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _samples(response: HttpResponse) -> dict[str, float]:
     return {sample.name: sample.value for family in text_string_to_metric_families(response.content.decode())
             for sample in family.samples if not sample.labels}
 
 
-def test_it_is_open_without_a_token_setting(client: Client, db, settings) -> None:  # type: ignore[no-untyped-def]
+def test_it_is_open_without_a_token_setting(client: Client, db: None, settings: Any) -> None:
     settings.BACKPLANE_METRICS_TOKEN = ""
     assert client.get("/metrics").status_code == 200
 
 
-def test_it_asks_for_the_token_when_one_is_set(client: Client, db, settings) -> None:  # type: ignore[no-untyped-def]
+def test_it_asks_for_the_token_when_one_is_set(client: Client, db: None, settings: Any) -> None:
     settings.BACKPLANE_METRICS_TOKEN = TOKEN
     for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer wrong"}, {"HTTP_AUTHORIZATION": f"Basic {TOKEN}"},
                     {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}x"}):
@@ -36,8 +40,9 @@ def test_it_asks_for_the_token_when_one_is_set(client: Client, db, settings) -> 
     assert allowed.status_code == 200 and b"backplane_tasks" in allowed.content
 
 
-def test_a_scrape_costs_the_same_queries_at_any_size(client: Client, make_task, settings,  # type: ignore[no-untyped-def]
-                                                     django_assert_max_num_queries) -> None:
+def test_a_scrape_costs_the_same_queries_at_any_size(client: Client, make_task: Callable[..., Task],
+                                                     settings: Any,
+                                                     django_assert_max_num_queries: DjangoAssertNumQueries) -> None:
     settings.BACKPLANE_METRICS_TOKEN = ""
     long_ago = timezone.now() - timedelta(hours=2)
     for n in range(12):
