@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ _state: dict[str, Path] = {}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):  # type: ignore[no-untyped-def]
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, object, object]:
     os.environ.setdefault("BACKPLANE_ENV", "test")
     root = Path(tempfile.mkdtemp(prefix="bp-test-"))
     _state["root"] = root

@@ -23,7 +23,7 @@ def _bare_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def test_it_uses_the_development_settings_and_make_runs_database_when_var_exists(tmp_path: Path, db) -> None:  # type: ignore[no-untyped-def]
+def test_it_uses_the_development_settings_and_make_runs_database_when_var_exists(tmp_path: Path, db: None) -> None:
     var = tmp_path / "var"
     var.mkdir()
     (var / "database_url").write_text(database_url_of_test_db() + "\n")

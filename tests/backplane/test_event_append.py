@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -15,12 +17,12 @@ from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.eventlog.writer import EventDraft
 
 
-def append(task: Task, draft: EventDraft, **kwargs):  # type: ignore[no-untyped-def]
+def append(task: Task, draft: EventDraft, **kwargs: Any) -> services.AppendOutcome:
     kwargs.setdefault("agent", "qualifier-1")
     return services.event_append(namespace=task.namespace, task_id=task.pk, draft=draft, **kwargs)
 
 
-def step(n: int, **kwargs) -> EventDraft:  # type: ignore[no-untyped-def]
+def step(n: int, **kwargs: Any) -> EventDraft:
     return EventDraft(type="ReasoningStepCompleted", payload={"step": n, "thought": f"step {n}"}, **kwargs)
 
 
@@ -29,7 +31,7 @@ def lease(task: Task, epoch: int = 1, holder: str = "qualifier-1") -> None:
     task.refresh_from_db()
 
 
-def test_it_starts_every_task_with_task_started_as_seq_1(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_starts_every_task_with_task_started_as_seq_1(make_task: Callable[..., Task]) -> None:
     task = make_task()
     (first,) = Event.objects.filter(task=task)
     assert (first.seq, first.type, first.prev_hash) == (1, "TaskStarted", GENESIS_HASH)
@@ -37,7 +39,7 @@ def test_it_starts_every_task_with_task_started_as_seq_1(make_task) -> None:  # 
     assert (task.last_seq, task.head_hash) == (1, first.hash)
 
 
-def test_it_hashes_the_api_representation_as_api_md_defines(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_hashes_the_api_representation_as_api_md_defines(make_task: Callable[..., Task]) -> None:
     task = make_task()
     event = append(task, step(1, trace_id="4bf92f3577b34da6a3ce929d0e0e4736")).events[0]
     event.refresh_from_db()
@@ -51,7 +53,7 @@ def test_it_hashes_the_api_representation_as_api_md_defines(make_task) -> None: 
     }
 
 
-def test_it_links_each_event_to_the_one_before(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_links_each_event_to_the_one_before(make_task: Callable[..., Task]) -> None:
     task = make_task()
     for n in range(1, 4):
         append(task, step(n))
@@ -63,14 +65,14 @@ def test_it_links_each_event_to_the_one_before(make_task) -> None:  # type: igno
     assert task.last_seq == 4 and task.head_hash == events[-1].hash
 
 
-def test_it_keeps_a_lamport_clock(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_keeps_a_lamport_clock(make_task: Callable[..., Task]) -> None:
     task = make_task()
     assert append(task, step(1)).events[0].lamport == 2
     assert append(task, step(2, lamport=41)).events[0].lamport == 42
     assert append(task, step(3, lamport=5)).events[0].lamport == 43
 
 
-def test_it_hashes_payload_numbers_the_same_after_a_jsonb_round_trip(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_hashes_payload_numbers_the_same_after_a_jsonb_round_trip(make_task: Callable[..., Task]) -> None:
     from backplane.eventlog.selectors import chain_verify
 
     task = make_task()
@@ -79,7 +81,7 @@ def test_it_hashes_payload_numbers_the_same_after_a_jsonb_round_trip(make_task) 
     assert chain_verify(task=task).valid
 
 
-def test_it_replays_a_known_idempotency_key_without_writing(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_replays_a_known_idempotency_key_without_writing(make_task: Callable[..., Task]) -> None:
     task = make_task()
     original = append(task, step(1, idempotency_key="k-1")).events[0]
     again = append(task, step(1, idempotency_key="k-1"))
@@ -87,7 +89,7 @@ def test_it_replays_a_known_idempotency_key_without_writing(make_task) -> None: 
     assert Event.objects.filter(task=task).count() == 2
 
 
-def test_it_refuses_a_known_key_with_another_body(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_refuses_a_known_key_with_another_body(make_task: Callable[..., Task]) -> None:
     task = make_task()
     append(task, step(1, idempotency_key="k-1"))
     with pytest.raises(IdempotencyMismatch):
@@ -95,7 +97,7 @@ def test_it_refuses_a_known_key_with_another_body(make_task) -> None:  # type: i
     assert Event.objects.filter(task=task).count() == 2
 
 
-def test_it_replays_for_a_recovered_holder_under_a_newer_epoch(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_replays_for_a_recovered_holder_under_a_newer_epoch(make_task: Callable[..., Task]) -> None:
     task = make_task()
     lease(task, epoch=1)
     original = append(task, step(1, idempotency_key="k-1"), lease_epoch=1).events[0]
@@ -104,7 +106,7 @@ def test_it_replays_for_a_recovered_holder_under_a_newer_epoch(make_task) -> Non
     assert again.replayed and again.events[0].pk == original.pk
 
 
-def test_it_rejects_a_wrong_expected_seq_and_says_the_current_one(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_a_wrong_expected_seq_and_says_the_current_one(make_task: Callable[..., Task]) -> None:
     task = make_task()
     append(task, step(1), expected_seq=1)
     with pytest.raises(SeqConflict) as caught:
@@ -113,7 +115,7 @@ def test_it_rejects_a_wrong_expected_seq_and_says_the_current_one(make_task) -> 
     assert Event.objects.filter(task=task).count() == 2
 
 
-def test_it_rejects_a_stale_lease(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_a_stale_lease(make_task: Callable[..., Task]) -> None:
     task = make_task()
     lease(task, epoch=3)
     with pytest.raises(StaleLease):
@@ -123,7 +125,7 @@ def test_it_rejects_a_stale_lease(make_task) -> None:  # type: ignore[no-untyped
     assert append(task, step(1), lease_epoch=3).events[0].seq == 2
 
 
-def test_it_rejects_an_epoch_after_the_lease_is_gone(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_an_epoch_after_the_lease_is_gone(make_task: Callable[..., Task]) -> None:
     task = make_task()
     lease(task, epoch=3)
     Task.objects.filter(pk=task.pk).update(lease_holder=None, lease_epoch=4, status=TaskStatus.PENDING)
@@ -133,7 +135,7 @@ def test_it_rejects_an_epoch_after_the_lease_is_gone(make_task) -> None:  # type
 
 
 @pytest.mark.parametrize("event_type", sorted(SERVER_ONLY_TYPES))
-def test_it_rejects_every_reserved_type_from_a_client(make_task, event_type: str) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_every_reserved_type_from_a_client(make_task: Callable[..., Task], event_type: str) -> None:
     task = make_task()
     with pytest.raises(InvalidInput) as caught:
         append(task, EventDraft(type=event_type, payload={}))
@@ -158,14 +160,14 @@ def test_it_rejects_every_reserved_type_from_a_client(make_task, event_type: str
         ("Custom", {"n": float("nan")}),
     ],
 )
-def test_it_rejects_malformed_events(make_task, event_type: str, payload: dict) -> None:  # type: ignore[no-untyped-def]
+def test_it_rejects_malformed_events(make_task: Callable[..., Task], event_type: str, payload: dict) -> None:
     task = make_task()
     with pytest.raises(InvalidInput):
         append(task, EventDraft(type=event_type, payload=payload))
     assert Event.objects.filter(task=task).count() == 1
 
 
-def test_it_completes_a_task_and_then_refuses_appends(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_it_completes_a_task_and_then_refuses_appends(make_task: Callable[..., Task]) -> None:
     task = make_task()
     lease(task, epoch=1)
     append(task, EventDraft(type="TaskCompleted", payload={"output": {"score": 0.9}}), lease_epoch=1)
@@ -175,7 +177,7 @@ def test_it_completes_a_task_and_then_refuses_appends(make_task) -> None:  # typ
         append(task, step(9), lease_epoch=1)
 
 
-def test_a_retryable_failure_with_attempts_left_goes_back_to_pending(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_retryable_failure_with_attempts_left_goes_back_to_pending(make_task: Callable[..., Task]) -> None:
     task = make_task(max_attempts=2)
     failure = EventDraft(type="TaskFailed", payload={"error": "timeout", "retryable": True})
     append(task, failure)
@@ -186,7 +188,7 @@ def test_a_retryable_failure_with_attempts_left_goes_back_to_pending(make_task) 
     assert (task.status, task.attempts) == ("failed", 2)
 
 
-def test_a_batch_is_all_or_nothing(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_is_all_or_nothing(make_task: Callable[..., Task]) -> None:
     task = make_task()
     drafts = [step(1), EventDraft(type="TaskCompleted", payload={"output": {}}), step(2)]
     with pytest.raises(TaskClosed):
@@ -200,7 +202,7 @@ def test_a_batch_is_all_or_nothing(make_task) -> None:  # type: ignore[no-untype
     assert [e.seq for e in outcome.events] == [2, 3, 4]
 
 
-def test_a_batch_replays_only_as_a_whole(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_replays_only_as_a_whole(make_task: Callable[..., Task]) -> None:
     task = make_task()
     batch = [step(1, idempotency_key="a"), step(2, idempotency_key="b")]
     first = services.event_append_batch(namespace="acme", task_id=task.pk, drafts=batch, agent="x")
@@ -218,7 +220,7 @@ def test_a_batch_replays_only_as_a_whole(make_task) -> None:  # type: ignore[no-
     assert Event.objects.filter(task=task).count() == 3
 
 
-def test_another_namespace_cannot_see_the_task(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_another_namespace_cannot_see_the_task(make_task: Callable[..., Task]) -> None:
     task = make_task(namespace="acme")
     with pytest.raises(NotFound):
         services.event_append(namespace="globex", task_id=task.pk, draft=step(1), agent="x")

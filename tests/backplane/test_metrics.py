@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from backplane.eventlog.models import Task
 
-def test_it_reports_outbox_and_task_figures(client: Client, make_task) -> None:  # type: ignore[no-untyped-def]
+
+def test_it_reports_outbox_and_task_figures(client: Client, make_task: Callable[..., Task]) -> None:
     from backplane.delivery.models import OutboxMessage
 
     make_task()

@@ -139,7 +139,7 @@ def test_an_earlier_deadline_or_another_holder_is_drift(running_task: Task) -> N
     assert drift.differences["lease_expires_at"][1] == replayed_deadline
 
 
-def test_reconcile_records_the_row_in_the_log_with_who_and_why(make_task) -> None:  # type: ignore[no-untyped-def]
+def test_reconcile_records_the_row_in_the_log_with_who_and_why(make_task: Callable[..., Task]) -> None:
     task = make_task()
     # A history from before every transition was an event: the row moved, the log did not.
     Task.objects.filter(pk=task.pk).update(status="compensated")
