@@ -5,12 +5,13 @@ cache table)."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.db import DatabaseCache
-from django.db import connections, router, transaction
+from django.db import connections, router
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
@@ -20,8 +21,9 @@ class PrincipalRateThrottle(BaseThrottle):
     (``BACKPLANE_RATE_LIMIT``, DRF's "<count>/<s|m|h|d>"): 600/s lets 600 requests through in
     each second, whichever web process serves them.
 
-    A counter rather than DRF's list of request times: one small value per window to read and
-    write instead of a list as long as the limit, and it can be counted atomically.
+    A counter rather than DRF's list of request times: one small value to write instead of a
+    list as long as the limit, counted atomically (one statement on the database cache's table,
+    INCR on Redis), so concurrent requests in several processes never exceed the limit.
     """
 
     scope = "principal"
@@ -41,11 +43,10 @@ class PrincipalRateThrottle(BaseThrottle):
             return True
         limit, period = parse_rate(settings.BACKPLANE_RATE_LIMIT)
         now = time.time()
-        window = int(now // period)
-        # Kept a second past its window: the database cache stores expiry times in whole seconds.
-        if _count(f"{key}:{period}:{window}", timeout=period + 1) <= limit:
+        window_end = (int(now // period) + 1) * period
+        if _count(key, window_end=window_end, period=period) <= limit:
             return True
-        self.retry_after = (window + 1) * period - now
+        self.retry_after = window_end - now
         return False
 
     def wait(self) -> float | None:
@@ -61,30 +62,49 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(count), PERIODS[period.strip()[:1]]
 
 
-def _count(key: str, *, timeout: int) -> int:
-    """Count one request into ``key`` and return the count so far, atomically across processes.
-
-    ``add`` creates the counter only where there is none (of two processes opening a window,
-    one creates it, the other counts into it). Redis's INCR is atomic. The database cache's incr
-    is a read then a write, so the counter's row is locked first: two processes counting at
-    the same instant queue on it instead of both writing the same number.
-    """
+def _count(key: str, *, window_end: int, period: int) -> int:
+    """Count one request into the window ending at ``window_end`` (epoch seconds) and return the
+    count so far, atomically across processes."""
     cache = caches["default"]
-    if cache.add(key, 1, timeout):
+    if isinstance(cache, DatabaseCache):
+        return _database_count(cache, key, window_end=window_end)
+    # Redis: a key per window, created by SET NX (of two processes opening a window, one creates
+    # it, the other counts into it), counted by INCR, gone a second after the window.
+    windowed = f"{key}:{window_end}"
+    if cache.add(windowed, 1, period + 1):
         return 1
     try:
-        if isinstance(cache, DatabaseCache):
-            return _database_incr(cache, key)
-        return int(cache.incr(key))
-    except ValueError:  # the counter expired between add and incr: a new window
-        cache.add(key, 1, timeout)
+        return int(cache.incr(windowed))
+    except ValueError:  # it expired between the two: a new window
+        cache.add(windowed, 1, period + 1)
         return 1
 
 
-def _database_incr(db_cache: DatabaseCache, key: str) -> int:
+def _database_count(db_cache: DatabaseCache, key: str, *, window_end: int) -> int:
+    """One statement on the cache table: the principal's row holds its count (as text) and the
+    end of its window (``expires``). A row from an earlier window starts again at 1; a row from
+    a later window (another process's clock is ahead) is counted into, never moved back.
+
+    ON CONFLICT takes the row's lock, so two processes counting at the same instant queue and the
+    second sees the first's count: no request is lost, unlike the cache API's incr (a read, then
+    a write). One row per principal, so the table does not grow with time. These rows are not
+    pickled values, so they are for this function only (``cache.get`` cannot read them);
+    ``cache.clear()`` and the cache's culling may remove them, which only starts a window afresh.
+    """
     db = router.db_for_write(db_cache.cache_model_class)
-    table = connections[db].ops.quote_name(db_cache._table)
-    with transaction.atomic(using=db), connections[db].cursor() as cursor:
-        cursor.execute(f"SELECT 1 FROM {table} WHERE cache_key = %s FOR UPDATE",
-                       [db_cache.make_and_validate_key(key)])
-        return int(db_cache.incr(key))
+    connection = connections[db]
+    table = connection.ops.quote_name(db_cache._table)
+    expires = datetime.fromtimestamp(window_end, tz=UTC)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {table} AS c (cache_key, value, expires) VALUES (%s, '1', %s)
+            ON CONFLICT (cache_key) DO UPDATE SET
+                value = CASE WHEN c.expires < EXCLUDED.expires THEN '1' ELSE (c.value::bigint + 1)::text END,
+                expires = GREATEST(c.expires, EXCLUDED.expires)
+            RETURNING value::bigint
+            """,
+            [db_cache.make_and_validate_key(key), expires],
+        )
+        (count,) = cursor.fetchone()
+    return int(count)

@@ -11,6 +11,7 @@ import time
 import pytest
 from django.core.cache import caches
 from django.core.cache.backends.db import DatabaseCache
+from pytest_django.fixtures import DjangoAssertNumQueries
 
 from backplane.eventlog import services
 from tests.support.live_server import ROOT, web_env
@@ -59,3 +60,18 @@ def test_two_processes_share_one_limit(committed_db: None) -> None:
     # 20 requests against one limit of 7: exactly 7 got through, whichever process sent them;
     # with a limit per process each would have let 7 through (14).
     assert statuses.count(200) == 7 and statuses.count(429) == 13, answers
+
+
+def test_the_database_counter_starts_each_window_afresh_in_one_statement(
+    db: None, django_assert_num_queries: DjangoAssertNumQueries
+) -> None:
+    from backplane.api.throttling import _count
+
+    window = int(time.time()) + 60
+    with django_assert_num_queries(1):
+        assert _count("throttle:test", window_end=window, period=60) == 1
+    assert _count("throttle:test", window_end=window, period=60) == 2
+    assert _count("throttle:test", window_end=window + 60, period=60) == 1  # the next window
+    # A process whose clock is behind counts into the newer window instead of moving it back.
+    assert _count("throttle:test", window_end=window, period=60) == 2
+    assert _count("throttle:other", window_end=window, period=60) == 1
