@@ -207,7 +207,7 @@ class EventFieldsIn(StrictSerializer):
     causation_id = StrictCharField(max_length=255, required=False, allow_null=True)
     correlation_id = StrictCharField(max_length=255, required=False, allow_null=True)
     trace_id = StrictCharField(max_length=255, required=False, allow_null=True)
-    outbox = OutboxItemIn(many=True, required=False)
+    outbox = OutboxItemIn(many=True, required=False, max_length=1000)
 
 
 class EventAppendIn(EventFieldsIn):
