@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv browser screenshots bench fuzz lint clean-db
+.PHONY: run test venv browser screenshots bench fuzz lint mutants clean-db
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -77,6 +77,11 @@ lint: $(STAMP)
 		exit 1; \
 	fi; \
 	echo "$$count '# type: ignore' comments (baseline $(TYPE_IGNORE_BASELINE))"
+
+# Mutation testing of the writer, the lease checks, the relay's claim and the chain against a fast
+# subset of the tests (docs/mutation-testing.md). Needs mutmut in the venv (see that page for the pin).
+mutants: $(STAMP)
+	$(PY) -m tests.mutation.mutants
 
 # Stops what a killed `make run` left running: its recorded processes and the database under
 # var/pgdata. Refused while a `make run` is running (see docs/operations.md, "Supervisor").

@@ -370,10 +370,13 @@ def test_the_independent_hash_agrees_on_stored_rows(db) -> None:  # type: ignore
 def test_the_periodic_check_catches_a_writer_that_hashes_too_little(db, monkeypatch, left_out: str) -> None:  # type: ignore[no-untyped-def]
     """The two mutants only the offline verifier caught: a writer whose hash leaves out
     ``prev_hash`` or ``payload``. The built-in check, hashing on its own, now catches them too."""
-    from backplane.eventlog import writer
+    from backplane.eventlog import chain
 
-    monkeypatch.setattr(writer, "compute_hash", lambda fields: compute_hash(
-        {name: value for name, value in fields.items() if name != left_out}))
+    # The mutation as it was made: in the rule's one definition, shared by the writer and by
+    # chain.stored_row_hash, so a check hashing through chain.py would agree with the writer.
+    original = chain.hashed_fields
+    monkeypatch.setattr(chain, "hashed_fields", lambda **fields: {
+        name: value for name, value in original(**fields).items() if name != left_out})
     task = seed(steps=2)
     result = integrity_tasks.verify_chains_incremental()
     assert result["failures"] == 1
