@@ -358,6 +358,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "backplane.api.schema.forbid_unknown_request_fields",
+        "backplane.api.schema.describe_parameters_and_link_operations",
     ],
 }
 

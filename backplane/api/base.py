@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -19,10 +19,84 @@ from backplane.eventlog.errors import InvalidInput
 REPLAY_HEADER = "Idempotent-Replay"
 
 
-def errors(*statuses: int) -> dict[int, OpenApiResponse]:
-    """The contract's error body for each listed status, plus the ones every route can give."""
-    common = {400, 401, 413, 429, 503}
-    return {code: OpenApiResponse(ErrorOut) for code in sorted(common | set(statuses))}
+def _example(name: str, code: str, message: str, details: dict[str, Any] | None = None) -> OpenApiExample:
+    return OpenApiExample(name, value={"error": {"code": code, "message": message, "details": details or {}}},
+                          response_only=True)
+
+
+# Each status's meaning in API.md and what its body looks like; every 4xx and 5xx has an example.
+ERROR_RESPONSES: dict[int, tuple[str, list[OpenApiExample]]] = {
+    400: ("validation_error: malformed JSON (nested deeper than 64 levels, duplicate keys, NUL, lone surrogates, "
+          "numbers outside a double), wrong types, unknown fields, a reserved event type. `details` maps fields "
+          "(`events[0].payload`, `body` for the JSON itself) to messages.", [
+              _example("a missing field", "validation_error", "invalid request", {"kind": "This field is required."}),
+              _example("malformed JSON", "validation_error", "the body is not acceptable JSON",
+                       {"body": "JSON parse error - duplicate object key 'kind'"}),
+          ]),
+    401: ("not_authenticated: no token, or a token that is unknown or inactive.", [
+        _example("no token", "not_authenticated", "Authentication credentials were not provided."),
+    ]),
+    403: ("permission_denied: authenticated but not allowed (an agent reviewing dead letters, a staff session "
+          "creating tasks).", [
+        _example("not a reviewer", "permission_denied",
+                 "reviewing dead letters needs a staff user with the review_deadletter permission"),
+    ]),
+    404: ("not_found: no such object in the caller's namespace (another namespace's task is 404 too), or no "
+          "such route.", [
+        _example("not found", "not_found", "task not found", {"task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10"}),
+    ]),
+    405: ("method_not_allowed.", [_example("wrong method", "method_not_allowed", 'Method "DELETE" not allowed.')]),
+    413: ("payload_too_large: the body is over the limit (default 256 KiB), declared or sent chunked.", [
+        _example("too large", "payload_too_large", "request body is over the limit of 262144 bytes"),
+    ]),
+    415: ("unsupported_media_type: the body is not `application/json`.", [
+        _example("not JSON", "unsupported_media_type", 'Unsupported media type "text/plain" in request.'),
+    ]),
+    422: ("idempotency_mismatch: a known idempotency key (or tool call step) reused with a different body.", [
+        _example("key reused", "idempotency_mismatch", "idempotency key reused with a different body",
+                 {"idempotency_key": "step-3"}),
+    ]),
+    429: ("rate_limited: over the per-token rate limit; wait `Retry-After` seconds.", [
+        _example("rate limited", "rate_limited", "rate limit exceeded", {"retry_after": 1}),
+    ]),
+    501: ("not_implemented.", [_example("not implemented", "not_implemented", "not implemented")]),
+    502: ("tool_unavailable: the tool gave no usable answer; the call stays in flight, retry with the same key.", [
+        _example("tool unavailable", "tool_unavailable", "the tool gave no usable answer", {"status_code": 503}),
+    ]),
+    503: ("circuit_open (the agent's or tool's breaker is open) or unavailable (the database is down); "
+          "`Retry-After` says when to retry.", [
+        _example("database down", "unavailable", "the database is unavailable; retry later"),
+        _example("circuit open", "circuit_open", "circuit open for agent qualifier-1", {"retry_after": 30}),
+    ]),
+}
+
+CONFLICT_EXAMPLES = {
+    "seq_conflict": _example("seq_conflict", "seq_conflict", "expected_seq 3 but the task is at 5",
+                             {"last_seq": 5, "expected_seq": 3}),
+    "stale_lease": _example("stale_lease", "stale_lease", "lease epoch is not the task's current one",
+                            {"lease_epoch": 3}),
+    "task_closed": _example("task_closed", "task_closed", "task is completed", {"status": "completed"}),
+    "task_exists": _example("task_exists", "task_exists",
+                            "this task_id is not available for this task; create it under a new UUID",
+                            {"task_id": "already taken; use a new UUID"}),
+    "already_decided": _example("already decided", "already_decided", "this dead letter was already requeued"),
+}
+
+
+def errors(*statuses: int, conflicts: tuple[str, ...] = ("seq_conflict", "stale_lease", "task_closed"),
+           body: bool = False) -> dict[int, OpenApiResponse]:
+    """The contract's error body for each listed status, plus the ones every route can give,
+    each with a description and examples; ``body=True`` for routes that read a request body (415)."""
+    common = {400, 401, 413, 429, 503} | ({415} if body else set())
+    responses = {}
+    for code in sorted(common | set(statuses)):
+        if code == 409:
+            description = "Conflict: " + ", ".join(f"`{name}`" for name in conflicts) + "."
+            examples = [CONFLICT_EXAMPLES[name] for name in conflicts]
+        else:
+            description, examples = ERROR_RESPONSES[code]
+        responses[code] = OpenApiResponse(ErrorOut, description=description, examples=examples)
+    return responses
 
 
 def written_or_replayed(body: Any, *, replayed: bool) -> Response:

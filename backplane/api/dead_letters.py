@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -95,8 +95,14 @@ def reviewer_name(request: Request) -> str:
 class DeadLettersView(ApiView):
     @extend_schema(
         operation_id="dead_letters_list",
+        summary="Dead letters waiting for, or past, a reviewer's decision",
+        description=(
+            "Reviewers only (staff with the `review_deadletter` permission, by session or a token bound to that "
+            "user); agents get 403. Outbox messages and tasks that automation gave up on, oldest first; follow "
+            "`next` to page."
+        ),
         parameters=[
-            OpenApiParameter("status", str, enum=DeadLetterStatus.values),
+            OpenApiParameter("status", str, enum=DeadLetterStatus.values, description="only items in this status"),
             OpenApiParameter("limit", int, description="1-1000, default 100"),
             OpenApiParameter("cursor", int, description="the `next` link's cursor"),
         ],
@@ -121,8 +127,19 @@ class DeadLettersView(ApiView):
 
 
 class DeadLetterRequeueView(ApiView):
-    @extend_schema(operation_id="dead_letters_requeue", request=RequeueIn,
-                   responses={200: DeadLetterOut, **errors(403, 404, 409)})
+    @extend_schema(
+        operation_id="dead_letters_requeue",
+        summary="Send a dead letter back to work",
+        description=(
+            "Reviewers only. The message or task goes back to work (optionally with an edited `payload`), and a "
+            "task involved gets `DeadLetterRequeued` in its log. Deciding twice is `409 already_decided`."
+        ),
+        parameters=[OpenApiParameter("dead_letter_id", int, OpenApiParameter.PATH, description="the dead letter's id")],
+        request=RequeueIn,
+        examples=[OpenApiExample("requeue", request_only=True, value={"reason": "the CRM is back",
+                                                                      "payload": {"lead": "alice@example.com"}})],
+        responses={200: DeadLetterOut, **errors(403, 404, 409, conflicts=("already_decided",), body=True)},
+    )
     def post(self, request: Request, dead_letter_id: int) -> Response:
         decided_by = reviewer_name(request)
         data = validated(RequeueIn, request.data)
@@ -133,8 +150,20 @@ class DeadLetterRequeueView(ApiView):
 
 
 class DeadLetterDiscardView(ApiView):
-    @extend_schema(operation_id="dead_letters_discard", request=DiscardIn,
-                   responses={200: DeadLetterOut, **errors(403, 404, 409)})
+    @extend_schema(
+        operation_id="dead_letters_discard",
+        summary="Give up on a dead letter for good",
+        description=(
+            "Reviewers only. Records the decision and writes `DeadLetterDiscarded` where a task is involved; "
+            "`compensate: true` fails a task for good and runs its declared compensations. Deciding twice is "
+            "`409 already_decided`."
+        ),
+        parameters=[OpenApiParameter("dead_letter_id", int, OpenApiParameter.PATH, description="the dead letter's id")],
+        request=DiscardIn,
+        examples=[OpenApiExample("discard", request_only=True,
+                                 value={"reason": "duplicate lead", "compensate": False})],
+        responses={200: DeadLetterOut, **errors(403, 404, 409, conflicts=("already_decided",), body=True)},
+    )
     def post(self, request: Request, dead_letter_id: int) -> Response:
         decided_by = reviewer_name(request)
         data = validated(DiscardIn, request.data)

@@ -34,8 +34,15 @@ class ConsistencyProofOut(serializers.Serializer):
 
 
 class SealLatestView(ApiView):
-    @extend_schema(operation_id="seals_latest", summary="The latest signed tree head",
-                   responses={200: SignedTreeHeadOut, **errors(404)})
+    @extend_schema(
+        operation_id="seals_latest",
+        summary="The latest signed tree head",
+        description=(
+            "The RFC 6962 Merkle tree over every event's hash, as last sealed: its size, root and an Ed25519 "
+            "signature over the RFC 8785 JSON of `{tree_size, root_hash, signed_at}`. 404 before the first seal."
+        ),
+        responses={200: SignedTreeHeadOut, **errors(404)},
+    )
     def get(self, request: Request) -> Response:
         head = sealing.latest_head()
         return Response({"tree_size": head.tree_size, "root_hash": head.root_hash, "signed_at": head.signed_at,
@@ -46,7 +53,14 @@ class EventProofView(ApiView):
     @extend_schema(
         operation_id="events_inclusion_proof",
         summary="RFC 6962 inclusion proof of an event in a signed tree",
-        parameters=[OpenApiParameter("tree_size", int, description="a signed tree size; default the latest")],
+        description=(
+            "The audit path from the event's leaf (SHA-256 of 0x00 and the hash's 32 bytes) to the root of a "
+            "signed tree, verifiable as RFC 9162 says. The event must belong to the caller's namespace."
+        ),
+        parameters=[
+            OpenApiParameter("position", int, OpenApiParameter.PATH, description="the event's `position`"),
+            OpenApiParameter("tree_size", int, description="a signed tree size; default the latest"),
+        ],
         responses={200: InclusionProofOut, **errors(404)},
     )
     def get(self, request: Request, position: int) -> Response:
@@ -66,7 +80,11 @@ class SealConsistencyView(ApiView):
     @extend_schema(
         operation_id="seals_consistency_proof",
         summary="RFC 6962 consistency proof between two signed tree sizes",
-        parameters=[OpenApiParameter("first", int, required=True), OpenApiParameter("second", int, required=True)],
+        description="Proves that the tree of size `first` is a prefix of the tree of size `second` (RFC 9162).",
+        parameters=[
+            OpenApiParameter("first", int, required=True, description="the smaller signed tree size"),
+            OpenApiParameter("second", int, required=True, description="the larger signed tree size"),
+        ],
         responses={200: ConsistencyProofOut, **errors(404)},
     )
     def get(self, request: Request) -> Response:

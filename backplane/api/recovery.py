@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -140,8 +140,18 @@ class LeasesView(ApiView):
     @extend_schema(
         operation_id="leases_claim",
         summary="Claim the oldest pending task of some kinds under a lease",
+        description=(
+            "Agents only. Takes the oldest `pending` task of the given kinds (default: every kind the agent may "
+            "claim) in the agent's namespace, leases it for `lease_seconds` (default 30, 1-3600) and writes "
+            "`TaskClaimed`. Send the returned `lease_epoch` with every write to the task, heartbeat before "
+            "`expires_at`, and finish with `TaskCompleted` or `TaskFailed` (see the append operation). "
+            "`recovered` is true when an earlier attempt stalled or failed: read `recovery-context` first. "
+            "`204` with no body when nothing is pending."
+        ),
         request=LeaseClaimIn,
-        responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"), **errors(403)},
+        examples=[OpenApiExample("claim", request_only=True, value={"kinds": ["lead-qualification"],
+                                                                    "lease_seconds": 60})],
+        responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"), **errors(403, body=True)},
     )
     def post(self, request: Request) -> Response:
         agent = calling_agent(request)
@@ -174,7 +184,8 @@ class HeartbeatView(ApiView):
             "or more often, and claim again after a 409."
         ),
         request=LeaseEpochIn,
-        responses={200: HeartbeatOut, **errors(404, 409)},
+        examples=[OpenApiExample("heartbeat", request_only=True, value={"lease_epoch": 4})],
+        responses={200: HeartbeatOut, **errors(404, 409, conflicts=("stale_lease",), body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         data = validated(LeaseEpochIn, request.data)
@@ -188,8 +199,13 @@ class ReleaseView(ApiView):
     @extend_schema(
         operation_id="tasks_release",
         summary="Give the task back to pending without counting an attempt",
+        description=(
+            "Ends the caller's lease: the task is `pending` again for any agent, `attempts` unchanged. "
+            "`409 stale_lease` when `lease_epoch` is not the current lease."
+        ),
         request=LeaseEpochIn,
-        responses={200: TaskOut, **errors(404, 409)},
+        examples=[OpenApiExample("release", request_only=True, value={"lease_epoch": 4})],
+        responses={200: TaskOut, **errors(404, 409, conflicts=("stale_lease",), body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         data = validated(LeaseEpochIn, request.data)
@@ -206,8 +222,20 @@ class ToolCallDispatchView(ApiView):
     @extend_schema(
         operation_id="tasks_tool_calls_dispatch",
         summary="Record a tool call before making it; a repeat answers from the record",
+        description=(
+            "The idempotency proxy. The key is sha256(\"{task_id}:{step}:{tool}\") in lowercase hex, computed "
+            "here. First time: `201` with `status: dispatched` and a `ToolCallDispatched` event; make the call "
+            "with the key as its `Idempotency-Key`, then record the answer with `tool_calls_result`. Again for "
+            "the same step and tool: `200`, `replayed: true`, with `status` `succeeded` or `failed` and the "
+            "`result`, or `in_flight` when no answer was recorded. The same key with other `input` is "
+            "`422 idempotency_mismatch`. `compensation` names the tool call that undoes this one if the task "
+            "fails for good."
+        ),
         request=ToolCallDispatchIn,
-        responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut, **errors(404, 409, 422)},
+        examples=[OpenApiExample("dispatch", request_only=True, value={
+            "step": 3, "tool": "crm.lookup", "input": {"email": "alice@example.com"}, "lease_epoch": 4,
+            "compensation": {"tool": "crm.forget", "input": {"email": "alice@example.com"}}})],
+        responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)
@@ -248,8 +276,17 @@ class ToolCallResultView(ApiView):
     @extend_schema(
         operation_id="tool_calls_result",
         summary="Record a tool call's answer once",
+        description=(
+            "Records the answer of a dispatched call and writes `ToolCallResultReceived` to the task: `201`. "
+            "The identical answer again is `200` (`replayed: true`); a different answer for an answered key is "
+            "`422 idempotency_mismatch`. The key is the one `tasks_tool_calls_dispatch` returned."
+        ),
+        parameters=[OpenApiParameter("key", str, OpenApiParameter.PATH,
+                                     description="the tool call's idempotency key, 64 lowercase hex digits")],
         request=ToolCallResultIn,
-        responses={201: ToolCallOut, 200: ToolCallOut, **errors(404, 409, 422)},
+        examples=[OpenApiExample("succeeded", request_only=True, value={
+            "status": "succeeded", "result": {"company": "Acme", "employees": 120}, "lease_epoch": 4})],
+        responses={201: ToolCallOut, 200: ToolCallOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, key: str) -> Response:
         principal = principal_of(request)
@@ -267,7 +304,14 @@ class ToolCallResultView(ApiView):
 
 
 class ToolCallDetailView(ApiView):
-    @extend_schema(operation_id="tool_calls_retrieve", responses={200: ToolCallOut, **errors(404)})
+    @extend_schema(
+        operation_id="tool_calls_retrieve",
+        summary="One tool call record",
+        description="The record behind an idempotency key, for a task of the caller's namespace.",
+        parameters=[OpenApiParameter("key", str, OpenApiParameter.PATH,
+                                     description="the tool call's idempotency key, 64 lowercase hex digits")],
+        responses={200: ToolCallOut, **errors(404)},
+    )
     def get(self, request: Request, key: str) -> Response:
         call = selectors.tool_call_visible(namespace=principal_of(request).namespace, key=key)
         return Response(tool_call_as_api_dict(call))
@@ -280,8 +324,16 @@ class SubtasksView(ApiView):
     @extend_schema(
         operation_id="tasks_subtasks_dispatch",
         summary="Hand work to a sub-agent: a child task and SubAgentDispatched in the parent",
+        description=(
+            "Creates a child task of `kind` in the parent's namespace and writes `SubAgentDispatched` into the "
+            "parent's log, in one transaction. The same step and kind again is `200` with the same child. "
+            "Claiming the child writes `SubAgentAccepted` into the parent; the child's end writes "
+            "`SubAgentResultReceived` there."
+        ),
         request=SubtaskIn,
-        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422)},
+        examples=[OpenApiExample("delegate", request_only=True, value={
+            "step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": 4})],
+        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)
@@ -303,6 +355,11 @@ class RecoveryContextView(ApiView):
     @extend_schema(
         operation_id="tasks_recovery_context",
         summary="What a recovering agent needs to resume (built from the event log)",
+        description=(
+            "For an agent that claimed a task with `recovered: true`: the attempt, the seq to resume from, the "
+            "completed steps, tool calls (answered and still in flight), sub-tasks, the last reasoning step and "
+            "a prompt that says where to pick up. Built from the event log only."
+        ),
         responses={200: OpenApiResponse(description="recovery context"), **errors(404, 501)},
     )
     def get(self, request: Request, task_id: uuid.UUID) -> Response:
@@ -349,8 +406,12 @@ class ToolInvokeView(ApiView):
             "`503 circuit_open` while the tool's breaker is open and `429 rate_limited` beyond its per-minute "
             "limit, both with `Retry-After`, without calling the tool."
         ),
+        parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH, description="the registered tool's name")],
         request=ToolInvokeIn,
-        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502)},
+        examples=[OpenApiExample("invoke", request_only=True, value={
+            "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "step": 3, "input": {"email": "alice@example.com"},
+            "lease_epoch": 4})],
+        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502, body=True)},
     )
     def post(self, request: Request, name: str) -> Response:
         principal = principal_of(request)

@@ -1,8 +1,38 @@
-"""OpenAPI post-processing: say in the schema what the serializers enforce."""
+"""OpenAPI post-processing: say in the schema what the serializers enforce, describe the
+parameters every route shares, and link the operations so clients and Schemathesis can
+follow a task from its creation."""
 
 from __future__ import annotations
 
 from typing import Any
+
+PARAMETER_DESCRIPTIONS = {
+    "task_id": "the task's id (a UUID); another namespace's task is 404",
+    "key": "the tool call's idempotency key, 64 lowercase hex digits",
+    "name": "the registered tool's name",
+    "position": "the event's `position`",
+    "dead_letter_id": "the dead letter's id",
+}
+
+# operation id -> where its answer keeps the task id (a JSON pointer into the response body)
+_TASK_PRODUCERS = {
+    "tasks_create": ("201", "200", "/task_id"),
+    "leases_claim": ("200", None, "/task/task_id"),
+    "tasks_subtasks_dispatch": ("201", "200", "/task/task_id"),
+}
+# operations that take {task_id} and what a link to them is called
+_TASK_CONSUMERS = {
+    "tasks_retrieve": "GetTask",
+    "tasks_events_list": "ListEvents",
+    "tasks_events_append": "AppendEvent",
+    "tasks_events_batch_append": "AppendEvents",
+    "tasks_verify": "VerifyChain",
+    "tasks_heartbeat": "Heartbeat",
+    "tasks_release": "Release",
+    "tasks_recovery_context": "RecoveryContext",
+    "tasks_tool_calls_dispatch": "DispatchToolCall",
+    "tasks_subtasks_dispatch": "DispatchSubtask",
+}
 
 
 def forbid_unknown_request_fields(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
@@ -11,4 +41,46 @@ def forbid_unknown_request_fields(result: dict[str, Any], generator: Any, reques
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if name.endswith("Request") and component.get("type") == "object":
             component["additionalProperties"] = False
+    return result
+
+
+def _operations(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        operation["operationId"]: operation
+        for path_item in result.get("paths", {}).values()
+        for method, operation in path_item.items()
+        if isinstance(operation, dict) and "operationId" in operation
+    }
+
+
+def describe_parameters_and_link_operations(
+    result: dict[str, Any], generator: Any, request: Any, public: bool
+) -> dict[str, Any]:
+    """Path parameters get their description; a task's producers link to every operation on it."""
+    operations = _operations(result)
+    for operation in operations.values():
+        for parameter in operation.get("parameters", []):
+            if not parameter.get("description") and parameter.get("name") in PARAMETER_DESCRIPTIONS:
+                parameter["description"] = PARAMETER_DESCRIPTIONS[parameter["name"]]
+    for producer, (*statuses, pointer) in _TASK_PRODUCERS.items():
+        for status in statuses:
+            response = operations.get(producer, {}).get("responses", {}).get(status)
+            if response is None:
+                continue
+            response["links"] = {
+                link: {
+                    "operationId": consumer,
+                    "parameters": {"task_id": f"$response.body#{pointer}"},
+                    "description": f"`{consumer}` on the task this answer names",
+                }
+                for consumer, link in _TASK_CONSUMERS.items()
+                if consumer in operations
+            }
+    dispatch = operations.get("tasks_tool_calls_dispatch", {}).get("responses", {})
+    for status in ("201", "200"):
+        if status in dispatch:
+            dispatch[status]["links"] = {
+                link: {"operationId": consumer, "parameters": {"key": "$response.body#/idempotency_key"}}
+                for consumer, link in (("tool_calls_retrieve", "GetToolCall"), ("tool_calls_result", "RecordResult"))
+            }
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,6 +26,7 @@ from backplane.api.serializers import (
 )
 from backplane.eventlog import selectors, services
 from backplane.eventlog.errors import InvalidInput
+from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.eventlog.models import TaskStatus
 from backplane.eventlog.writer import EventDraft, OutboxDraft
 
@@ -50,9 +51,14 @@ class TasksView(ApiView):
     @extend_schema(
         operation_id="tasks_list",
         summary="List tasks of the caller's namespace, oldest first",
+        description=(
+            "The caller's namespace only (staff sessions see every namespace). Keyset pagination: follow `next` "
+            "until it is null; a page never repeats or skips a task created meanwhile."
+        ),
         parameters=[
-            OpenApiParameter("status", str, enum=[s.value for s in TaskStatus]),
-            OpenApiParameter("kind", str),
+            OpenApiParameter("status", str, enum=[s.value for s in TaskStatus],
+                             description="only tasks in this status"),
+            OpenApiParameter("kind", str, description="only tasks of this kind"),
             OpenApiParameter("limit", int, description="1-1000, default 100"),
             OpenApiParameter("cursor", str, description="the `next` link's cursor"),
         ],
@@ -79,8 +85,30 @@ class TasksView(ApiView):
     @extend_schema(
         operation_id="tasks_create",
         summary="Create a task (idempotent on task_id)",
+        description=(
+            "Creates a `pending` task in the caller's namespace with event 1 `TaskStarted`. Send your own "
+            "`task_id` (a random UUID, e.g. uuid4) to make the create safe to retry: the same `task_id` with the "
+            "same `kind` and `input` again is `200` with the same Task and `Idempotent-Replay: true`, and writes "
+            "nothing.\n\n"
+            "Task ids are global UUIDs, unique across namespaces. A `task_id` that is already used, with other "
+            "content in your namespace or with any content in another one, is `409 task_exists` with one and the "
+            "same message and details in every case: the answer never says whether the id is used elsewhere, "
+            "by whom, or with what content, and an identical create from another namespace is not a replay of "
+            "that namespace's task. Pick a new UUID and create again. (An unused id cannot answer like a used "
+            "one: the id is the task's key.)\n\n"
+            "`parent_task_id` must name a task of your namespace; `max_attempts` defaults to the server's "
+            "setting (3); `metadata` is stored with `TaskStarted` and not interpreted."
+        ),
         request=TaskCreateIn,
-        responses={201: TaskOut, 200: TaskOut, **errors(403, 409)},
+        examples=[
+            OpenApiExample("a task", request_only=True, value={
+                "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "kind": "lead-qualification",
+                "input": {"lead": "alice@example.com"}, "max_attempts": 3, "metadata": {"source": "crm"}}),
+            OpenApiExample("a child task", request_only=True, value={
+                "kind": "research", "input": {"company": "Acme"},
+                "parent_task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10"}),
+        ],
+        responses={201: TaskOut, 200: TaskOut, **errors(403, 409, conflicts=("task_exists",), body=True)},
     )
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -101,7 +129,12 @@ class TasksView(ApiView):
 
 
 class TaskDetailView(ApiView):
-    @extend_schema(operation_id="tasks_retrieve", responses={200: TaskOut, **errors(404)})
+    @extend_schema(
+        operation_id="tasks_retrieve",
+        summary="One task",
+        description="The task's current state, the projection of its event log. Another namespace's task is 404.",
+        responses={200: TaskOut, **errors(404)},
+    )
     def get(self, request: Request, task_id: uuid.UUID) -> Response:
         task = selectors.task_visible(namespace=principal_of(request).namespace, task_id=task_id)
         return Response(task_as_api_dict(task))
@@ -111,8 +144,12 @@ class TaskEventsView(ApiView):
     @extend_schema(
         operation_id="tasks_events_list",
         summary="A task's events in seq order",
+        description=(
+            "Events with `seq` greater than `after_seq`, oldest first. Page on with `after_seq` = "
+            "`next_after_seq` until it is null. Each event's `hash` can be checked as API.md describes."
+        ),
         parameters=[
-            OpenApiParameter("after_seq", int, description="default 0"),
+            OpenApiParameter("after_seq", int, description="only events after this seq; default 0"),
             OpenApiParameter("limit", int, description="1-1000, default 100"),
         ],
         responses={200: EventListOut, **errors(404)},
@@ -129,8 +166,39 @@ class TaskEventsView(ApiView):
     @extend_schema(
         operation_id="tasks_events_append",
         summary="Append one event",
+        description=(
+            "Appends one event to the task's log and answers it with its `seq`, `position` and `hash`.\n\n"
+            "**Types a client sends.** `ReasoningStepCompleted` (payload needs an integer `step`); "
+            "`TaskCompleted` (payload needs `output`, an object) finishes the task: `completed`, lease released; "
+            "`TaskFailed` (payload needs `error`, a string, and `retryable`, a boolean) fails the attempt: with "
+            "`retryable: true` and attempts left the task goes back to `pending`, otherwise it is `failed` (then "
+            "`compensating` if compensations are due); and your own PascalCase types matching "
+            "`^[A-Z][A-Za-z0-9]{2,63}$`. `payload` is required on every event, `{}` when the type needs nothing.\n\n"
+            "**Reserved**, written only by the server; sending one is `400 validation_error`: "
+            + ", ".join(f"`{name}`" for name in sorted(SERVER_ONLY_TYPES)) + ".\n\n"
+            "`lease_epoch` is required while the task is leased (`409 stale_lease` otherwise or when it is not "
+            "the current one); `expected_seq` makes the write conditional (`409 seq_conflict` with "
+            "`details.last_seq`); a completed, failed, dead-lettered or compensated task is `409 task_closed`. "
+            "The same `idempotency_key` and body again is `200` with the original event and "
+            "`Idempotent-Replay: true`; the key with another body is `422 idempotency_mismatch`. `outbox` "
+            "messages (at most 1000) are committed with the event and delivered after it."
+        ),
         request=EventAppendIn,
-        responses={201: EventOut, 200: EventOut, **errors(404, 409, 422)},
+        examples=[
+            OpenApiExample("a reasoning step", request_only=True, value={
+                "type": "ReasoningStepCompleted", "payload": {"step": 3, "thought": "the lead is a fit"},
+                "idempotency_key": "step-3", "lease_epoch": 4}),
+            OpenApiExample("finish the task: TaskCompleted with output", request_only=True, value={
+                "type": "TaskCompleted", "payload": {"output": {"score": 0.92, "qualified": True}},
+                "idempotency_key": "done", "lease_epoch": 4}),
+            OpenApiExample("fail the attempt: TaskFailed with error and retryable", request_only=True, value={
+                "type": "TaskFailed", "payload": {"error": "CRM timed out", "retryable": True},
+                "idempotency_key": "failed-1", "lease_epoch": 4}),
+            OpenApiExample("your own type, with an outbox message", request_only=True, value={
+                "type": "LeadScored", "payload": {"score": 0.92}, "expected_seq": 5, "lease_epoch": 4,
+                "outbox": [{"topic": "leads.scored", "payload": {"score": 0.92}, "key": "alice@example.com"}]}),
+        ],
+        responses={201: EventOut, 200: EventOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)
@@ -151,8 +219,22 @@ class TaskEventsBatchView(ApiView):
     @extend_schema(
         operation_id="tasks_events_batch_append",
         summary="Append several events, all or nothing",
+        description=(
+            "Up to 1000 events, each as in the single append (`type` and `payload` required, the same client "
+            "types, the same reserved ones refused), written in one transaction: all of them or none. "
+            "`expected_seq` and `lease_epoch` apply to the batch. The same batch again (the same idempotency keys "
+            "and bodies) is `200` with the original events and `Idempotent-Replay: true`. Errors name the event: "
+            "`details` keys like `events[2].payload`."
+        ),
         request=EventBatchIn,
-        responses={201: EventBatchOut, 200: EventBatchOut, **errors(404, 409, 422)},
+        examples=[
+            OpenApiExample("steps, then completion", request_only=True, value={
+                "expected_seq": 1, "lease_epoch": 4, "events": [
+                    {"type": "ReasoningStepCompleted", "payload": {"step": 1}, "idempotency_key": "step-1"},
+                    {"type": "TaskCompleted", "payload": {"output": {"score": 0.92}}, "idempotency_key": "done"},
+                ]}),
+        ],
+        responses={201: EventBatchOut, 200: EventBatchOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)
@@ -170,7 +252,15 @@ class TaskEventsBatchView(ApiView):
 
 
 class TaskVerifyView(ApiView):
-    @extend_schema(operation_id="tasks_verify", responses={200: ChainVerifyOut, **errors(404)})
+    @extend_schema(
+        operation_id="tasks_verify",
+        summary="Check the task's hash chain",
+        description=(
+            "Recomputes every event's hash (RFC 8785 canonical JSON, SHA-256, each covering the one before) and "
+            "reports whether the chain holds, how many events were checked and the first seq that does not."
+        ),
+        responses={200: ChainVerifyOut, **errors(404)},
+    )
     def get(self, request: Request, task_id: uuid.UUID) -> Response:
         task = selectors.task_visible(namespace=principal_of(request).namespace, task_id=task_id)
         result = selectors.chain_verify(task=task)
