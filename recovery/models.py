@@ -61,9 +61,11 @@ class Tool(models.Model):
 
     Registered by administrators, for one namespace or for all (``namespace`` blank). A
     namespace's tool shadows a global one of the same name: its agents get theirs, the others
-    the global one, and no agent sees another namespace's tool. The row also holds what must hold across web processes:
-    the circuit breaker, changed under the row lock (recovery/breakers.py, store ``TOOLS``),
-    and the per-minute rate-limit window, changed by a conditional UPDATE (recovery/gateway.py).
+    the global one, and no agent sees another namespace's tool (recovery/gateway.py,
+    ``tool_for_namespace``). The row also holds what must hold across web processes: the
+    circuit breaker, changed under the row lock (recovery/breakers.py, store ``TOOLS``), and
+    the per-minute rate-limit window, changed by a conditional UPDATE (recovery/gateway.py).
+    Each row has its own: two namespaces' tools of one name share neither.
     """
 
     name = models.SlugField(max_length=200)
