@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from psycopg import sql
 
@@ -34,13 +35,27 @@ def ensure_app_login(*, using: str = "default", role: str, password: str) -> Non
     """
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
-        verb = "ALTER" if cursor.fetchone() else "CREATE"
-        statement = sql.SQL("{} ROLE {} LOGIN " + RESTRICTED).format(sql.SQL(verb), sql.Identifier(role))
+        exists = cursor.fetchone() is not None
+        cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        (superuser,) = cursor.fetchone() or (False,)
+        # Only a superuser may name SUPERUSER, REPLICATION or BYPASSRLS in ALTER ROLE, even to say
+        # NO (an owner with CREATEROLE on a managed server is none): then the role is checked instead.
+        restricted = RESTRICTED if superuser or not exists else ""
+        statement = sql.SQL("{} ROLE {} LOGIN " + restricted).format(
+            sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(role))
         if password:
             statement = sql.SQL("{} PASSWORD {}").format(statement, sql.Literal(password))
         cursor.execute(statement)
         cursor.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
             sql.Identifier(connections[using].settings_dict["NAME"]), sql.Identifier(role)))
+        cursor.execute(
+            "SELECT rolsuper OR rolcreaterole OR rolcreatedb OR rolreplication OR rolbypassrls FROM pg_roles "
+            "WHERE rolname = %s", [role])
+        (privileged,) = cursor.fetchone() or (False,)
+    if privileged:
+        raise ImproperlyConfigured(
+            f"the application's database role {role!r} must not be a superuser or have CREATEROLE, CREATEDB, "
+            f"REPLICATION or BYPASSRLS: it could then change events (ALTER ROLE {role} NOSUPERUSER ... as a superuser)")
 
 
 def on_post_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:

@@ -161,3 +161,28 @@ def test_make_run_logs_the_product_in_as_the_role_and_migrates_as_the_owner() ->
     owner = "postgresql://postgres:@/backplane?host=/tmp/var/pgdata"
     assert with_user(owner, ROLE) == f"postgresql://{ROLE}@/backplane?host=/tmp/var/pgdata"
     assert with_user("postgresql://postgres:secret@db:5432/backplane", ROLE) == f"postgresql://{ROLE}@db:5432/backplane"
+
+
+def test_migrate_as_the_owner_lets_the_role_log_in_with_the_password_of_database_url(app_role: str) -> None:
+    """``manage.py migrate`` with MIGRATION_DATABASE_URL: settings switch it to the owner, and after
+    migrating it sets the role's login and password from DATABASE_URL (a no-op migrate here)."""
+    database = connection.settings_dict
+    socket = f"?host={quote(database['HOST'])}" if database["HOST"].startswith("/") else ""
+    netloc = "" if socket else f"{database['HOST']}:{database['PORT']}"
+    owner = f"postgresql://{database['USER']}:{quote(database['PASSWORD'] or '')}@{netloc}/{database['NAME']}{socket}"
+    app = f"postgresql://{app_role}:app-secret-1@{netloc}/{database['NAME']}{socket}"
+    env = {**os.environ, "DATABASE_URL": app, "MIGRATION_DATABASE_URL": owner, "BACKPLANE_ENV": "test"}
+    with psycopg.connect(conninfo(database["USER"]), autocommit=True) as admin:
+        admin.execute(f'ALTER ROLE "{app_role}" NOLOGIN PASSWORD NULL')
+        done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        login, password = admin.execute(
+            "SELECT rolcanlogin, rolpassword FROM pg_authid WHERE rolname = %s", [app_role]).fetchone() or (None, None)
+    assert login is True
+    assert password and password.startswith("SCRAM-SHA-256$")
+    # DATABASE_URL must name the role, or migrate would provision the wrong one.
+    env["DATABASE_URL"] = app.replace(f"{app_role}:", "someone_else:")
+    done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "must log in as BACKPLANE_DB_APP_ROLE" in done.stderr
