@@ -14,7 +14,7 @@ import pytest
 import schemathesis
 from django.core.cache import cache
 from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
@@ -67,3 +67,56 @@ def test_the_api_keeps_to_its_schema(case, agent_with_tasks, keep_the_test_conne
         headers={"Authorization": f"Bearer {token}"},
         excluded_checks=[positive_data_acceptance],
     )
+
+
+# --- stateful: sequences that follow the schema's links (create -> get, append, claim, ...) ------
+
+stateful_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
+stateful_token = {"value": ""}
+
+
+@stateful_schema.auth(refresh_interval=None)
+class AgentToken:
+    """The agent's token as the schema's own auth, so Schemathesis's auth checks take it as the
+    real credentials (and probe that the API refuses the request without them)."""
+
+    def get(self, case, context) -> str:  # type: ignore[no-untyped-def]
+        return stateful_token["value"]
+
+    def set(self, case, data, context) -> None:  # type: ignore[no-untyped-def]
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
+class AgentWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
+    """The same checks as the stateless run, plus Schemathesis's stateful ones."""
+
+    def setup(self) -> None:
+        # Each scenario starts from the same database: the links a step can follow depend on
+        # earlier answers, and Hypothesis refuses a run whose replays take other transitions.
+        # Marked like the test case's own atomic blocks, so the services' durable ones may nest.
+        self.scenario = transaction.atomic()
+        self.scenario._from_testcase = True  # type: ignore[attr-defined]
+        self.scenario.__enter__()
+
+    def teardown(self) -> None:
+        transaction.set_rollback(True)
+        self.scenario.__exit__(None, None, None)
+
+    def before_call(self, case) -> None:  # type: ignore[no-untyped-def]
+        cache.clear()  # the per-token rate limit is not what this run is about
+
+    def validate_response(self, response, case, additional_checks=None, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        case.validate_response(response, additional_checks=additional_checks,
+                               excluded_checks=[positive_data_acceptance], transport_kwargs=kwargs or None,
+                               recorder=self.recorder)
+
+
+def test_sequences_that_follow_the_links_keep_to_the_schema(agent_with_tasks, keep_the_test_connection) -> None:  # type: ignore[no-untyped-def]
+    stateful_token["value"] = agent_with_tasks[0]
+    AgentWorkflow.run(settings=settings(
+        max_examples=int(os.environ.get("BACKPLANE_FUZZ_STATEFUL_EXAMPLES", "30")),
+        stateful_step_count=6,
+        derandomize=os.environ.get("BACKPLANE_FUZZ_RANDOM") != "1",
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    ))
