@@ -36,7 +36,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -372,6 +372,8 @@ class DutyReading:
     intervals: dict[str, float]
     last_success: datetime | None  # the newest success of any duty
     last_watch_start: datetime | None  # when a beat last began watching (its beat_init)
+    runs: dict[str, int] = field(default_factory=dict)  # duty -> finished runs, ever
+    failures: dict[str, int] = field(default_factory=dict)  # duty -> runs that raised, ever
 
 
 def read_duties(database_url: str) -> DutyReading:
@@ -383,7 +385,8 @@ def read_duties(database_url: str) -> DutyReading:
                          options="-c statement_timeout=2000") as conn:
         overdue = {str(name): float(age) for name, age in conn.execute(OVERDUE_SQL).fetchall()}
         rows = conn.execute(
-            "SELECT name, interval_seconds, last_succeeded_at, watch_started_at FROM backplane_duty"
+            "SELECT name, interval_seconds, last_succeeded_at, watch_started_at, runs_total, failures_total"
+            " FROM backplane_duty ORDER BY name"
         ).fetchall()
     successes = [row[2] for row in rows if row[2] is not None]
     watch_starts = [row[3] for row in rows if row[3] is not None]
@@ -392,7 +395,23 @@ def read_duties(database_url: str) -> DutyReading:
         intervals={str(row[0]): float(row[1]) for row in rows},
         last_success=max(successes, default=None),
         last_watch_start=max(watch_starts, default=None),
+        runs={str(row[0]): int(row[4]) for row in rows},
+        failures={str(row[0]): int(row[5]) for row in rows},
     )
+
+
+def duty_summary(previous: DutyReading | None, current: DutyReading, minutes: float) -> str:
+    """One line for the console: what each duty did since the last summary, and what is overdue.
+
+    The worker and beat log at WARNING (a line per duty run would bury everything else), so
+    this line is how a person at the console sees that the duties run at all."""
+    parts = []
+    for name in sorted(current.runs):
+        ran = current.runs[name] - (previous.runs.get(name, 0) if previous else 0)
+        failed = current.failures.get(name, 0) - (previous.failures.get(name, 0) if previous else 0)
+        parts.append(f"{name} {max(ran, 0)}" + (f" ({failed} failed)" if failed > 0 else ""))
+    overdue = ", ".join(sorted(current.overdue)) or "none"
+    return f"duties in the last {minutes:.0f} min: {', '.join(parts) or 'no runs recorded'}; overdue: {overdue}"
 
 
 class DutyWatchdog:
@@ -408,7 +427,7 @@ class DutyWatchdog:
     """
 
     def __init__(self, supervisor: Supervisor, database_url: str, *, poll_seconds: float = 5.0,
-                 quick_poll_seconds: float = 1.0, restart_grace: float = 3.0) -> None:
+                 quick_poll_seconds: float = 1.0, restart_grace: float = 3.0, summary_seconds: float = 60.0) -> None:
         self.supervisor = supervisor
         self.database_url = database_url
         self.poll_seconds = poll_seconds
@@ -418,6 +437,9 @@ class DutyWatchdog:
         self.next_poll = 0.0
         self.database_up_since: float | None = None
         self.restarts_in_a_row = 0
+        self.summary_seconds = summary_seconds
+        self.next_summary = time.monotonic() + summary_seconds
+        self.summarized: DutyReading | None = None
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -428,6 +450,19 @@ class DutyWatchdog:
         reading = self.look()
         if reading is not None:
             self._judge(reading, time.monotonic())
+            self._summarize(reading, time.monotonic())
+
+    def _summarize(self, reading: DutyReading, now: float) -> None:
+        if self.summarized is None:
+            # The first reading is the baseline: the counts are totals since the duties began.
+            self.summarized = reading
+            return
+        if now < self.next_summary:
+            return
+        self.next_summary = now + self.summary_seconds
+        # WARNING, the level the worker and beat log at: the console shows it by default.
+        logger.warning("%s", duty_summary(self.summarized, reading, self.summary_seconds / 60))
+        self.summarized = reading
 
     def look(self) -> DutyReading | None:
         """Read the duties and credit the worker and beat with what they did since they started."""
