@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import accumulate
 from typing import Any
 
 from rest_framework.exceptions import ParseError
@@ -28,12 +29,10 @@ from rest_framework.parsers import JSONParser
 
 MAX_DEPTH = 64
 
-_OPEN = frozenset(b"[{")
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _STRUCTURE_ONLY = bytes(b for b in range(256) if b not in b'[]{}"')
-# A string once escapes are gone and only brackets and quotes are left; an unterminated one
-# runs to the end (the parser stops there too).
-_STRING = re.compile(rb'"[^"]*"?')
+# +1 for an opening bracket, -1 for a closing one, indexed by byte.
+_DEPTH_STEP = [1 if b in b"[{" else -1 for b in range(256)]
 _SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -47,29 +46,26 @@ def nesting_depth_exceeds(raw: bytes, limit: int = MAX_DEPTH) -> bool:
 
     The parser recurses once per open bracket still unclosed, so this bounds its recursion
     for any input, well-formed or not: up to the first syntax error, its strings are ours.
-    Steps, each a C loop over the bytes: drop every backslash escape (so every quote left
-    delimits a string), keep only brackets and quotes, drop the strings; then one Python
-    loop over the brackets left.
+    Every step is a C loop over the bytes: drop every backslash escape (so every quote left
+    delimits a string), keep only brackets and quotes, drop the strings, then the running
+    depth over the brackets left.
     """
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
     if b"\\" in raw:
         raw = _ESCAPE.sub(b"", raw)
-    brackets = _STRING.sub(b"", raw.translate(None, _STRUCTURE_ONLY))
-    depth = 0
-    for byte in brackets:
-        if byte in _OPEN:
-            depth += 1
-            if depth > limit:
-                return True
-        else:
-            depth -= 1
-    return False
+    # With escapes gone, quotes alternate opening and closing a string: the even pieces
+    # between them are outside strings (an unterminated string is an odd last piece).
+    outside = b"".join(raw.translate(None, _STRUCTURE_ONLY).split(b'"')[::2])
+    return any(depth > limit for depth in accumulate(map(_DEPTH_STEP.__getitem__, outside)))
 
 
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
+def _object_without_duplicates(
+    pairs: list[tuple[str, Any]], _dict: type[dict[str, Any]] = dict, _len: Any = len
+) -> dict[str, Any]:
+    # dict and len bound as defaults: this runs once per JSON object, so lookups count.
+    obj = _dict(pairs)
+    if _len(obj) != _len(pairs):
         seen: set[str] = set()
         duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
         raise InvalidJSON(f"duplicate object key {duplicate!r}")
