@@ -56,7 +56,9 @@ def _read_chunked_body(request: HttpRequest, limit: int) -> HttpResponse | None:
     """A body sent with ``Transfer-Encoding: chunked`` has no Content-Length, and Django's
     WSGIRequest (which a2wsgi feeds under uvicorn) then reads it as empty. Read it here, at
     most one byte past the limit, and hand it on as if its length had been declared."""
-    source: Any = request.environ["wsgi.input"] if isinstance(request, WSGIRequest) else request._stream  # type: ignore[attr-defined]
+    # Django's private request attributes go through vars(): WSGIRequest's stream is capped at
+    # the declared length (0), so read its input directly; ASGIRequest's stream is the whole body.
+    source: Any = request.environ["wsgi.input"] if isinstance(request, WSGIRequest) else vars(request)["_stream"]
     parts: list[bytes] = []
     size = 0
     while size <= limit:
@@ -68,9 +70,7 @@ def _read_chunked_body(request: HttpRequest, limit: int) -> HttpResponse | None:
     if size > limit:
         return _too_large(limit)
     body = b"".join(parts)
-    request._body = body  # type: ignore[attr-defined]
-    request._stream = io.BytesIO(body)  # type: ignore[attr-defined]
-    request._read_started = False  # type: ignore[attr-defined]
+    vars(request).update(_body=body, _stream=io.BytesIO(body), _read_started=False)
     request.META["CONTENT_LENGTH"] = str(len(body))
     return None
 

@@ -67,8 +67,10 @@ def _object_without_duplicates(
     obj = _dict(pairs)
     if _len(obj) != _len(pairs):
         seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
-        raise InvalidJSON(f"duplicate object key {duplicate!r}")
+        for key, _ in pairs:
+            if key in seen:
+                raise InvalidJSON(f"duplicate object key {key!r}")
+            seen.add(key)
     return obj
 
 

@@ -53,10 +53,25 @@ def _operations(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+TRANSPORT_RULES = """
+
+Transport rules (API.md, Conventions): every answer, errors included, is JSON; errors are
+`{"error": {"code", "message", "details"}}`. A path without its trailing `/` is the same route
+(never a redirect). Request bodies are `application/json` (anything else is `415
+unsupported_media_type`) of at most 256 KiB by default, declared or sent with
+`Transfer-Encoding: chunked` (`413 payload_too_large` past it). JSON nested deeper than 64
+levels, duplicate object keys, lone UTF-16 surrogates, U+0000, numbers outside a double and any
+other parse failure are `400 validation_error` with `details.body`."""
+
+
 def describe_parameters_and_link_operations(
     result: dict[str, Any], generator: Any, request: Any, public: bool
 ) -> dict[str, Any]:
-    """Path parameters get their description; a task's producers link to every operation on it."""
+    """Path parameters get their description; a task's producers link to every operation on it;
+    the API's description says how requests travel."""
+    info = result.setdefault("info", {})
+    if TRANSPORT_RULES not in info.get("description", ""):
+        info["description"] = info.get("description", "") + TRANSPORT_RULES
     operations = _operations(result)
     for operation in operations.values():
         for parameter in operation.get("parameters", []):

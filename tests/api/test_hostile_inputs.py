@@ -24,9 +24,10 @@ from rest_framework.test import APIClient
 
 from backplane.api.parsers import MAX_DEPTH, InvalidJSON, loads_strict
 from backplane.eventlog import services
-from tests.api.conftest import assert_error, claim, create_task, row_counts
+from tests.api.conftest import AgentClient, assert_error, claim, create_task, row_counts
 from tests.support.live_server import WebProcess
 
+Counts = Callable[[], dict[str, int]]
 LONG = "x" * 200_000  # under the 256 KiB body limit, over every string field's own
 
 # name, path, a valid body, the fields a client can set (dotted and indexed into nested ones)
@@ -129,7 +130,7 @@ WRONG_CONTENT_TYPES = [
 
 
 @pytest.fixture
-def reviewer(db) -> APIClient:  # type: ignore[no-untyped-def]
+def reviewer(db: None) -> APIClient:
     user = User.objects.create_user("rita", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="review_deadletter"))
     client = APIClient()
@@ -138,7 +139,7 @@ def reviewer(db) -> APIClient:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def world(alice, reviewer) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def world(alice: AgentClient, reviewer: APIClient) -> dict[str, Any]:
     """A leased task with a dispatched tool call, and who may write to each route."""
     task = create_task(alice, kind="k")
     lease = claim(alice)
@@ -160,7 +161,7 @@ def route_call(world: dict[str, Any], name: str) -> tuple[APIClient, str, dict[s
 
 
 @pytest.mark.parametrize("route", ROUTE_IDS)
-def test_the_parser_refuses_hostile_json_on_every_write_route(world, route) -> None:  # type: ignore[no-untyped-def]
+def test_the_parser_refuses_hostile_json_on_every_write_route(world: dict[str, Any], route: str) -> None:
     client, path, body = route_call(world, route)
     before = row_counts()
     for case, make_body in PARSE_FAILURES:
@@ -171,7 +172,7 @@ def test_the_parser_refuses_hostile_json_on_every_write_route(world, route) -> N
 
 
 @pytest.mark.parametrize("route", ROUTE_IDS)
-def test_a_body_that_is_not_an_object_is_400(world, route) -> None:  # type: ignore[no-untyped-def]
+def test_a_body_that_is_not_an_object_is_400(world: dict[str, Any], route: str) -> None:
     client, path, _ = route_call(world, route)
     before = row_counts()
     for case, raw in SHAPE_FAILURES:
@@ -182,7 +183,7 @@ def test_a_body_that_is_not_an_object_is_400(world, route) -> None:  # type: ign
 
 
 @pytest.mark.parametrize("route", ROUTE_IDS)
-def test_a_body_that_is_not_json_is_415(world, route) -> None:  # type: ignore[no-untyped-def]
+def test_a_body_that_is_not_json_is_415(world: dict[str, Any], route: str) -> None:
     client, path, body = route_call(world, route)
     before = row_counts()
     for content_type in WRONG_CONTENT_TYPES:
@@ -193,7 +194,7 @@ def test_a_body_that_is_not_json_is_415(world, route) -> None:  # type: ignore[n
 
 
 @pytest.mark.parametrize("route", ROUTE_IDS)
-def test_a_very_long_string_in_any_field_is_400(world, route) -> None:  # type: ignore[no-untyped-def]
+def test_a_very_long_string_in_any_field_is_400(world: dict[str, Any], route: str) -> None:
     client, path, body = route_call(world, route)
     fields = next(fields for name, _, _, fields in WRITE_ROUTES if name == route)
     before = row_counts()
@@ -214,7 +215,9 @@ TEN_THOUSAND = [
 
 
 @pytest.mark.parametrize(("route", "field", "value"), TEN_THOUSAND, ids=[f"{r}:{f}" for r, f, _ in TEN_THOUSAND])
-def test_a_10000_element_array_where_it_does_not_belong_is_400(world, route, field, value) -> None:  # type: ignore[no-untyped-def]
+def test_a_10000_element_array_where_it_does_not_belong_is_400(
+    world: dict[str, Any], route: str, field: str, value: Any
+) -> None:
     client, path, body = route_call(world, route)
     before = row_counts()
     body = with_field(body, field, value)
@@ -228,7 +231,7 @@ def test_a_10000_element_array_where_it_does_not_belong_is_400(world, route, fie
     ("value", "detail"),
     [(10**30, "max_attempts"), (1e300, "max_attempts"), (-(10**30), "max_attempts"), (2**63, "max_attempts")],
 )
-def test_huge_numbers_in_integer_fields_are_400(alice, counts, value, detail) -> None:  # type: ignore[no-untyped-def]
+def test_huge_numbers_in_integer_fields_are_400(alice: AgentClient, counts: Counts, value: Any, detail: str) -> None:
     before = counts()
     error = assert_error(alice.post("/api/v1/tasks/", {"kind": "k", "input": {}, "max_attempts": value}, format="json"),
                          400, "validation_error")
@@ -236,7 +239,7 @@ def test_huge_numbers_in_integer_fields_are_400(alice, counts, value, detail) ->
     assert counts() == before
 
 
-def test_a_big_integer_inside_input_is_refused_when_it_cannot_be_hashed(alice, counts) -> None:  # type: ignore[no-untyped-def]
+def test_a_big_integer_inside_input_is_refused_when_it_cannot_be_hashed(alice: AgentClient, counts: Counts) -> None:
     before = counts()
     raw = b'{"kind": "k", "input": {"n": ' + b"9" * 400 + b"}}"
     assert_error(alice.post("/api/v1/tasks/", data=raw, content_type="application/json"), 400, "validation_error")
@@ -275,7 +278,7 @@ METHODS = ["get", "post", "put", "patch", "delete", "head", "options"]
 
 
 @pytest.mark.parametrize("path", SLASHED_PATHS)
-def test_a_path_without_its_slash_answers_like_the_path_with_it(world, path) -> None:  # type: ignore[no-untyped-def]
+def test_a_path_without_its_slash_answers_like_the_path_with_it(world: dict[str, Any], path: str) -> None:
     """Every method, DEBUG off and on: never a redirect, never HTML, never a 5xx."""
     client = world["agent"]
     client.raise_request_exception = False
@@ -299,7 +302,7 @@ def test_a_path_without_its_slash_answers_like_the_path_with_it(world, path) -> 
             assert answers[0] == answers[1], (debug, method, slashed, answers)
 
 
-def test_a_create_without_the_slash_is_a_create(alice, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_create_without_the_slash_is_a_create(alice: AgentClient) -> None:
     for debug in (False, True):
         with override_settings(DEBUG=debug):
             response = alice.post("/api/v1/tasks", {"kind": "k", "input": {"debug": debug}}, format="json")
@@ -316,7 +319,7 @@ def post_chunked(client: APIClient, path: str, raw: bytes) -> Any:
                           HTTP_TRANSFER_ENCODING="chunked", **{"wsgi.input": io.BytesIO(raw)})
 
 
-def test_a_chunked_body_is_read_like_any_other(alice, counts) -> None:  # type: ignore[no-untyped-def]
+def test_a_chunked_body_is_read_like_any_other(alice: AgentClient, counts: Counts) -> None:
     response = post_chunked(alice, "/api/v1/tasks/", json.dumps({"kind": "k", "input": {"a": 1}}).encode())
     assert response.status_code == 201, response.content
     assert response.json()["input"] == {"a": 1}
@@ -326,7 +329,7 @@ def test_a_chunked_body_is_read_like_any_other(alice, counts) -> None:  # type: 
     assert counts() == before
 
 
-def test_a_chunked_body_over_the_limit_is_413(alice, counts, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_chunked_body_over_the_limit_is_413(alice: AgentClient, counts: Counts, settings: Any) -> None:
     before = counts()
     body = json.dumps({"kind": "k", "input": {"blob": "x" * settings.BACKPLANE_PAYLOAD_LIMIT_BYTES}}).encode()
     assert_error(post_chunked(alice, "/api/v1/tasks/", body), 413, "payload_too_large")
@@ -334,7 +337,7 @@ def test_a_chunked_body_over_the_limit_is_413(alice, counts, settings) -> None: 
 
 
 @pytest.mark.parametrize("length", ["abc", "-5", "1e3"])
-def test_a_bad_content_length_is_400(alice, counts, length) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_content_length_is_400(alice: AgentClient, counts: Counts, length: str) -> None:
     before = counts()
     raw = b'{"kind": "k", "input": {}}'
     response = alice.generic("POST", "/api/v1/tasks/", data=raw, content_type="application/json",
@@ -410,7 +413,7 @@ def assert_wire_error(raw: bytes, status: int, code: str) -> None:
     assert parsed["error"]["code"] == code, parsed
 
 
-def test_live_a_chunked_create_is_201(web, live_token) -> None:  # type: ignore[no-untyped-def]
+def test_live_a_chunked_create_is_201(web: WebProcess, live_token: str) -> None:
     body = json.dumps({"kind": "k", "input": {"via": "chunks"}}).encode()
     raw = raw_exchange(web, chunked_request(web, live_token, "/api/v1/tasks/", [body[:7], body[7:20], body[20:]]))
     status, _, answer = head_and_body(raw)
@@ -418,7 +421,7 @@ def test_live_a_chunked_create_is_201(web, live_token) -> None:  # type: ignore[
     assert json.loads(answer)["input"] == {"via": "chunks"}
 
 
-def test_live_a_chunked_body_past_the_limit_is_413_and_writes_nothing(web, live_token) -> None:  # type: ignore[no-untyped-def]
+def test_live_a_chunked_body_past_the_limit_is_413_and_writes_nothing(web: WebProcess, live_token: str) -> None:
     before = row_counts()
     blob = json.dumps({"kind": "k", "input": {"blob": "x" * (300 * 1024)}}).encode()
     chunks = [blob[i:i + 16384] for i in range(0, len(blob), 16384)]
@@ -427,7 +430,7 @@ def test_live_a_chunked_body_past_the_limit_is_413_and_writes_nothing(web, live_
     assert row_counts() == before
 
 
-def test_live_hostile_bodies_are_400_and_write_nothing(web, live_token) -> None:  # type: ignore[no-untyped-def]
+def test_live_hostile_bodies_are_400_and_write_nothing(web: WebProcess, live_token: str) -> None:
     before = row_counts()
     headers = {"Authorization": f"Bearer {live_token}", "Content-Type": "application/json"}
     for raw in (b"[" * 5000, b'{"kind": "k", "kind": "k", "input": {}}', b'{"kind": "k", "input": {"s": "\\ud800"}}',
@@ -441,7 +444,9 @@ def test_live_hostile_bodies_are_400_and_write_nothing(web, live_token) -> None:
 
 
 @pytest.mark.parametrize("kind", ["content-length", "chunked"])
-def test_live_a_truncated_body_writes_nothing_and_never_answers_5xx(web, live_token, kind) -> None:  # type: ignore[no-untyped-def]
+def test_live_a_truncated_body_writes_nothing_and_never_answers_5xx(
+    web: WebProcess, live_token: str, kind: str
+) -> None:
     before = row_counts()
     body = json.dumps({"kind": "k", "input": {"pad": "y" * 200}}).encode()
     if kind == "content-length":
@@ -456,7 +461,7 @@ def test_live_a_truncated_body_writes_nothing_and_never_answers_5xx(web, live_to
     assert httpx.get(f"{web.url}/api/v1/tasks/", headers={"Authorization": f"Bearer {live_token}"}).status_code == 200
 
 
-def test_live_a_path_without_its_slash_is_the_same_route(web, live_token) -> None:  # type: ignore[no-untyped-def]
+def test_live_a_path_without_its_slash_is_the_same_route(web: WebProcess, live_token: str) -> None:
     headers = {"Authorization": f"Bearer {live_token}"}
     created = httpx.post(f"{web.url}/api/v1/tasks", json={"kind": "k", "input": {}}, headers=headers, timeout=10)
     assert created.status_code == 201, created.text

@@ -13,7 +13,7 @@ METHODS = ("get", "post", "put", "patch", "delete")
 
 
 @pytest.fixture
-def schema(db) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def schema(db: None) -> dict[str, Any]:
     response = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert response.status_code == 200
     return response.json()
@@ -28,7 +28,7 @@ def operations(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def test_every_operation_has_a_description_and_every_parameter_too(schema) -> None:  # type: ignore[no-untyped-def]
+def test_every_operation_has_a_description_and_every_parameter_too(schema: dict[str, Any]) -> None:
     ops = operations(schema)
     assert len(ops) == 22, sorted(ops)
     for name, op in ops.items():
@@ -37,7 +37,13 @@ def test_every_operation_has_a_description_and_every_parameter_too(schema) -> No
             assert parameter.get("description"), (name, parameter["name"])
 
 
-def test_every_4xx_response_has_an_example_in_the_error_shape(schema) -> None:  # type: ignore[no-untyped-def]
+def test_the_api_description_states_the_transport_rules(schema: dict[str, Any]) -> None:
+    description = schema["info"]["description"]
+    for words in ("trailing `/`", "chunked", "64", "duplicate object keys", "surrogates", "U+0000", "415"):
+        assert words in description, words
+
+
+def test_every_4xx_response_has_an_example_in_the_error_shape(schema: dict[str, Any]) -> None:
     for name, op in operations(schema).items():
         for status, response in op["responses"].items():
             if not status.startswith(("4", "5")):
@@ -51,14 +57,14 @@ def test_every_4xx_response_has_an_example_in_the_error_shape(schema) -> None:  
                 assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}, (name, status)
 
 
-def test_every_request_body_has_an_example(schema) -> None:  # type: ignore[no-untyped-def]
+def test_every_request_body_has_an_example(schema: dict[str, Any]) -> None:
     for name, op in operations(schema).items():
         if "requestBody" in op:
             assert op["requestBody"]["content"]["application/json"].get("examples"), name
             assert "415" in op["responses"], name
 
 
-def test_the_append_operation_says_how_to_finish_or_fail_a_task(schema) -> None:  # type: ignore[no-untyped-def]
+def test_the_append_operation_says_how_to_finish_or_fail_a_task(schema: dict[str, Any]) -> None:
     append = operations(schema)["tasks_events_append"]
     description = append["description"]
     for words in ("`TaskCompleted`", "`output`", "`TaskFailed`", "`error`", "`retryable`", "`payload` is required"):
@@ -75,14 +81,14 @@ def test_the_append_operation_says_how_to_finish_or_fail_a_task(schema) -> None:
     assert {e["value"]["error"]["code"] for e in conflicts.values()} == {"seq_conflict", "stale_lease", "task_closed"}
 
 
-def test_the_create_operation_documents_task_ids_across_namespaces(schema) -> None:  # type: ignore[no-untyped-def]
+def test_the_create_operation_documents_task_ids_across_namespaces(schema: dict[str, Any]) -> None:
     create = operations(schema)["tasks_create"]
     assert "another one" in create["description"] and "task_exists" in create["description"]
     conflicts = create["responses"]["409"]["content"]["application/json"]["examples"]
     assert [e["value"]["error"]["code"] for e in conflicts.values()] == ["task_exists"]
 
 
-def test_a_created_or_claimed_task_links_to_the_operations_on_it(schema) -> None:  # type: ignore[no-untyped-def]
+def test_a_created_or_claimed_task_links_to_the_operations_on_it(schema: dict[str, Any]) -> None:
     ops = operations(schema)
     for producer, status in (("tasks_create", "201"), ("tasks_create", "200"), ("leases_claim", "200")):
         links = ops[producer]["responses"][status]["links"]

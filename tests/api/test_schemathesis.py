@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import schemathesis
@@ -80,14 +81,20 @@ class AgentToken:
     """The agent's token as the schema's own auth, so Schemathesis's auth checks take it as the
     real credentials (and probe that the API refuses the request without them)."""
 
-    def get(self, case, context) -> str:  # type: ignore[no-untyped-def]
+    def get(self, case: schemathesis.Case, context: schemathesis.AuthContext) -> str:
         return stateful_token["value"]
 
-    def set(self, case, data, context) -> None:  # type: ignore[no-untyped-def]
-        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+    def set(self, case: schemathesis.Case, data: str, context: schemathesis.AuthContext) -> None:
+        case.headers["Authorization"] = f"Bearer {data}"
 
 
-class AgentWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
+if TYPE_CHECKING:
+    from schemathesis.generation.stateful.state_machine import RecordingStateMachine as Workflow
+else:
+    Workflow = stateful_schema.as_state_machine()
+
+
+class AgentWorkflow(Workflow):
     """The same checks as the stateless run, plus Schemathesis's stateful ones."""
 
     def setup(self) -> None:
@@ -95,23 +102,31 @@ class AgentWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         # earlier answers, and Hypothesis refuses a run whose replays take other transitions.
         # Marked like the test case's own atomic blocks, so the services' durable ones may nest.
         self.scenario = transaction.atomic()
-        self.scenario._from_testcase = True  # type: ignore[attr-defined]
+        vars(self.scenario)["_from_testcase"] = True
         self.scenario.__enter__()
 
     def teardown(self) -> None:
         transaction.set_rollback(True)
         self.scenario.__exit__(None, None, None)
 
-    def before_call(self, case) -> None:  # type: ignore[no-untyped-def]
+    def before_call(self, case: schemathesis.Case) -> None:
         cache.clear()  # the per-token rate limit is not what this run is about
 
-    def validate_response(self, response, case, additional_checks=None, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def validate_response(
+        self,
+        response: schemathesis.Response,
+        case: schemathesis.Case,
+        additional_checks: list[schemathesis.CheckFunction] | None = None,
+        **kwargs: Any,
+    ) -> None:
         case.validate_response(response, additional_checks=additional_checks,
                                excluded_checks=[positive_data_acceptance], transport_kwargs=kwargs or None,
                                recorder=self.recorder)
 
 
-def test_sequences_that_follow_the_links_keep_to_the_schema(agent_with_tasks, keep_the_test_connection) -> None:  # type: ignore[no-untyped-def]
+def test_sequences_that_follow_the_links_keep_to_the_schema(
+    agent_with_tasks: tuple[str, str], keep_the_test_connection: None
+) -> None:
     stateful_token["value"] = agent_with_tasks[0]
     AgentWorkflow.run(settings=settings(
         max_examples=int(os.environ.get("BACKPLANE_FUZZ_STATEFUL_EXAMPLES", "30")),

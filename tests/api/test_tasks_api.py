@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import pytest
 
-from tests.api.conftest import assert_error, create_task
+from tests.api.conftest import AgentClient, assert_error, create_task
 
 
 def test_it_creates_a_task_with_task_started(alice) -> None:  # type: ignore[no-untyped-def]
@@ -37,7 +38,9 @@ def test_the_same_task_id_with_other_content_is_409(alice, counts) -> None:  # t
     assert counts() == before
 
 
-def test_a_task_id_taken_in_another_namespace_answers_like_any_conflict(alice, mallory, counts) -> None:  # type: ignore[no-untyped-def]
+def test_a_task_id_taken_in_another_namespace_answers_like_any_conflict(
+    alice: AgentClient, mallory: AgentClient, counts: Callable[[], dict[str, int]]
+) -> None:
     task_id = str(uuid.uuid4())
     same = {"task_id": task_id, "kind": "lead-qualification", "input": {"lead": "alice@example.com"}}
     create_task(alice, **same)
