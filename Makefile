@@ -64,7 +64,7 @@ bench: $(STAMP)
 # modules still excused that may only shrink); and a cap on `# type: ignore` comments, which may
 # only go down: lower TYPE_IGNORE_BASELINE when you remove some. The settings module is imported
 # by the Django plugin, so it gets an environment that needs no database and writes nothing here.
-TYPE_IGNORE_BASELINE := 229
+TYPE_IGNORE_BASELINE := 197
 LINT_ENV := BACKPLANE_ENV=test DATABASE_URL=postgresql://lint@localhost/lint SECRET_KEY=lint \
 	BACKPLANE_VAR_DIR=$(CURDIR)/.mypy_cache/var
 lint: $(STAMP)

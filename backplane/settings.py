@@ -64,7 +64,9 @@ if _proxy_ssl_header:
     SECURE_PROXY_SSL_HEADER = ("HTTP_" + _header.upper().replace("-", "_"), _value)
 SECURE_SSL_REDIRECT = env_bool("BACKPLANE_SSL_REDIRECT", not IS_LOCAL)
 # Probes from inside the deployment (compose's healthcheck, a load balancer) speak plain http.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+# The API is exempt too, but not served: a plain-http API request gets the contract's JSON 403
+# (backplane/api/middleware.py) instead of an HTML redirect its client would follow as a GET.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^api/"]
 SECURE_HSTS_SECONDS = env_int("BACKPLANE_HSTS_SECONDS", 0 if IS_LOCAL else 365 * 24 * 3600, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BACKPLANE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("BACKPLANE_HSTS_PRELOAD", True)

@@ -14,10 +14,10 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.handlers.wsgi import WSGIRequest
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import is_valid_path
 
-from backplane.api.errors import json_error
+from backplane.api.errors import error_body, json_error
 
 API_PREFIX = "/api/"
 READ_CHUNK = 64 * 1024
@@ -76,8 +76,15 @@ def _read_chunked_body(request: HttpRequest, limit: int) -> HttpResponse | None:
 
 
 def _refuse_before_view(request: HttpRequest) -> HttpResponse | None:
-    """413 for a body over the limit. DRF reads the body as a stream, which skips Django's
-    DATA_UPLOAD_MAX_MEMORY_SIZE check, so the limit is enforced here, before any parsing."""
+    """403 for plain http where HTTPS is required; 413 for a body over the limit. DRF reads the
+    body as a stream, which skips Django's DATA_UPLOAD_MAX_MEMORY_SIZE check, so the limit is
+    enforced here, before any parsing."""
+    if settings.SECURE_SSL_REDIRECT and not request.is_secure():
+        # Not a redirect: a client would follow a 301 with a GET, and its token has already
+        # crossed the network in the clear. It must be told to change its base URL.
+        secure_url = request.build_absolute_uri().replace("http://", "https://", 1)
+        return JsonResponse(error_body("permission_denied", "this API is served over HTTPS only",
+                                       {"url": secure_url}), status=403)
     limit = settings.BACKPLANE_PAYLOAD_LIMIT_BYTES
     raw_length = request.META.get("CONTENT_LENGTH")
     try:

@@ -70,3 +70,17 @@ def test_behind_the_proxy_http_is_redirected_and_probes_are_not(client: Client, 
     assert served.status_code == 200 and served["Strict-Transport-Security"].startswith("max-age=3600")
     # The compose healthcheck and load balancers probe from inside, over plain http.
     assert client.get("/healthz").status_code == 200
+
+
+def test_the_api_over_plain_http_is_a_json_403_not_a_redirect(client: Client, db: None, settings: Any) -> None:
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    refused = client.post("/api/v1/tasks/", {"kind": "k", "input": {}}, content_type="application/json")
+    assert refused.status_code == 403 and refused["Content-Type"] == "application/json"
+    error = refused.json()["error"]
+    assert error["code"] == "permission_denied"
+    assert error["details"] == {"url": "https://testserver/api/v1/tasks/"}
+    # Over HTTPS (as the proxy says) the API answers as usual: here, 401 without a token.
+    served = client.post("/api/v1/tasks/", {"kind": "k", "input": {}}, content_type="application/json",
+                         HTTP_X_FORWARDED_PROTO="https")
+    assert served.status_code == 401
