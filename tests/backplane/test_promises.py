@@ -147,6 +147,41 @@ def test_a_subtask_replay_after_later_subtasks_returns_the_original_child(alice)
     assert replay.json()["dispatch_key"] == first.json()["dispatch_key"]
 
 
+# --- leases: what `make mutants` found unguarded (docs/mutation-testing.md) ----------------------
+
+
+def test_an_agent_never_claims_another_namespaces_task(alice, mallory) -> None:  # type: ignore[no-untyped-def]
+    create_task(mallory)
+    assert alice.post("/api/v1/leases/", {}, format="json").status_code == 204
+    assert claim(mallory)["task"]["namespace"] == "globex"
+
+
+@pytest.mark.parametrize("operation", ["heartbeat", "release"])
+def test_another_namespace_cannot_heartbeat_or_release_a_lease(alice, mallory, operation: str) -> None:  # type: ignore[no-untyped-def]
+    task = create_task(alice)
+    epoch = claim(alice)["lease_epoch"]
+    url = f"/api/v1/tasks/{task['task_id']}/{operation}/"
+    assert_error(mallory.post(url, {"lease_epoch": epoch}, format="json"), 404, "not_found")
+    assert Task.objects.get(pk=task["task_id"]).lease_holder == "alice"
+
+
+def test_a_released_lease_cannot_be_heartbeaten_with_its_old_epoch(alice) -> None:  # type: ignore[no-untyped-def]
+    task = create_task(alice)
+    epoch = claim(alice)["lease_epoch"]
+    url = f"/api/v1/tasks/{task['task_id']}/"
+    assert alice.post(url + "release/", {"lease_epoch": epoch}, format="json").status_code == 200
+    # The task is unleased and its epoch is still the one sent: only "is it leased?" refuses it.
+    assert_error(alice.post(url + "heartbeat/", {"lease_epoch": epoch}, format="json"), 409, "stale_lease")
+
+
+def test_a_release_records_who_released_which_lease(alice) -> None:  # type: ignore[no-untyped-def]
+    task = create_task(alice)
+    epoch = claim(alice)["lease_epoch"]
+    alice.post(f"/api/v1/tasks/{task['task_id']}/release/", {"lease_epoch": epoch}, format="json")
+    released = Event.objects.get(task_id=task["task_id"], type="LeaseReleased")
+    assert (released.agent, released.payload) == ("alice", {"agent": "alice", "lease_epoch": epoch})
+
+
 # --- verification recomputes from content, on a schedule, seals included ----------------------
 
 
