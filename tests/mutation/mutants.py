@@ -14,8 +14,9 @@ the test database is created once, not once per mutant), one mutant at a time (t
 shared). Prints each targeted function's killed/survived figures and every survivor; exits 0
 whatever the score (the score is a report, not a gate).
 
-    python -m tests.mutation.mutants            # the run, then the report
-    python -m tests.mutation.mutants --report   # the report of the last run only
+    python -m tests.mutation.mutants                      # the run, then the report
+    python -m tests.mutation.mutants --report             # the report of the last run only
+    python -m tests.mutation.mutants "recovery.leases.*"  # only these mutants (fnmatch patterns)
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def prepare() -> None:
     (WORK / "setup.cfg").write_text(SETUP_CFG)
 
 
-def run() -> int:
+def run(patterns: list[str]) -> int:
     from backplane.runtime import embedded_db
 
     pgdata = WORK / "pgdata"
@@ -100,14 +101,14 @@ def run() -> int:
     mutmut = Path(sys.executable).with_name("mutmut")
     started = time.monotonic()
     try:
-        code = subprocess.call([str(mutmut), "run", "--max-children", "1", *MUTANTS], cwd=WORK, env=env)
+        code = subprocess.call([str(mutmut), "run", "--max-children", "1", *patterns], cwd=WORK, env=env)
     finally:
         embedded_db.destroy(pgdata)
     print(f"mutmut run exited {code} after {time.monotonic() - started:.0f} s")
     return code
 
 
-def report() -> None:
+def report(patterns: list[str]) -> None:
     by_function: dict[str, Counter[str]] = defaultdict(Counter)
     survivors: list[str] = []
     for path in FILES:
@@ -115,7 +116,7 @@ def report() -> None:
         if not meta.exists():
             continue
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            if code is None or not any(_matches(name, pattern) for pattern in MUTANTS):
+            if code is None or not any(_matches(name, pattern) for pattern in patterns):
                 continue
             status = STATUS.get(code, "suspicious")
             function = name.rsplit("__mutmut_", 1)[0]
@@ -144,10 +145,11 @@ def _matches(name: str, pattern: str) -> bool:
 
 
 def main() -> int:
+    patterns = [arg for arg in sys.argv[1:] if not arg.startswith("--")] or MUTANTS
     if "--report" not in sys.argv:
         prepare()
-        run()
-    report()
+        run(patterns)
+    report(patterns)
     return 0
 
 
