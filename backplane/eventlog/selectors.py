@@ -76,7 +76,13 @@ class ChainVerification:
     state: TaskState | None = None
 
 
-def chain_verify(*, task: Task, replay_from: TaskState | None = None, chunk_size: int = 5000) -> ChainVerification:
+def chain_verify(
+    *,
+    task: Task,
+    replay_from: TaskState | None = None,
+    chunk_size: int = 5000,
+    row_hash: Callable[[Sequence[Any]], str] = stored_row_hash,
+) -> ChainVerification:
     """Recompute every hash of a task's log and check the links and the numbering, up to the
     head the task row records.
 
@@ -92,6 +98,7 @@ def chain_verify(*, task: Task, replay_from: TaskState | None = None, chunk_size
         through_hash=task.head_hash,
         replay_from=replay_from,
         chunk_size=chunk_size,
+        row_hash=row_hash,
     )
 
 

@@ -416,6 +416,14 @@ def test_the_periodic_check_catches_a_writer_that_hashes_too_little(db, monkeypa
     result = integrity_tasks.verify_chains_incremental()
     assert result["failures"] == 1
     assert IntegrityAlert.objects.get(task=task).first_invalid_seq == 1
+    # The API's check of one task hashes on its own too.
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    staff = Client()
+    staff.force_login(User.objects.create_user("auditor", password="x" * 20, is_staff=True))
+    verified = staff.get(f"/api/v1/tasks/{task.pk}/verify/").json()
+    assert (verified["valid"], verified["first_invalid_seq"]) == (False, 1)
 
 
 # --- token digests are compared in constant time ------------------------------------------------
