@@ -31,7 +31,7 @@ from backplane.eventlog.writer import EventDraft, OutboxDraft
 from backplane.integrity import independent_hash, sealing, verification
 from backplane.integrity import tasks as integrity_tasks
 from backplane.integrity.models import IntegrityAlert, IntegrityAlertKind
-from tests.api.conftest import assert_error, claim, create_task
+from tests.api.conftest import AgentClient, assert_error, claim, create_task
 from tests.backplane.audit_support import as_attacker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,14 +150,15 @@ def test_a_subtask_replay_after_later_subtasks_returns_the_original_child(alice)
 # --- leases: what `make mutants` found unguarded (docs/mutation-testing.md) ----------------------
 
 
-def test_an_agent_never_claims_another_namespaces_task(alice, mallory) -> None:  # type: ignore[no-untyped-def]
+def test_an_agent_never_claims_another_namespaces_task(alice: AgentClient, mallory: AgentClient) -> None:
     create_task(mallory)
     assert alice.post("/api/v1/leases/", {}, format="json").status_code == 204
     assert claim(mallory)["task"]["namespace"] == "globex"
 
 
 @pytest.mark.parametrize("operation", ["heartbeat", "release"])
-def test_another_namespace_cannot_heartbeat_or_release_a_lease(alice, mallory, operation: str) -> None:  # type: ignore[no-untyped-def]
+def test_another_namespace_cannot_heartbeat_or_release_a_lease(alice: AgentClient, mallory: AgentClient,
+                                                              operation: str) -> None:
     task = create_task(alice)
     epoch = claim(alice)["lease_epoch"]
     url = f"/api/v1/tasks/{task['task_id']}/{operation}/"
@@ -165,7 +166,7 @@ def test_another_namespace_cannot_heartbeat_or_release_a_lease(alice, mallory, o
     assert Task.objects.get(pk=task["task_id"]).lease_holder == "alice"
 
 
-def test_a_released_lease_cannot_be_heartbeaten_with_its_old_epoch(alice) -> None:  # type: ignore[no-untyped-def]
+def test_a_released_lease_cannot_be_heartbeaten_with_its_old_epoch(alice: AgentClient) -> None:
     task = create_task(alice)
     epoch = claim(alice)["lease_epoch"]
     url = f"/api/v1/tasks/{task['task_id']}/"
@@ -174,7 +175,7 @@ def test_a_released_lease_cannot_be_heartbeaten_with_its_old_epoch(alice) -> Non
     assert_error(alice.post(url + "heartbeat/", {"lease_epoch": epoch}, format="json"), 409, "stale_lease")
 
 
-def test_a_release_records_who_released_which_lease(alice) -> None:  # type: ignore[no-untyped-def]
+def test_a_release_records_who_released_which_lease(alice: AgentClient) -> None:
     task = create_task(alice)
     epoch = claim(alice)["lease_epoch"]
     alice.post(f"/api/v1/tasks/{task['task_id']}/release/", {"lease_epoch": epoch}, format="json")
