@@ -231,30 +231,37 @@ class ToolRow:
 
 def tools_overview(*, now: datetime | None = None) -> list[ToolRow]:
     """Every registered tool with its calls answered in the last hour (latency from dispatch to
-    answer, p50 and p95) and calls still in flight: two queries."""
+    answer, p50 and p95) and calls still in flight: two queries.
+
+    A call is counted for the tool that serves its task's namespace: that namespace's own tool
+    of the name, else the global one (as the gateway resolves it, ``tool_for_namespace``), so two
+    namespaces' tools of one name never share figures."""
     now = now or timezone.now()
-    tools = list(Tool.objects.order_by("name"))
+    tools = list(Tool.objects.order_by("name", "namespace"))
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT tool,
-                   count(*) FILTER (WHERE completed_at >= %(hour_ago)s),
-                   count(*) FILTER (WHERE completed_at >= %(hour_ago)s AND status = 'failed'),
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - dispatched_at))
-                       FILTER (WHERE completed_at >= %(hour_ago)s),
-                   percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - dispatched_at))
-                       FILTER (WHERE completed_at >= %(hour_ago)s),
-                   count(*) FILTER (WHERE status = 'dispatched')
-              FROM recovery_toolcall
-             WHERE tool = ANY(%(tools)s) AND (completed_at >= %(hour_ago)s OR status = 'dispatched')
-             GROUP BY tool
+            SELECT coalesce(own.id, shared.id) AS tool_id,
+                   count(*) FILTER (WHERE c.completed_at >= %(hour_ago)s),
+                   count(*) FILTER (WHERE c.completed_at >= %(hour_ago)s AND c.status = 'failed'),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c.completed_at - c.dispatched_at))
+                       FILTER (WHERE c.completed_at >= %(hour_ago)s),
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM c.completed_at - c.dispatched_at))
+                       FILTER (WHERE c.completed_at >= %(hour_ago)s),
+                   count(*) FILTER (WHERE c.status = 'dispatched')
+              FROM recovery_toolcall c
+              JOIN backplane_task t ON t.id = c.task_id
+              LEFT JOIN recovery_tool own ON own.name = c.tool AND own.namespace = t.namespace
+              LEFT JOIN recovery_tool shared ON shared.name = c.tool AND shared.namespace = ''
+             WHERE c.tool = ANY(%(tools)s) AND (c.completed_at >= %(hour_ago)s OR c.status = 'dispatched')
+             GROUP BY 1
             """,
-            {"hour_ago": now - timedelta(hours=1), "tools": [t.name for t in tools]},
+            {"hour_ago": now - timedelta(hours=1), "tools": sorted({t.name for t in tools})},
         )
-        stats = {row[0]: row[1:] for row in cursor.fetchall()}
+        stats = {row[0]: row[1:] for row in cursor.fetchall() if row[0] is not None}
     rows = []
     for tool in tools:
-        calls, failed, p50, p95, flying = stats.get(tool.name, (0, 0, None, None, 0))
+        calls, failed, p50, p95, flying = stats.get(tool.pk, (0, 0, None, None, 0))
         rows.append(ToolRow(tool=tool, calls_last_hour=calls, failed_last_hour=failed,
                             p50_ms=None if p50 is None else p50 * 1000, p95_ms=None if p95 is None else p95 * 1000,
                             in_flight=flying))

@@ -123,3 +123,23 @@ def test_both_pages_run_the_same_queries_for_more_rows(olivia_client: Client, ma
         Tool.objects.create(name=f"tool-{n}", url="https://tools.example.com/x")
     many = {path: count(path) for path in ("/agents/", "/outbox/")}
     assert many == few and max(few.values()) <= 10
+
+
+def test_two_namespaces_tools_of_one_name_keep_their_own_figures(olivia_client: Client, make_task: Any) -> None:
+    """Calls count for the tool that serves the task's namespace: its own, else the global one."""
+    from recovery.selectors import tools_overview
+
+    shared = Tool.objects.create(name="crm", url="https://tools.example.com/crm")
+    acme_own = Tool.objects.create(name="crm", namespace="acme", url="https://acme.example.com/crm")
+    now = timezone.now()
+    for namespace, calls in (("acme", 3), ("globex", 2)):
+        task = make_task(namespace=namespace)
+        for step in range(calls):
+            ToolCall.objects.create(idempotency_key=f"{namespace}-{step}", task=task, step=step, tool="crm", input={},
+                                    status="succeeded", result={}, dispatched_at=now - timedelta(seconds=1),
+                                    completed_at=now, expires_at=now + timedelta(hours=1))
+    figures = {row.tool.pk: row.calls_last_hour for row in tools_overview(now=now)}
+    assert figures == {acme_own.pk: 3, shared.pk: 2}
+    page = html(olivia_client.get("/agents/"))
+    assert page.count('data-tool="crm"') == 2
+    assert 'data-tool="crm" data-namespace="acme"' in page and 'data-tool="crm" data-namespace=""' in page
