@@ -396,29 +396,18 @@ def sealing_record_failure(*, error: BaseException) -> DeadLetter | None:
     harmless. The caller re-raises, so the duty records the failure too (/readyz, /metrics).
     Returns None when the database cannot take the record (then it is the failure).
     """
-    from backplane.delivery.announcements import announce_dead_letters
-    from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
+    from backplane.delivery.models import DeadLetterSource
+    from backplane.delivery.services import dead_letter_record_repeating
 
     text = f"{type(error).__name__}: {error}"[:2000]
-    reference = f"sealer: {text}"[:255]
     try:
-        with transaction.atomic(durable=True):
-            dead_letter = (
-                DeadLetter.objects.select_for_update()
-                .filter(source=DeadLetterSource.AUDIT_EXPORT, status=DeadLetterStatus.PENDING, reference=reference)
-                .first()
-            )
-            if dead_letter is None:
-                dead_letter = DeadLetter.objects.create(
-                    source=DeadLetterSource.AUDIT_EXPORT, reference=reference, payload={"stage": "sealing"},
-                    error=text, attempts=1, created_at=timezone.now(),
-                )
-                announce_dead_letters()
-                logger.error("the sealer failed, dead letter %d: %s", dead_letter.pk, text)
-            else:
-                dead_letter.attempts += 1
-                dead_letter.save(update_fields=["attempts"])
+        dead_letter, created = dead_letter_record_repeating(
+            source=DeadLetterSource.AUDIT_EXPORT, reference=f"sealer: {text}"[:255], payload={"stage": "sealing"},
+            error=text, attempts=1,
+        )
     except DjangoDatabaseError:
         logger.warning("the sealer failed (%s) and the failure could not be recorded", text, exc_info=True)
         return None
+    if created:
+        logger.error("the sealer failed, dead letter %d: %s", dead_letter.pk, text)
     return dead_letter

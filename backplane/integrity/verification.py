@@ -52,7 +52,7 @@ from backplane.eventlog.reducer import (
     task_state_from_json,
     task_state_of,
 )
-from backplane.eventlog.selectors import ChainVerification, chain_verify_range, use_c_timestamp_loader
+from backplane.eventlog.selectors import ChainVerification, chain_verify, chain_verify_range, use_c_timestamp_loader
 from backplane.integrity import independent_hash, merkle, sealing
 from backplane.integrity.models import (
     IntegrityAlert,
@@ -352,15 +352,7 @@ def _chain_verify_confirmed(head: _Head) -> tuple[ChainVerification, TaskState]:
 
 def _chain_verify(*, task: Task, replay_from: TaskState | None = None) -> ChainVerification:
     """``selectors.chain_verify`` with the hashes recomputed by ``independent_hash``."""
-    return chain_verify_range(
-        task_id=task.pk,
-        after_seq=0,
-        after_hash=GENESIS_HASH,
-        through_seq=task.last_seq,
-        through_hash=task.head_hash,
-        replay_from=replay_from,
-        row_hash=independent_hash.row_hash,
-    )
+    return chain_verify(task=task, replay_from=replay_from, row_hash=independent_hash.row_hash)
 
 
 def _rewrite_break(head: _Head, found: ChainVerification) -> tuple[int, str]:

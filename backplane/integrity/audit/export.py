@@ -32,8 +32,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from backplane.delivery.announcements import announce_dead_letters
-from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
+from backplane.delivery.models import DeadLetter, DeadLetterSource
+from backplane.delivery.services import dead_letter_record_repeating
 from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.models import Event
 from backplane.integrity.audit import manifest as fmt
@@ -225,21 +225,8 @@ def audit_export_record_failure(*, error: BaseException, attempts: int) -> DeadL
     else:
         reference, payload = "audit export", {}
     text = f"{type(error).__name__}: {error}"[:2000]
-    with transaction.atomic(durable=True):
-        dead_letter = (
-            DeadLetter.objects.select_for_update()
-            .filter(source=DeadLetterSource.AUDIT_EXPORT, status=DeadLetterStatus.PENDING, reference=reference)
-            .first()
-        )
-        if dead_letter is None:
-            dead_letter = DeadLetter.objects.create(
-                source=DeadLetterSource.AUDIT_EXPORT, reference=reference, payload=payload, error=text,
-                attempts=attempts, created_at=timezone.now(),
-            )
-            announce_dead_letters()
-        else:
-            dead_letter.attempts += attempts
-            dead_letter.error = text
-            dead_letter.save(update_fields=["attempts", "error"])
+    dead_letter, _ = dead_letter_record_repeating(
+        source=DeadLetterSource.AUDIT_EXPORT, reference=reference, payload=payload, error=text, attempts=attempts
+    )
     logger.error("audit export gave up after %d attempt(s), dead letter %d: %s", attempts, dead_letter.pk, text)
     return dead_letter
