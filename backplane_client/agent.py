@@ -1,158 +1,93 @@
-"""A small HTTP client for agents, over the backplane's REST contract (``/api/v1/``, API.md).
+"""The agents' client for the backplane's REST contract (``/api/v1/``), and its task sessions.
 
-Django-free: it needs only :mod:`httpx`. Every method is one request; nothing is retried
-behind the caller's back, because whether a retry is safe is the agent's decision (the
-contract makes the usual ones safe: idempotency keys on appends, stable tool-call keys,
-idempotent sub-agent dispatch).
+Django-free: it needs only :mod:`httpx`. docs/sdk.md is the guide; this is the short version.
+
+A typical agent loop, with a session that heartbeats in the background, resumes from the
+recovery context after a crash, and records every tool call before and after making it::
+
+    from backplane_client import AgentClient, ToolCallFailed
+
+    with AgentClient("http://backplane:8000", token) as bp:
+        while True:
+            session = bp.claim_session(["outreach"], lease_seconds=30)
+            if session is None:
+                time.sleep(1)
+                continue
+            with session:
+                plan = session.input
+                session.reason(1, {"decision": "send the quote"})     # skipped if already logged
+
+                def send(key: str, body: dict) -> dict:
+                    answer = httpx.post(plan["url"], json=body, headers={"Idempotency-Key": key})
+                    if answer.status_code == 422:
+                        raise ToolCallFailed(answer.json())             # a refusal is an outcome
+                    answer.raise_for_status()                           # anything else: retry later
+                    return answer.json()
+
+                call = session.call_tool(2, "send-email", plan["email"], send)   # runs only if needed
+                session.complete({"email": call.result}, reasoning={"step": 3, "summary": "sent"})
+
+Why a session: every write carries the lease epoch, so a holder that was presumed dead and
+replaced is refused (``409 stale_lease``, raised as :class:`LeaseLost`); once the heartbeat
+has seen the lease lost, the session refuses writes itself, before sending anything.
+
+Retries: every request is retried on 429, 503 and transport errors, with full-jitter
+exponential backoff (:class:`~backplane_client.retry.RetryPolicy`). The client makes its
+writes safe to retry before the first attempt — an append gets an idempotency key, a new task
+gets its id, both chosen once per call — so a lost answer never turns into a double write.
+``claim`` is the exception (docs/sdk.md, "What is safe to retry").
 
 Errors:
 
-- an answer with an error status raises :class:`BackplaneAPIError`, carrying the contract's
-  ``{"error": {"code", "message", "details"}}`` and, for 429/503, ``Retry-After``;
-- a request that never got an answer (refused, timed out, reset) raises
-  :class:`httpx.TransportError` unchanged: the request may or may not have been applied,
-  so repeat it with the same idempotency key or stable step.
-
-Typical loop::
-
-    with AgentClient("http://backplane:8000", token) as bp:
-        lease = bp.claim(kinds=["lead-qualification"])
-        if lease is not None:
-            context = bp.recovery_context(lease.task_id)
-            ...
-            bp.append(lease.task_id, "TaskCompleted", {"output": {...}}, lease_epoch=lease.lease_epoch)
+- an answer with an error status raises :class:`BackplaneAPIError` (``409 stale_lease`` as its
+  subclass :class:`LeaseLost`), carrying the contract's ``{"error": {"code", "message",
+  "details"}}`` and, for 429/503, ``Retry-After``; after retries, ``attempts`` says how many;
+- a request that never got an answer, after the last attempt, raises the
+  :class:`httpx.TransportError` unchanged: it may or may not have been applied, and repeating
+  the same call later is safe for the same reasons as the automatic retries.
 """
 
 from __future__ import annotations
 
-import uuid
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-__all__ = ["AgentClient", "BackplaneAPIError", "Lease", "event_draft"]
+from backplane_client import calls
+from backplane_client.calls import JSON, Call, Lease, TaskId, event_draft, replayed
+from backplane_client.errors import BackplaneAPIError, LeaseLost, ToolCallFailed
+from backplane_client.retry import DEFAULT_RETRY, RetryPolicy, gave_up, log_retry
+from backplane_client.session import TaskSession, ToolCall
 
-API_PREFIX = "/api/v1"
-REPLAY_HEADER = "Idempotent-Replay"
+__all__ = [
+    "AgentClient",
+    "BackplaneAPIError",
+    "Lease",
+    "LeaseLost",
+    "RetryPolicy",
+    "TaskSession",
+    "ToolCall",
+    "ToolCallFailed",
+    "event_draft",
+]
 
-TaskId = str | uuid.UUID
-JSON = dict[str, Any]
-
-
-class BackplaneAPIError(Exception):
-    """The backplane answered with an error status.
-
-    ``code`` is the contract's machine-readable code (``seq_conflict``, ``stale_lease``,
-    ``task_closed``, ``idempotency_mismatch``, ...); ``details`` its structured details.
-    An answer that is not in the contract's shape (a proxy's HTML page, say) gets the code
-    ``http_<status>`` and the body's first characters as the message.
-    """
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        details: Mapping[str, Any] | None = None,
-        *,
-        retry_after: float | None = None,
-        method: str | None = None,
-        url: str | None = None,
-    ) -> None:
-        self.status = status
-        self.code = code
-        self.message = message
-        self.details: dict[str, Any] = dict(details or {})
-        self.retry_after = retry_after
-        self.method = method
-        self.url = url
-        super().__init__(f"{status} {code}: {message}")
-
-    @classmethod
-    def from_response(cls, response: httpx.Response) -> BackplaneAPIError:
-        """Build the error from an answer's status, headers and (contract-shaped) body."""
-        code, message, details = f"http_{response.status_code}", response.reason_phrase, {}
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        error = body.get("error") if isinstance(body, dict) else None
-        if isinstance(error, dict):
-            code = str(error.get("code") or code)
-            message = str(error.get("message") or message)
-            details = error.get("details") if isinstance(error.get("details"), dict) else {}
-        elif response.text:
-            message = response.text[:200]
-        retry_after: float | None = None
-        raw = response.headers.get("Retry-After")
-        if raw is not None:
-            try:
-                retry_after = float(raw)
-            except ValueError:
-                retry_after = None
-        return cls(
-            response.status_code,
-            code,
-            message,
-            details,
-            retry_after=retry_after,
-            method=response.request.method,
-            url=str(response.request.url),
-        )
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A claimed task: ``POST /leases/``'s answer. Send ``lease_epoch`` with every write."""
-
-    task: JSON
-    lease_epoch: int
-    expires_at: str
-    recovered: bool
-
-    @property
-    def task_id(self) -> str:
-        return str(self.task["task_id"])
-
-
-def event_draft(
-    type: str,
-    payload: Mapping[str, Any] | None = None,
-    *,
-    idempotency_key: str | None = None,
-    lamport: int | None = None,
-    causation_id: str | None = None,
-    correlation_id: str | None = None,
-    trace_id: str | None = None,
-    outbox: Sequence[Mapping[str, Any]] | None = None,
-) -> JSON:
-    """One event as the append endpoints take it; optional fields are left out when ``None``."""
-    body: JSON = {"type": type, "payload": dict(payload or {})}
-    optional = {
-        "idempotency_key": idempotency_key,
-        "lamport": lamport,
-        "causation_id": causation_id,
-        "correlation_id": correlation_id,
-        "trace_id": trace_id,
-        "outbox": [dict(item) for item in outbox] if outbox is not None else None,
-    }
-    body.update({name: value for name, value in optional.items() if value is not None})
-    return body
-
-
-def _without_none(**fields: Any) -> JSON:
-    return {name: value for name, value in fields.items() if value is not None}
+T = TypeVar("T")
 
 
 class AgentClient:
     """An agent's connection to the backplane, authenticated with its bearer token.
 
     ``base_url`` is the server's root (``http://host:8000``); the client adds ``/api/v1``.
-    Pass ``http_client`` to bring your own :class:`httpx.Client` (transport, proxies, TLS);
-    its base URL and auth header are then the caller's business. Share one client between
-    threads only if you ignore :attr:`last_replayed`, which describes the latest answer.
+    ``retry`` says how often a request is sent before an error reaches the caller
+    (:meth:`RetryPolicy.none` to send once). Pass ``http_client`` to bring your own
+    :class:`httpx.Client` (transport, proxies, TLS); its base URL and auth header are then the
+    caller's business, and the retry policy still applies.
+
+    One client may serve several threads (a session's heartbeat thread shares it); httpx's
+    client is thread-safe and :attr:`last_replayed` is kept per thread.
     """
 
     def __init__(
@@ -161,16 +96,22 @@ class AgentClient:
         token: str,
         *,
         timeout: float = 10.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
         http_client: httpx.Client | None = None,
     ) -> None:
+        self.retry = retry
         self._owns_client = http_client is None
         self._http = http_client or httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
             timeout=timeout,
         )
-        #: Whether the latest answer carried ``Idempotent-Replay: true`` (nothing new written).
-        self.last_replayed = False
+        self._local = threading.local()
+
+    @property
+    def last_replayed(self) -> bool:
+        """Whether this thread's latest answer carried ``Idempotent-Replay: true`` (nothing new written)."""
+        return bool(getattr(self._local, "replayed", False))
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -184,22 +125,46 @@ class AgentClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
-    ) -> httpx.Response:
-        response = self._http.request(method, API_PREFIX + path, json=json, params=params)
-        if response.status_code >= 400:
-            raise BackplaneAPIError.from_response(response)
-        self.last_replayed = response.headers.get(REPLAY_HEADER, "").lower() == "true"
-        return response
+    def send(self, call: Call[T], *, retry: RetryPolicy | None = None) -> T:
+        """Send one request of the contract (built by :mod:`backplane_client.calls`), retrying
+        as ``retry`` (default: the client's policy) allows, and read its answer."""
+        policy = retry or self.retry
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.request(call.method, call.url, json=call.json, params=call.params)
+            except httpx.TransportError as error:
+                delay = policy.delay_after_error(attempt, error)
+                if delay is None:
+                    raise gave_up(error, attempt)
+                log_retry(call, attempt, delay, repr(error))
+            else:
+                delay = policy.delay_after_answer(attempt, response)
+                if delay is None:
+                    calls.check(response, attempts=attempt)
+                    self._local.replayed = replayed(response)
+                    return call.read(response)
+                log_retry(call, attempt, delay, f"answered {response.status_code}")
+            time.sleep(delay)
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._request(method, path, **kwargs).json()
+    # --- sessions ------------------------------------------------------------------------
+
+    def session(self, lease: Lease, *, heartbeat_interval: float | None = None) -> TaskSession:
+        """Work on a claimed task: use it as a context manager (``with bp.session(lease) as s:``),
+        which heartbeats in a background thread until the block ends (see :class:`TaskSession`)."""
+        return TaskSession(self, lease, heartbeat_interval=heartbeat_interval)
+
+    def claim_session(
+        self,
+        kinds: Sequence[str] | None = None,
+        *,
+        lease_seconds: int | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> TaskSession | None:
+        """:meth:`claim` and :meth:`session` in one: a session on the claimed task, or None."""
+        lease = self.claim(kinds, lease_seconds=lease_seconds)
+        return None if lease is None else self.session(lease, heartbeat_interval=heartbeat_interval)
 
     # --- tasks ---------------------------------------------------------------------------
 
@@ -213,18 +178,17 @@ class AgentClient:
         max_attempts: int | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> JSON:
-        """Create a task (``201``); with a known ``task_id`` and the same content, the existing one (``200``)."""
-        body = {"kind": kind, "input": dict(input)} | _without_none(
-            task_id=str(task_id) if task_id is not None else None,
-            parent_task_id=str(parent_task_id) if parent_task_id is not None else None,
-            max_attempts=max_attempts,
-            metadata=dict(metadata) if metadata is not None else None,
-        )
-        return self._json("POST", "/tasks/", json=body)
+        """Create a task (``201``); with a known ``task_id`` and the same content, the existing one (``200``).
+
+        Without ``task_id`` the client picks a uuid4, once, so a retry after a lost answer
+        returns the task the first attempt created.
+        """
+        return self.send(calls.create_task(kind, input, task_id=task_id, parent_task_id=parent_task_id,
+                                           max_attempts=max_attempts, metadata=metadata))
 
     def get_task(self, task_id: TaskId) -> JSON:
         """The Task object."""
-        return self._json("GET", f"/tasks/{task_id}/")
+        return self.send(calls.get_task(task_id))
 
     def list_tasks(
         self,
@@ -235,19 +199,17 @@ class AgentClient:
         cursor: str | None = None,
     ) -> JSON:
         """One page: ``{"results": [Task...], "next": url or None}``."""
-        params = _without_none(status=status, kind=kind, limit=limit, cursor=cursor)
-        return self._json("GET", "/tasks/", params=params)
+        return self.send(calls.list_tasks(status=status, kind=kind, limit=limit, cursor=cursor))
 
     def verify(self, task_id: TaskId) -> JSON:
         """The server's check of the task's hash chain: ``{"valid", "checked", "head_hash", "first_invalid_seq"}``."""
-        return self._json("GET", f"/tasks/{task_id}/verify/")
+        return self.send(calls.verify(task_id))
 
     # --- events --------------------------------------------------------------------------
 
     def events(self, task_id: TaskId, *, after_seq: int = 0, limit: int | None = None) -> JSON:
         """One page of events in ``seq`` order: ``{"results": [Event...], "next_after_seq": n or None}``."""
-        params = _without_none(after_seq=after_seq, limit=limit)
-        return self._json("GET", f"/tasks/{task_id}/events/", params=params)
+        return self.send(calls.events(task_id, after_seq=after_seq, limit=limit))
 
     def iter_events(self, task_id: TaskId, *, after_seq: int = 0, page_size: int = 1000) -> Iterator[JSON]:
         """Every event after ``after_seq``, following the pages."""
@@ -275,20 +237,16 @@ class AgentClient:
         """Append one event and return it.
 
         With an ``idempotency_key`` already used for the same body, the original event comes
-        back (:attr:`last_replayed` is then true). ``lease_epoch`` is required while the task
-        is leased; ``expected_seq`` makes the append conditional on the task's ``last_seq``.
+        back (:attr:`last_replayed` is then true). Without one, the client generates a key for
+        this call (so its retries cannot append twice); pass your own stable key to make a
+        repeat *across* calls or processes safe too. ``lease_epoch`` is required while the
+        task is leased; ``expected_seq`` makes the append conditional on the task's ``last_seq``.
         """
-        body = event_draft(
-            type,
-            payload,
-            idempotency_key=idempotency_key,
-            lamport=lamport,
-            causation_id=causation_id,
-            correlation_id=correlation_id,
-            trace_id=trace_id,
-            outbox=outbox,
-        ) | _without_none(lease_epoch=lease_epoch, expected_seq=expected_seq)
-        return self._json("POST", f"/tasks/{task_id}/events/", json=body)
+        return self.send(calls.append(
+            task_id, type, payload, idempotency_key=idempotency_key, lease_epoch=lease_epoch,
+            expected_seq=expected_seq, lamport=lamport, causation_id=causation_id,
+            correlation_id=correlation_id, trace_id=trace_id, outbox=outbox,
+        ))
 
     def append_batch(
         self,
@@ -298,40 +256,36 @@ class AgentClient:
         lease_epoch: int | None = None,
         expected_seq: int | None = None,
     ) -> list[JSON]:
-        """Append several events, all or nothing; build each with :func:`event_draft`."""
-        body = {"events": [dict(event) for event in events]} | _without_none(
-            lease_epoch=lease_epoch, expected_seq=expected_seq
-        )
-        return self._json("POST", f"/tasks/{task_id}/events/batch/", json=body)["results"]
+        """Append several events, all or nothing; build each with :func:`event_draft`.
+
+        Events without an ``idempotency_key`` get a generated one (once per call), so a retried
+        batch is answered with the originals.
+        """
+        return self.send(calls.append_batch(task_id, events, lease_epoch=lease_epoch, expected_seq=expected_seq))
 
     # --- leases and recovery -------------------------------------------------------------
 
     def claim(self, kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None) -> Lease | None:
-        """Claim the oldest pending task of ``kinds`` (default: all this agent may claim), or ``None`` (204)."""
-        body = _without_none(kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds)
-        response = self._request("POST", "/leases/", json=body)
-        if response.status_code == 204:
-            return None
-        data = response.json()
-        return Lease(
-            task=data["task"],
-            lease_epoch=data["lease_epoch"],
-            expires_at=data["expires_at"],
-            recovered=data["recovered"],
-        )
+        """Claim the oldest pending task of ``kinds`` (default: all this agent may claim), or ``None`` (204).
+
+        Not idempotent on the server: if an answer is lost and the claim retried, the retry
+        may lease another task, and the first lease simply expires (the stall detector hands
+        that task on, counting one attempt). Nothing is done twice; a task is only delayed.
+        """
+        return self.send(calls.claim(kinds, lease_seconds=lease_seconds))
 
     def heartbeat(self, task_id: TaskId, lease_epoch: int) -> JSON:
-        """Extend the lease: ``{"expires_at"}``; ``409 stale_lease`` once it is lost."""
-        return self._json("POST", f"/tasks/{task_id}/heartbeat/", json={"lease_epoch": lease_epoch})
+        """Extend the lease: ``{"expires_at"}``; ``409 stale_lease`` (:class:`LeaseLost`) once it is lost."""
+        return self.send(calls.heartbeat(task_id, lease_epoch))
 
     def release(self, task_id: TaskId, lease_epoch: int) -> JSON:
         """Give the task back to ``pending`` without counting an attempt; returns the Task."""
-        return self._json("POST", f"/tasks/{task_id}/release/", json={"lease_epoch": lease_epoch})
+        return self.send(calls.release(task_id, lease_epoch))
 
     def recovery_context(self, task_id: TaskId) -> JSON:
         """What a (new) holder needs to resume: completed steps, tool calls with results,
         in-flight calls with their original keys, sub-agents, and a ``resume_prompt``."""
-        return self._json("GET", f"/tasks/{task_id}/recovery-context/")
+        return self.send(calls.recovery_context(task_id))
 
     # --- tool calls ----------------------------------------------------------------------
 
@@ -351,11 +305,8 @@ class AgentClient:
         ``Idempotency-Key: <idempotency_key>``), ``in_flight`` (dispatched earlier, never
         answered: call again with the same key), ``succeeded``/``failed`` (answered: use ``result``).
         """
-        body = {"step": step, "tool": tool, "input": dict(input)} | _without_none(
-            lease_epoch=lease_epoch,
-            compensation=dict(compensation) if compensation is not None else None,
-        )
-        return self._json("POST", f"/tasks/{task_id}/tool-calls/", json=body)
+        return self.send(calls.dispatch_tool_call(task_id, step, tool, input, lease_epoch=lease_epoch,
+                                                  compensation=compensation))
 
     def record_tool_result(
         self,
@@ -366,12 +317,25 @@ class AgentClient:
         lease_epoch: int | None = None,
     ) -> JSON:
         """Record a tool's answer (``succeeded`` or ``failed``) before advancing; an identical repeat is a replay."""
-        body = {"status": status, "result": dict(result)} | _without_none(lease_epoch=lease_epoch)
-        return self._json("POST", f"/tool-calls/{idempotency_key}/result/", json=body)
+        return self.send(calls.record_tool_result(idempotency_key, status, result, lease_epoch=lease_epoch))
 
     def get_tool_call(self, idempotency_key: str) -> JSON:
         """The tool-call record (while within its TTL)."""
-        return self._json("GET", f"/tool-calls/{idempotency_key}/")
+        return self.send(calls.get_tool_call(idempotency_key))
+
+    def invoke(
+        self,
+        task_id: TaskId,
+        tool: str,
+        step: int,
+        input: Mapping[str, Any],
+        *,
+        lease_epoch: int | None = None,
+    ) -> JSON:
+        """Have the backplane call a registered tool for this step (the gateway):
+        ``{"idempotency_key", "status", "result", "replayed"}``. An answer on record is returned
+        without calling the tool again; ``503 circuit_open`` while the tool's breaker is open."""
+        return self.send(calls.invoke(task_id, tool, step, input, lease_epoch=lease_epoch))
 
     # --- sub-agents ----------------------------------------------------------------------
 
@@ -386,5 +350,4 @@ class AgentClient:
     ) -> JSON:
         """Hand work to a sub-agent: ``{"task": child Task, "dispatch_key"}``; a repeat for the
         same step and kind returns the same child."""
-        body = {"step": step, "kind": kind, "input": dict(input)} | _without_none(lease_epoch=lease_epoch)
-        return self._json("POST", f"/tasks/{task_id}/subtasks/", json=body)
+        return self.send(calls.dispatch_subtask(task_id, step, kind, input, lease_epoch=lease_epoch))

@@ -1,0 +1,468 @@
+"""A claimed task as an agent works on it: heartbeats, fenced writes, resumable steps.
+
+A :class:`TaskSession` is what an agent holds between claiming a task and finishing it. It
+exists so that the three rules of working under a lease are kept without thinking about them:
+
+1. *Stay alive*: a background thread heartbeats well inside the lease, and stops for good the
+   moment the server says the lease is gone (``409 stale_lease``/``task_closed``, ``404``).
+2. *Write only while holding*: every write carries the lease epoch; once the lease is known to
+   be lost the session refuses writes itself (:class:`LeaseLost`, nothing sent), and a write
+   the server refuses as stale marks the session lost too. A replaced holder must stop: the
+   new holder is already resuming from the log.
+3. *Never do a step twice*: the recovery context (read once, cached) says which reasoning steps
+   are logged, which tool calls have answers and which sub-agents have results; ``reason``,
+   ``tool_call``/``call_tool`` and ``subtask`` use it, and the contract's stable keys make even
+   a blind repeat harmless.
+
+A session writes nothing when its block ends, not even on an exception: an agent that failed
+in the middle leaves its lease to expire, so the stall detector counts the attempt (a release
+would not, and a crashing bug would loop forever). Call :meth:`TaskSession.fail` or
+:meth:`TaskSession.release` to end sooner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+
+from backplane_client import calls
+from backplane_client.calls import JSON, Lease, TaskId, event_draft
+from backplane_client.errors import (
+    LEASE_LOST_CODES,
+    BackplaneAPIError,
+    LeaseLost,
+    ToolCallFailed,
+    ToolOutcomeMissing,
+)
+from backplane_client.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from backplane_client.agent import AgentClient
+
+__all__ = ["TaskSession", "ToolCall", "ToolFunction", "heartbeat_interval_for"]
+
+logger = logging.getLogger("backplane_client")
+
+T = TypeVar("T")
+#: What ``call_tool`` runs when the call needs making: ``fn(idempotency_key, input) -> result``.
+ToolFunction = Callable[[str, dict[str, Any]], Mapping[str, Any]]
+
+MIN_HEARTBEAT_INTERVAL = 0.2
+DEFAULT_LEASE_SECONDS = 30.0  # the contract's default, for a lease whose deadline cannot be read
+ANSWERED = frozenset({"succeeded", "failed"})
+NEEDS_CALLING = frozenset({"dispatched", "in_flight"})
+TERMINAL_SUBTASK = frozenset({"completed", "failed", "dead_lettered", "compensated"})
+
+
+def heartbeat_interval_for(lease: Lease, *, now: datetime | None = None) -> float:
+    """A third of the lease: two heartbeats may fail (a blip, a slow server) before it runs out.
+
+    The lease's length is the one asked for in the claim when known; otherwise it is measured
+    as ``expires_at`` minus now, which is off by the clock skew between agent and server.
+    """
+    if lease.lease_seconds is not None:
+        seconds = float(lease.lease_seconds)
+    else:
+        try:
+            expires_at = datetime.fromisoformat(lease.expires_at)
+        except ValueError:
+            seconds = DEFAULT_LEASE_SECONDS
+        else:
+            seconds = (expires_at - (now or datetime.now(UTC))).total_seconds()
+    return max(MIN_HEARTBEAT_INTERVAL, seconds / 3)
+
+
+class ToolCall:
+    """One tool call of a session, as the idempotency proxy answered its dispatch.
+
+    ``needed`` is true when the tool must be called now (``status`` ``dispatched``, or
+    ``in_flight``: dispatched by an earlier attempt that never recorded an answer). Call it with
+    the header ``Idempotency-Key: <key>`` — a well-behaved tool then acts at most once per key,
+    however often it is asked — and set the outcome with :meth:`succeeded` or :meth:`failed`
+    (or assign ``result``, which counts as success). When ``needed`` is false the proxy already
+    had the answer: ``status`` is ``succeeded`` or ``failed`` and ``result`` holds it.
+    """
+
+    def __init__(self, *, step: int, tool: str, input: Mapping[str, Any], answer: Mapping[str, Any]) -> None:
+        self.step = step
+        self.tool = tool
+        self.input: JSON = dict(input)
+        self.key: str = answer["idempotency_key"]
+        self.status: str = answer["status"]
+        self.replayed: bool = bool(answer.get("replayed", False))
+        self.needed: bool = self.status in NEEDS_CALLING
+        self.result: JSON | None = None if self.needed else answer.get("result")
+        self._outcome: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<ToolCall step={self.step} tool={self.tool!r} status={self.status} key={self.key[:12]}…>"
+
+    @property
+    def answered(self) -> bool:
+        """Whether an answer is on record (``succeeded`` or ``failed``)."""
+        return self.status in ANSWERED
+
+    def succeeded(self, result: Mapping[str, Any]) -> None:
+        """The tool answered: record ``result`` as the call's success when the block ends."""
+        self._set_outcome("succeeded", result)
+
+    def failed(self, result: Mapping[str, Any]) -> None:
+        """The tool refused for good: record ``result`` as a failure, so no later attempt repeats it."""
+        self._set_outcome("failed", result)
+
+    def _set_outcome(self, status: str, result: Mapping[str, Any]) -> None:
+        if not self.needed or self.answered:
+            raise RuntimeError(f"tool call {self.key} already has its answer ({self.status}); nothing to record")
+        self._outcome = status
+        self.result = dict(result)
+
+    def outcome(self) -> tuple[str, JSON]:
+        """What to record: the status and result set in the block (``result`` alone: success)."""
+        if self.result is None:
+            raise ToolOutcomeMissing(
+                f"tool call {self.tool!r} at step {self.step} needed making but the block set no outcome: "
+                "call call.succeeded(result) or call.failed(result), or assign call.result"
+            )
+        return self._outcome or "succeeded", self.result
+
+    def recorded(self, record: Mapping[str, Any]) -> None:
+        """Take the answer as the proxy recorded it (a repeat gets the first one recorded)."""
+        self.status = record["status"]
+        self.result = record.get("result")
+
+
+class TaskSession:
+    """Work on one claimed task under its lease; see the module's docstring for the why.
+
+    Use it as a context manager: entering starts the heartbeat thread, leaving stops it (and
+    sends nothing else). Not meant to be shared between threads, except that :attr:`lost` may
+    be read from anywhere.
+    """
+
+    def __init__(self, client: AgentClient, lease: Lease, *, heartbeat_interval: float | None = None) -> None:
+        self.client = client
+        self.lease = lease
+        self.task_id: str = lease.task_id
+        self.lease_epoch: int = lease.lease_epoch
+        self.task: JSON = lease.task
+        self.input: JSON = dict(lease.task.get("input") or {})
+        self.recovered: bool = lease.recovered
+        #: The lease's deadline as the latest heartbeat answered it.
+        self.expires_at: str = lease.expires_at
+        self.heartbeat_interval = max(MIN_HEARTBEAT_INTERVAL, heartbeat_interval or heartbeat_interval_for(lease))
+        #: Heartbeats the server accepted so far.
+        self.heartbeats = 0
+        self._context: JSON | None = None
+        # What this session itself recorded, so its own steps count as done without a re-read.
+        self._steps_done: set[int] = set()
+        self._answers: dict[tuple[int, str], JSON] = {}
+        self._lost = threading.Event()
+        self._lost_error: BackplaneAPIError | None = None
+        self._ended: str | None = None
+        # complete/fail/release and a heartbeat never overlap: a heartbeat racing the final
+        # write would be refused (the lease is gone) and mark a finished session "lost".
+        self._ending = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else (self._ended or "held")
+        return f"<TaskSession task={self.task_id} epoch={self.lease_epoch} {state}>"
+
+    # --- the lease -------------------------------------------------------------------------
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease is known to be gone (refused heartbeat or write)."""
+        return self._lost.is_set()
+
+    @property
+    def lost_error(self) -> BackplaneAPIError | None:
+        """The answer that showed the lease lost, if it is."""
+        return self._lost_error
+
+    def start(self) -> TaskSession:
+        """Start heartbeating (what entering the ``with`` block does)."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.task_id[:8]}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop heartbeating, waiting briefly for a heartbeat in flight. Sends nothing."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self.heartbeat_interval + 5.0)
+
+    def __enter__(self) -> TaskSession:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _heartbeat_loop(self) -> None:
+        # Short, fast retries inside one beat; the loop itself is the long-term retry.
+        policy = RetryPolicy(attempts=3, base_delay=min(0.2, self.heartbeat_interval / 4),
+                             max_delay=self.heartbeat_interval / 2)
+        while not self._stop.wait(self.heartbeat_interval):
+            with self._ending:
+                if self._stop.is_set():
+                    return
+                try:
+                    answer = self.client.send(calls.heartbeat(self.task_id, self.lease_epoch), retry=policy)
+                except BackplaneAPIError as exc:
+                    if exc.code in LEASE_LOST_CODES or exc.status == 404:
+                        self._mark_lost(exc)
+                        return
+                    logger.warning("heartbeat for task %s refused: %s", self.task_id, exc)
+                except (httpx.HTTPError, ValueError) as exc:
+                    logger.warning("heartbeat for task %s got no answer: %r", self.task_id, exc)
+                else:
+                    self.expires_at = answer["expires_at"]
+                    self.heartbeats += 1
+
+    def _mark_lost(self, error: BackplaneAPIError) -> None:
+        if not self._lost.is_set():
+            self._lost_error = error
+            self._lost.set()
+            self._stop.set()
+            logger.warning("lease on task %s (epoch %d) lost: %s", self.task_id, self.lease_epoch, error)
+
+    def _check_held(self) -> None:
+        if self._lost.is_set():
+            raise LeaseLost.before_sending(self.task_id, self._lost_error, "the lease was lost")
+        if self._ended is not None:
+            raise LeaseLost.before_sending(self.task_id, None, f"this session already {self._ended} the task")
+
+    def _write(self, send: Callable[[], T]) -> T:
+        """Send a write under the lease; a refusal as stale marks the session lost."""
+        self._check_held()
+        try:
+            return send()
+        except LeaseLost as exc:
+            self._mark_lost(exc)
+            raise
+
+    def _end(self, how: str, send: Callable[[], T]) -> T:
+        with self._ending:
+            answer = self._write(send)
+            self._ended = how
+            self._stop.set()
+        return answer
+
+    # --- what is already done ---------------------------------------------------------------
+
+    def context(self) -> JSON:
+        """The recovery context (``GET /tasks/{id}/recovery-context/``), read on first use and kept."""
+        if self._context is None:
+            self._context = self.client.recovery_context(self.task_id)
+        return self._context
+
+    def refresh_context(self) -> JSON:
+        """Read the recovery context again (after other agents or sub-agents wrote to the task)."""
+        self._context = None
+        return self.context()
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt at the task this is (1 for the first holder), from the context or the task."""
+        if self._context is not None:
+            return int(self._context["attempt"])
+        return int(self.task.get("attempts") or 0) + 1
+
+    def step_done(self, step: int) -> bool:
+        """Whether reasoning step ``step`` is in the log (the context's ``completed_steps``)."""
+        return step in self._steps_done or any(s["step"] == step for s in self.context()["completed_steps"])
+
+    def tool_result(self, step: int, tool: str) -> JSON | None:
+        """The recorded answer of the call of ``tool`` at ``step``, as ``{"status", "result",
+        "idempotency_key"}``, or None while it has none (never made, or in flight)."""
+        if (step, tool) in self._answers:
+            return dict(self._answers[step, tool])
+        for call in self.context()["tool_calls"]:
+            if call["step"] == step and call["tool"] == tool and call["status"] in ANSWERED:
+                return {"status": call["status"], "result": call["result"], "idempotency_key": call["idempotency_key"]}
+        return None
+
+    def subtask_of(self, step: int, kind: str) -> JSON | None:
+        """The context's entry for the sub-agent dispatched at ``step`` for ``kind``
+        (``child_task_id``, ``dispatch_key``, ``status``, ``output``, ``error``), or None."""
+        for entry in self.context()["subtasks"]:
+            if entry.get("step") == step and entry.get("kind") == kind:
+                return dict(entry)
+        return None
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def append(
+        self, type: str, payload: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None,
+        **event_fields: Any,
+    ) -> JSON:
+        """Append one event under the lease (``event_fields``: ``expected_seq``, ``lamport``,
+        ``causation_id``, ``correlation_id``, ``trace_id``, ``outbox``). Without a key the
+        client generates one, so only this call's retries are deduplicated: pass a key derived
+        from the task and step to make a repeat by a later attempt harmless too."""
+        return self._write(lambda: self.client.append(
+            self.task_id, type, payload, idempotency_key=idempotency_key, lease_epoch=self.lease_epoch,
+            **event_fields,
+        ))
+
+    def reason(self, step: int, payload: Mapping[str, Any]) -> JSON | None:
+        """Log reasoning step ``step`` (``ReasoningStepCompleted``), keyed ``{task_id}:reasoning:{step}``.
+
+        Returns None, sending nothing, when the step is already in the log: a model asked again
+        after a crash rarely says the same words, and the log keeps the first answer.
+        """
+        if "step" in payload and payload["step"] != step:
+            raise ValueError(f"payload says step {payload['step']!r}, the call says {step}")
+        if self.step_done(step):
+            return None
+        event = self.append("ReasoningStepCompleted", {"step": step, **payload},
+                            idempotency_key=self._reasoning_key(step))
+        self._steps_done.add(step)
+        return event
+
+    def _reasoning_key(self, step: int) -> str:
+        return f"{self.task_id}:reasoning:{step}"
+
+    @contextmanager
+    def tool_call(
+        self, step: int, tool: str, input: Mapping[str, Any], *, compensation: Mapping[str, Any] | None = None
+    ) -> Iterator[ToolCall]:
+        """Make a tool call at most once across attempts: record it, make it if needed, record the answer.
+
+        Entering dispatches the call to the idempotency proxy. Inside the block, if
+        ``call.needed``, call the tool with ``Idempotency-Key: call.key`` and set the outcome.
+        Leaving normally records it (``POST /tool-calls/{key}/result/``); ``call.status`` and
+        ``call.result`` then hold the recorded answer (a ``failed`` one does not raise). An
+        exception in the block records nothing: the call stays in flight, and a later attempt
+        is told to make it again with the same key.
+        """
+        answer = self._write(lambda: self.client.dispatch_tool_call(
+            self.task_id, step, tool, input, lease_epoch=self.lease_epoch, compensation=compensation,
+        ))
+        call = ToolCall(step=step, tool=tool, input=input, answer=answer)
+        yield call
+        if call.needed:
+            status, result = call.outcome()
+            record = self._write(lambda: self.client.record_tool_result(
+                call.key, status, result, lease_epoch=self.lease_epoch,
+            ))
+            call.recorded(record)
+        self._answers[step, tool] = {"status": call.status, "result": call.result, "idempotency_key": call.key}
+
+    def call_tool(
+        self,
+        step: int,
+        tool: str,
+        input: Mapping[str, Any],
+        fn: ToolFunction,
+        *,
+        compensation: Mapping[str, Any] | None = None,
+    ) -> ToolCall:
+        """:meth:`tool_call` as a function: ``fn(key, input)`` runs only when the call needs making.
+
+        Its return value is recorded as the success; :class:`ToolCallFailed` raised in ``fn``
+        is recorded as the failure (``call.status == "failed"``); any other exception propagates
+        and records nothing.
+        """
+        with self.tool_call(step, tool, input, compensation=compensation) as call:
+            if call.needed:
+                try:
+                    call.succeeded(fn(call.key, dict(input)))
+                except ToolCallFailed as refusal:
+                    call.failed(refusal.result)
+        return call
+
+    def invoke(self, step: int, tool: str, input: Mapping[str, Any]) -> JSON:
+        """Have the backplane's gateway call the registered ``tool`` for ``step``:
+        ``{"idempotency_key", "status", "result", "replayed"}``; an answered call is not repeated."""
+        answer = self._write(lambda: self.client.invoke(
+            self.task_id, tool, step, input, lease_epoch=self.lease_epoch,
+        ))
+        if answer["status"] in ANSWERED:
+            self._answers[step, tool] = {key: answer[key] for key in ("status", "result", "idempotency_key")}
+        return answer
+
+    def subtask(self, step: int, kind: str, input: Mapping[str, Any]) -> JSON:
+        """Hand ``input`` to a sub-agent of ``kind``: the child Task. A repeat for the same step
+        and kind (a later attempt, a retry) returns the same child."""
+        answer = self._write(lambda: self.client.dispatch_subtask(
+            self.task_id, step, kind, input, lease_epoch=self.lease_epoch,
+        ))
+        self._context = None  # the dispatch is in the log now; the next read must see it
+        child: JSON = answer["task"]
+        return child
+
+    def wait_for_subtask(self, child_task_id: TaskId, *, timeout: float = 60.0, poll: float = 0.2) -> JSON:
+        """Wait until the child's result is in this task's log and return its context entry
+        (``child_task_id``, ``kind``, ``step``, ``status``, ``output``, ``error``).
+
+        The heartbeat keeps the lease meanwhile. Raises :class:`TimeoutError` after ``timeout``
+        seconds, and :class:`LeaseLost` as soon as the lease is lost (the new holder waits now).
+        The server stalls a task that heartbeats without writing for
+        ``BACKPLANE_NO_PROGRESS_STALL_SECONDS`` (30 min by default): keep waits below that.
+        """
+        child = str(child_task_id)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_held()
+            entry = next((s for s in self.refresh_context()["subtasks"] if s["child_task_id"] == child), None)
+            if entry is not None and entry["status"] in TERMINAL_SUBTASK:
+                return dict(entry)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                status = entry["status"] if entry is not None else "not dispatched"
+                raise TimeoutError(f"sub-agent task {child} of task {self.task_id} still {status} after {timeout} s")
+            self._lost.wait(min(poll, remaining))
+
+    # --- the end --------------------------------------------------------------------------
+
+    def complete(self, output: Mapping[str, Any], *, reasoning: Mapping[str, Any] | None = None) -> JSON:
+        """Complete the task (``TaskCompleted``, keyed ``{task_id}:completed``) and return that event.
+
+        ``reasoning`` (a payload with an integer ``step``) is logged as a final
+        ``ReasoningStepCompleted`` in the same batch, all or nothing, unless that step is
+        already in the log. Stops the heartbeat: the lease ends with the task.
+        """
+        events = []
+        if reasoning is not None:
+            step = reasoning.get("step")
+            if not isinstance(step, int):
+                raise ValueError("reasoning needs an integer 'step'")
+            if not self.step_done(step):
+                events.append(event_draft("ReasoningStepCompleted", reasoning,
+                                          idempotency_key=self._reasoning_key(step)))
+        events.append(event_draft("TaskCompleted", {"output": dict(output)},
+                                  idempotency_key=f"{self.task_id}:completed"))
+        written = self._end("completed", lambda: self.client.append_batch(
+            self.task_id, events, lease_epoch=self.lease_epoch,
+        ))
+        return written[-1]
+
+    def fail(self, error: str, *, retryable: bool) -> JSON:
+        """Give up this attempt (``TaskFailed``, keyed ``{task_id}:failed:{attempt}``) and return
+        that event. ``retryable`` with attempts left puts the task back to ``pending`` (counted);
+        otherwise it fails for good. Stops the heartbeat."""
+        key = f"{self.task_id}:failed:{self.attempt}"
+        return self._end("failed", lambda: self.client.append(
+            self.task_id, "TaskFailed", {"error": error, "retryable": retryable}, idempotency_key=key,
+            lease_epoch=self.lease_epoch,
+        ))
+
+    def release(self) -> JSON:
+        """Hand the task back to ``pending`` without counting an attempt (shutting down, say);
+        returns the Task. Stops the heartbeat."""
+        return self._end("released", lambda: self.client.release(self.task_id, self.lease_epoch))
