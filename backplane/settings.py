@@ -290,6 +290,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 BACKPLANE_VERIFY_INCREMENTAL_SECONDS = env_int("BACKPLANE_VERIFY_INCREMENTAL_SECONDS", 60, minimum=1)
 BACKPLANE_VERIFY_FULL_SECONDS = env_int("BACKPLANE_VERIFY_FULL_SECONDS", 6 * 3600, minimum=60)
 BACKPLANE_VERIFY_BATCH_SIZE = env_int("BACKPLANE_VERIFY_BATCH_SIZE", 200, minimum=1, maximum=10000)
+# Retention (recovery/retention.py): how often finished tasks that their namespace's retention rule
+# has made due are pruned, once their events are exported (rules are set in the admin).
+BACKPLANE_RETENTION_SECONDS = env_int("BACKPLANE_RETENTION_SECONDS", 60, minimum=1)
 # Audit export (backplane/integrity/audit/export.py): each new sealed range, up to a signed tree head, becomes
 # a segment (JSON Lines plus a signed manifest) in a directory, or in S3 with Object Lock in
 # compliance mode when a bucket is named. S3 credentials come from the usual AWS environment.
@@ -326,6 +329,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "backplane.tasks.audit_export",
         "schedule": float(BACKPLANE_AUDIT_EXPORT_SECONDS),
         "options": {"expires": BACKPLANE_AUDIT_EXPORT_SECONDS},
+    },
+    "prune-retained-tasks": {
+        "task": "recovery.tasks.prune_retained_tasks",
+        "schedule": float(BACKPLANE_RETENTION_SECONDS),
+        "options": {"expires": BACKPLANE_RETENTION_SECONDS},
     },
 }
 CELERY_TIMEZONE = "UTC"

@@ -1,7 +1,9 @@
-"""Admin for administrators: registered tools (the gateway's); tool-call records to look at, not edit."""
+"""Admin for administrators: registered tools (the gateway's) and retention rules; tool-call records
+to look at, not edit."""
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -10,7 +12,7 @@ from django.http import HttpRequest
 
 from backplane.admin import ReadOnlyAdmin, short
 from recovery import gateway
-from recovery.models import Tool, ToolCall
+from recovery.models import RETAINED_STATUS_CHOICES, RetentionRule, Tool, ToolCall, default_retained_statuses
 
 
 @admin.register(Tool)
@@ -47,3 +49,36 @@ class ToolCallAdmin(ReadOnlyAdmin):
     ordering = ("-dispatched_at",)
     list_select_related = False
     show_full_result_count = False
+
+
+class RetentionRuleForm(forms.ModelForm):
+    statuses = forms.TypedMultipleChoiceField(
+        choices=RETAINED_STATUS_CHOICES, widget=forms.CheckboxSelectMultiple, initial=default_retained_statuses,
+        help_text="Which finished tasks the rule prunes. A task with a dead letter awaiting a decision is never "
+                  "pruned, whatever its status.",
+    )
+
+    class Meta:
+        model = RetentionRule
+        fields = ("namespace", "kind", "keep_seconds", "statuses", "is_active")
+
+
+@admin.register(RetentionRule)
+class RetentionRuleAdmin(admin.ModelAdmin):
+    """Administrators set how long a namespace keeps its finished tasks (recovery/retention.py);
+    the retention duty keeps the totals. A task is pruned only once its events are exported."""
+
+    form = RetentionRuleForm
+    # The statuses are on the detail page: the list fits 1280 px (tests/browser/test_admin_widths.py).
+    list_display = ("namespace", "kind_or_all", "keep_seconds", "is_active", "tasks_pruned", "events_pruned",
+                    "last_pruned_at")
+    list_filter = ("is_active", "namespace")
+    search_fields = ("namespace", "kind")
+    ordering = ("namespace", "kind")
+    # The totals change only in the duty's transactions (an F() update): an edit here would race them.
+    readonly_fields = ("created_at", "tasks_pruned", "events_pruned", "last_pruned_at")
+    fields = ("namespace", "kind", "keep_seconds", "statuses", "is_active", *readonly_fields)
+
+    @admin.display(description="kind", ordering="kind")
+    def kind_or_all(self, rule: RetentionRule) -> str:
+        return rule.kind or "(every kind)"

@@ -1,11 +1,13 @@
-"""Records of the recovery side: tool calls made through the idempotency proxy."""
+"""Records of the recovery side: tool calls made through the idempotency proxy, registered
+tools, and the retention rules that prune finished tasks."""
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
-from backplane.eventlog.models import NAME_VALIDATOR, Task
+from backplane.eventlog.models import CLOSED_STATUSES, NAME_VALIDATOR, Task, TaskStatus
 
 
 class ToolCallStatus(models.TextChoices):
@@ -105,3 +107,56 @@ class Tool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.namespace})" if self.namespace else self.name
+
+
+# What a retention rule may prune: the statuses no event can leave (CLOSED_STATUSES), in
+# the order the reducer's TaskStatus declares them.
+RETAINED_STATUSES = [status for status in TaskStatus if status in CLOSED_STATUSES]
+RETAINED_STATUS_CHOICES = [(status.value, status.label) for status in RETAINED_STATUSES]
+
+
+def default_retained_statuses() -> list[str]:
+    return [status.value for status in RETAINED_STATUSES]
+
+
+class RetentionRule(models.Model):
+    """How long a namespace keeps its finished tasks (recovery/retention.py).
+
+    A task of ``namespace`` (and of ``kind``, unless blank) whose status is one of
+    ``statuses`` and whose last event is older than ``keep_seconds`` is deleted, with its
+    events and every row that refers to it, once it is safe: every event sealed and exported to
+    the audit destination, no dead letter awaiting a decision, no message awaiting delivery, no
+    open integrity alert, no sub-task left (children go first). The log only ever loses whole
+    tasks, and only what the export keeps verifiable offline. Several rules may cover one
+    task: the first that finds it due prunes it. The totals are the retention duty's.
+    """
+
+    namespace = models.CharField(max_length=100, validators=[NAME_VALIDATOR])
+    kind = models.CharField(max_length=100, blank=True, default="", help_text="Blank: every kind of the namespace.")
+    keep_seconds = models.PositiveIntegerField(
+        help_text="How long a finished task is kept after its last event (e.g. 86400 for a day).",
+    )
+    statuses = ArrayField(
+        models.CharField(max_length=20, choices=RETAINED_STATUS_CHOICES),
+        default=default_retained_statuses,
+        help_text="Which finished tasks the rule prunes.",
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Running totals, updated in the same transaction as each pruned task.
+    tasks_pruned = models.PositiveBigIntegerField(default=0)
+    events_pruned = models.PositiveBigIntegerField(default=0)
+    last_pruned_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Only finished tasks, whatever writes the row (the admin's form checks it too).
+            models.CheckConstraint(
+                condition=Q(statuses__contained_by=default_retained_statuses()) & Q(statuses__len__gt=0),
+                name="retention_rule_finished_statuses",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        scope = f"{self.namespace}/{self.kind}" if self.kind else f"{self.namespace}/*"
+        return f"{scope}: keep {self.keep_seconds}s ({', '.join(self.statuses)})"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import shared_task
+from django.conf import settings
 
-from recovery import detector, tool_calls
+from recovery import detector, retention, tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -29,3 +31,16 @@ def detect_stalls() -> int:
     if sweep.dead_lettered:
         logger.warning("stall detector: %d task(s) dead-lettered after their last attempt", sweep.dead_lettered)
     return sweep.expired
+
+
+@shared_task(ignore_result=True)
+def prune_retained_tasks() -> int:
+    """Prune the finished tasks the retention rules have made due, a batch at a time.
+
+    Stops after half its interval even with work left, so a large backlog (a rule just added
+    over a long history) never runs past its duty's allowance; the next run goes on."""
+    deadline = time.monotonic() + settings.BACKPLANE_RETENTION_SECONDS / 2
+    total = 0
+    while (pruned := retention.retention_prune_batch()) and time.monotonic() < deadline:
+        total += pruned
+    return total + pruned

@@ -159,6 +159,18 @@ class Task(models.Model):
                 name="task_lease_expiry_idx",
                 condition=Q(lease_holder__isnull=False),
             ),
+            # Retention (recovery/retention.py): a namespace's finished tasks (of one kind, for a
+            # rule that names one), longest quiet first, read in order up to a LIMIT.
+            models.Index(
+                fields=["namespace", "last_event_at"],
+                name="task_retention_idx",
+                condition=Q(status__in=sorted(status.value for status in CLOSED_STATUSES)),
+            ),
+            models.Index(
+                fields=["namespace", "kind", "last_event_at"],
+                name="task_retention_kind_idx",
+                condition=Q(status__in=sorted(status.value for status in CLOSED_STATUSES)),
+            ),
         ]
 
     def __str__(self) -> str:

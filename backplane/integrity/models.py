@@ -105,10 +105,18 @@ class IntegrityAlert(models.Model):
 
 
 class MerkleLeaf(models.Model):
-    """An event's place in the sealed Merkle tree (backplane/integrity/sealing.py). Append-only, like events."""
+    """An event's place in the sealed Merkle tree (backplane/integrity/sealing.py). Append-only, like events.
+
+    A leaf outlives its event: retention (recovery/retention.py) may delete a finished task's
+    events once their leaves are exported (below the last ``AuditSegment.tree_size``), so
+    ``event_id`` is a plain unique column with no foreign key. Proofs and tree heads read only
+    ``event_hash``; the seal checks take a leaf whose event is gone and that was exported as
+    covered by the export (the offline verifier checks it there), and report any other.
+    """
 
     leaf_index = models.BigIntegerField(primary_key=True)
-    event = models.OneToOneField("backplane.Event", on_delete=models.PROTECT, related_name="leaf", db_column="event_id")
+    event = models.OneToOneField("backplane.Event", on_delete=models.DO_NOTHING, db_constraint=False,
+                                 related_name="leaf", db_column="event_id")
     # The event's hash as it was when sealed; verification recomputes it from the event's content.
     event_hash = models.CharField(max_length=64)
 

@@ -326,11 +326,14 @@ def consistency_proof_between(*, first: int, second: int) -> list[str]:
 
 # One page of sealed events in leaf order, with the columns their hash covers: a bounded range
 # of leaf indices, each leaf joined to its event by primary key. (An open range with LIMIT let
-# the planner, with statistics from before the leaves were written, sort every leaf left.)
+# the planner, with statistics from before the leaves were written, sort every leaf left.) The
+# join is outer: retention prunes exported events (recovery/retention.py), and the tree size the
+# audit export covers, read in the same snapshot, tells a pruned event from a missing one.
 _SEALED_EVENTS_PAGE_SQL = """
-SELECT l.leaf_index, e.task_id, e.seq, e.type, e.payload, e.agent, e.idempotency_key, e.lamport, e.causation_id,
+SELECT l.leaf_index, l.event_hash, (SELECT coalesce(max(s.tree_size), 0) FROM backplane_auditsegment s),
+       e.position, e.task_id, e.seq, e.type, e.payload, e.agent, e.idempotency_key, e.lamport, e.causation_id,
        e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash
-FROM backplane_merkleleaf l JOIN backplane_event e ON e.position = l.event_id
+FROM backplane_merkleleaf l LEFT JOIN backplane_event e ON e.position = l.event_id
 WHERE l.leaf_index >= %s AND l.leaf_index < %s
 ORDER BY l.leaf_index
 """
@@ -342,6 +345,7 @@ class SealVerification:
     valid: bool
     tree_size: int
     problem: str | None = None
+    pruned: int = 0  # leaves whose events were pruned after their export, taken at their sealed hash
 
 
 def seal_verify_against_head(*, head: SignedTreeHead | None = None) -> SealVerification:
@@ -353,6 +357,7 @@ def seal_verify_against_head(*, head: SignedTreeHead | None = None) -> SealVerif
                             signature=head.signature, public_key=head.public_key):
         return SealVerification(False, head.tree_size, "the tree head's signature does not verify")
     frontier = merkle.CompactRange()
+    pruned = 0
     # One pass over the leaves joined with their events, in leaf order; plain SQL, as in
     # chain_verify_range, so that hashing and not the ORM sets the pace.
     with connection.cursor() as cursor:
@@ -360,17 +365,25 @@ def seal_verify_against_head(*, head: SignedTreeHead | None = None) -> SealVerif
         while frontier.size < head.tree_size:
             page_end = min(frontier.size + _SEALED_EVENTS_PAGE_SIZE, head.tree_size)
             cursor.execute(_SEALED_EVENTS_PAGE_SQL, [frontier.size, page_end])
-            for (leaf_index, task_id, seq, type_, payload, agent, key, lamport, causation, correlation, trace,
-                 recorded, link) in cursor.fetchall():
+            for (leaf_index, sealed_hash, exported, position, task_id, seq, type_, payload, agent, key, lamport,
+                 causation, correlation, trace, recorded, link) in cursor.fetchall():
                 if leaf_index != frontier.size:
                     return SealVerification(False, head.tree_size, f"leaf {frontier.size} is missing")
+                if position is None:
+                    # Pruned after its export (the export and the offline verifier vouch for it),
+                    # or deleted by someone else: then it was never exported.
+                    if leaf_index >= exported:
+                        return SealVerification(False, head.tree_size,
+                                                f"the event of leaf {leaf_index} is missing (it was not exported)")
+                    frontier.append(merkle.event_leaf_hash(sealed_hash))
+                    pruned += 1
+                    continue
                 frontier.append(merkle.event_leaf_hash(stored_row_hash(
                     (task_id, seq, type_, payload, agent, key, lamport, causation, correlation, trace, recorded, link)
                 )))
-            if frontier.size < page_end:  # a leaf (or its event) is gone: in the middle, or all the rest
+            if frontier.size < page_end:  # a leaf is gone: in the middle, or all the rest
                 cursor.execute(
-                    "SELECT EXISTS (SELECT FROM backplane_merkleleaf l JOIN backplane_event e ON e.position ="
-                    " l.event_id WHERE l.leaf_index > %s AND l.leaf_index < %s)",
+                    "SELECT EXISTS (SELECT FROM backplane_merkleleaf l WHERE l.leaf_index > %s AND l.leaf_index < %s)",
                     [frontier.size, head.tree_size],
                 )
                 if cursor.fetchone()[0]:
@@ -379,8 +392,8 @@ def seal_verify_against_head(*, head: SignedTreeHead | None = None) -> SealVerif
     if frontier.size != head.tree_size:
         return SealVerification(False, head.tree_size, f"only {frontier.size} of {head.tree_size} leaves exist")
     if frontier.root().hex() != head.root_hash:
-        return SealVerification(False, head.tree_size, "the events no longer hash to the signed root")
-    return SealVerification(True, head.tree_size)
+        return SealVerification(False, head.tree_size, "the events no longer hash to the signed root", pruned)
+    return SealVerification(True, head.tree_size, pruned=pruned)
 
 
 # --- a sealer that fails -----------------------------------------------------------------

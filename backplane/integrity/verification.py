@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection, transaction
@@ -147,15 +148,19 @@ def verification_run_batch(
     heads = _heads_after(after_task_id=after_task_id, batch_size=batch_size, task_ids=task_ids)
     if not heads:
         return VerifyStep(0, 0, 0, 0, None)
-    if run.mode in (VerificationMode.FULL, VerificationMode.ON_DEMAND):
-        outcomes = [_verify_full(head) for head in heads]
-    else:
-        outcomes = [_verify_incremental(head) for head in heads]
+    verify = _verify_full if run.mode in (VerificationMode.FULL, VerificationMode.ON_DEMAND) else _verify_incremental
+    outcomes = [_pruned_meanwhile(head, verify) for head in heads]
 
     now = timezone.now()
-    failed = [outcome for outcome in outcomes if outcome.failed]
     raised: list[IntegrityAlert] = []
     with transaction.atomic(durable=True):
+        # Retention (recovery/retention.py) may have pruned a task since it was read: whatever
+        # was found about it is moot and nothing is written for it (its rows would refer to no
+        # task). The others are share-locked until this commits, so none goes meanwhile (the
+        # pruning function skips a task it cannot lock).
+        present = _lock_present([outcome.task_id for outcome in outcomes])
+        outcomes = [outcome for outcome in outcomes if outcome.task_id in present]
+        failed = [outcome for outcome in outcomes if outcome.failed]
         # Two runs may overlap (a slow incremental run and the next, or a full pass): each
         # head they write is a true (seq, hash) of the chain, so if the older one commits
         # last the head only moves back, and the next run re-checks those events. The checkpoint
@@ -205,7 +210,23 @@ def verification_run_batch(
             "integrity alert %d: task %s %s at seq %d (%s)",
             alert.pk, alert.task_id, what, alert.first_invalid_seq, alert.problem,
         )
-    return VerifyStep(len(outcomes), events_checked, len(failed), len(raised), heads[-1].task_id)
+    # Every task read counts here (the caller goes on while there are any), pruned ones included.
+    return VerifyStep(len(heads), events_checked, len(failed), len(raised), heads[-1].task_id)
+
+
+def _pruned_meanwhile(head: _Head, verify: Callable[[_Head], _Outcome]) -> _Outcome:
+    """``verify(head)``, or nothing found when the task went (pruned) while it was checked."""
+    try:
+        return verify(head)
+    except Task.DoesNotExist:
+        return _Outcome(head.task_id, 0)
+
+
+def _lock_present(task_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of these tasks still exist, each locked FOR KEY SHARE until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM backplane_task WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE", [task_ids])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def task_chain_verify_now(*, task_id: uuid.UUID, requested_by: str = "") -> VerificationRun:
@@ -373,13 +394,15 @@ def _rewrite_break(head: _Head, found: ChainVerification) -> tuple[int, str]:
 
 # --- seals: the signed tree head against the events' content ------------------------------------
 
-# A page of sealed events in leaf order: the leaf's sealed hash and the columns the event's hash
-# covers (independent_hash.HASHED_EVENT_COLUMNS, in order). A bounded range of leaf indices, as in
-# sealing.seal_verify_against_head.
+# A page of sealed events in leaf order: the leaf's sealed hash, the tree size the audit export
+# covers (in the same snapshot), and the columns the event's hash covers
+# (independent_hash.HASHED_EVENT_COLUMNS, in order), NULL where retention pruned the event. A
+# bounded range of leaf indices, as in sealing.seal_verify_against_head.
 _SEALED_PAGE_SQL = """
-SELECT l.leaf_index, l.event_hash, e.task_id, e.seq, e.type, e.payload, e.agent, e.idempotency_key, e.lamport,
+SELECT l.leaf_index, l.event_hash, (SELECT coalesce(max(s.tree_size), 0) FROM backplane_auditsegment s),
+       e.position, e.task_id, e.seq, e.type, e.payload, e.agent, e.idempotency_key, e.lamport,
        e.causation_id, e.correlation_id, e.trace_id, e.recorded_at, e.prev_hash
-FROM backplane_merkleleaf l JOIN backplane_event e ON e.position = l.event_id
+FROM backplane_merkleleaf l LEFT JOIN backplane_event e ON e.position = l.event_id
 WHERE l.leaf_index >= %s AND l.leaf_index < %s
 ORDER BY l.leaf_index
 """
@@ -401,6 +424,9 @@ class SealFinding:
 class SealCheck:
     tree_size: int  # of the signed head checked (0: nothing sealed yet)
     finding: SealFinding | None = None
+    # Leaves whose events retention pruned after their export (recovery/retention.py): taken at
+    # their sealed hash, vouched for by the export and its offline verifier.
+    pruned: int = 0
 
     @property
     def valid(self) -> bool:
@@ -417,6 +443,10 @@ def seals_verify(*, head: SignedTreeHead | None = None) -> SealCheck:
     the root does not (the leaf table was rewritten as well), the head's stored frontier, if it
     still matches the signed root, narrows the change to one perfect subtree and its first leaf
     is named.
+
+    A leaf whose event is gone counts at its sealed hash when it lies below the tree size the
+    audit export covers (retention pruned it; the export holds it, verifiable offline) and is
+    counted in ``pruned``. Above that size a missing event is a finding: nothing may delete it.
     """
     head = head or SignedTreeHead.objects.order_by("-tree_size").first()
     if head is None:
@@ -426,15 +456,23 @@ def seals_verify(*, head: SignedTreeHead | None = None) -> SealCheck:
         return SealCheck(head.tree_size, SealFinding("the tree head's signature does not verify"))
     frontier = merkle.CompactRange()
     first_bad: SealFinding | None = None
+    pruned = 0
     with connection.cursor() as cursor:
         use_c_timestamp_loader(cursor)
         while frontier.size < head.tree_size:
             page_end = min(frontier.size + _SEALED_PAGE_SIZE, head.tree_size)
             cursor.execute(_SEALED_PAGE_SQL, [frontier.size, page_end])
             rows = cursor.fetchall()
-            for leaf_index, sealed_hash, *columns in rows:
+            for leaf_index, sealed_hash, exported, position, *columns in rows:
                 if leaf_index != frontier.size:
                     return SealCheck(head.tree_size, first_bad or SealFinding(f"leaf {frontier.size} is missing"))
+                if position is None:
+                    if leaf_index >= exported:
+                        return SealCheck(head.tree_size, first_bad or SealFinding(
+                            f"the event of leaf {leaf_index} is missing (it was not exported)", leaf_index))
+                    frontier.append(merkle.event_leaf_hash(sealed_hash))
+                    pruned += 1
+                    continue
                 recomputed = independent_hash.row_hash(columns)
                 if recomputed != sealed_hash and first_bad is None:
                     first_bad = SealFinding(
@@ -445,12 +483,12 @@ def seals_verify(*, head: SignedTreeHead | None = None) -> SealCheck:
             if frontier.size < page_end:
                 break  # the last leaves (or their events) are gone: reported below
     if first_bad is not None:
-        return SealCheck(head.tree_size, first_bad)
+        return SealCheck(head.tree_size, first_bad, pruned)
     if frontier.size != head.tree_size:
-        return SealCheck(head.tree_size, SealFinding(f"leaf {frontier.size} of {head.tree_size} is missing"))
+        return SealCheck(head.tree_size, SealFinding(f"leaf {frontier.size} of {head.tree_size} is missing"), pruned)
     if frontier.root().hex() != head.root_hash:
-        return SealCheck(head.tree_size, _located_by_frontier(head, frontier))
-    return SealCheck(head.tree_size)
+        return SealCheck(head.tree_size, _located_by_frontier(head, frontier), pruned)
+    return SealCheck(head.tree_size, pruned=pruned)
 
 
 def _located_by_frontier(head: SignedTreeHead, recomputed: merkle.CompactRange) -> SealFinding:
@@ -466,11 +504,13 @@ def _located_by_frontier(head: SignedTreeHead, recomputed: merkle.CompactRange) 
     sizes = [1 << bit for bit in reversed(range(head.tree_size.bit_length())) if head.tree_size >> bit & 1]
     for size, ours, theirs in zip(sizes, recomputed.hashes, stored.hashes, strict=True):
         if ours != theirs:
-            leaf = MerkleLeaf.objects.filter(leaf_index=start).select_related("event").first()
-            if leaf is None:
-                return SealFinding(f"{problem}; the change lies in leaves {start}..{start + size - 1}")
-            return SealFinding(f"{problem}; the change lies in leaves {start}..{start + size - 1}",
-                               start, leaf.event.task_id, leaf.event.seq)
+            where = f"{problem}; the change lies in leaves {start}..{start + size - 1}"
+            leaf = MerkleLeaf.objects.filter(leaf_index=start).first()
+            # The leaf's event may be gone (pruned after its export): then there is no task to name.
+            event = Event.objects.filter(position=leaf.event_id).only("task_id", "seq").first() if leaf else None
+            if event is None:
+                return SealFinding(where, start if leaf else None)
+            return SealFinding(where, start, event.task_id, event.seq)
         start += size
     return SealFinding(problem)
 

@@ -19,7 +19,7 @@ from backplane.delivery.models import DeadLetter, WebhookSubscription
 from backplane.eventlog import services
 from backplane.eventlog.models import Agent, BreakerTransition, Task
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
-from recovery.models import Tool, ToolCall
+from recovery.models import RetentionRule, Tool, ToolCall
 from tests.browser.conftest import password_hash
 
 WIDTH = 1280
@@ -68,6 +68,9 @@ def _fill() -> None:
                             url=f"https://tools.example-integrations.com/email/send/{_hex(str(n))[:24]}",
                             breaker_state="open", consecutive_failures=3, opened_at=now,
                             last_error="tool send-email did not answer: ConnectTimeout")
+        RetentionRule.objects.create(namespace="acme-marketing-eu", kind="lead-qualification" if n else "",
+                                     keep_seconds=30 * 24 * 3600, tasks_pruned=1_250_000, events_pruned=98_000_000,
+                                     last_pruned_at=now)
     assert Task.objects.count() == 3 and Agent.objects.count() == 3
 
 
@@ -100,4 +103,4 @@ def test_every_changelist_fits_1280_px(page: Page, screenshot: Callable[[Page, s
         }""")
         screenshot(page, url.strip("/").replace("/", "-"))
     too_wide = {url: width for url, width in widths.items() if width > WIDTH}
-    assert len(widths) == 13 and not too_wide, too_wide
+    assert len(widths) == 14 and not too_wide, too_wide
