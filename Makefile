@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv browser screenshots bench fuzz lint mutants clean-db
+.PHONY: run test venv browser screenshots bench crash-report fuzz lint mutants clean-db
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -59,6 +59,11 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/append.py
+
+# The demo fleet at scale: 10,000 tasks, agents SIGKILLed at a 20 % rate in all four failure zones;
+# the crash report (JSON + Plotly page) goes to var/demo/ (docs/demo.md, docs/benchmarks.md).
+crash-report: $(STAMP)
+	$(PY) bench/crash.py --tasks 10000 --crash-rate 0.2
 
 # ruff; mypy with the Django and DRF plugins (pyproject.toml: [tool.mypy], with a baseline of
 # modules still excused that may only shrink); and a cap on `# type: ignore` comments, which may

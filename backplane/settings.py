@@ -88,6 +88,8 @@ INSTALLED_APPS = [
     "backplane",
     "recovery",
     "dashboard",
+    # The demo fleet sits above everything and nothing imports it (docs/demo.md).
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -307,6 +309,11 @@ BACKPLANE_AUDIT_S3_REGION = env_str("BACKPLANE_AUDIT_S3_REGION", "")
 BACKPLANE_AUDIT_S3_RETENTION_DAYS = env_int("BACKPLANE_AUDIT_S3_RETENTION_DAYS", 7 * 365, minimum=1)
 # How often new events get leaf indices and a signed tree head (backplane/integrity/sealing.py).
 BACKPLANE_SEAL_SECONDS = env_int("BACKPLANE_SEAL_SECONDS", 10, minimum=1)
+
+# The demo fleet that `make run` starts (docs/demo.md); the launcher reads BACKPLANE_DEMO itself.
+BACKPLANE_DEMO_RATE = env_float("BACKPLANE_DEMO_RATE", 1.0, minimum=0.0)
+BACKPLANE_DEMO_CRASH_RATE = env_float("BACKPLANE_DEMO_CRASH_RATE", 0.2, minimum=0.0)
+BACKPLANE_DEMO_KEEP_SECONDS = env_int("BACKPLANE_DEMO_KEEP_SECONDS", 900, minimum=60)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "purge-expired-tool-calls": {"task": "recovery.tasks.purge_expired_tool_calls", "schedule": 300.0},
     "detect-stalls": {"task": "recovery.tasks.detect_stalls", "schedule": 2.0, "options": {"expires": 10}},

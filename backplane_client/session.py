@@ -417,11 +417,16 @@ class TaskSession:
         """
         child = str(child_task_id)
         deadline = time.monotonic() + timeout
+        entry: JSON | None = None
         while True:
             self._check_held()
-            entry = next((s for s in self.refresh_context()["subtasks"] if s["child_task_id"] == child), None)
-            if entry is not None and entry["status"] in TERMINAL_SUBTASK:
-                return dict(entry)
+            # The child's row is cheap to read; the recovery context replays this task's log.
+            # Once the child has left pending/running, its result is in this log (written in the
+            # child's finishing transaction), so the context is read then, and only then.
+            if self.client.get_task(child)["status"] not in ("pending", "running"):
+                entry = next((s for s in self.refresh_context()["subtasks"] if s["child_task_id"] == child), None)
+                if entry is not None and entry["status"] in TERMINAL_SUBTASK:
+                    return dict(entry)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 status = entry["status"] if entry is not None else "not dispatched"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("backplane", "recovery", "dashboard")
+PACKAGES = ("backplane", "recovery", "dashboard", "demo")
 
 LOWER_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity", "backplane.runtime")
 CORE_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity")
@@ -81,6 +81,11 @@ RULES = (
     # The two surfaces stand side by side: the dashboard reads through the parts' selectors.
     Rule("the dashboard does not import the API", sources=("dashboard",), forbidden=("backplane.api",)),
     Rule("the API does not import the dashboard", sources=("backplane.api",), forbidden=("dashboard",)),
+    # The demo fleet is a client of the product that sits on top of it (docs/demo.md).
+    Rule("nothing imports the demo fleet", sources=("backplane", "recovery", "dashboard"), forbidden=("demo",)),
+    # Its agents are what a customer would write: the SDK, no Django, no database, no product code.
+    Rule("the demo's agents use only the SDK", sources=("demo.agent", "demo.llm"),
+         forbidden=("backplane", "recovery", "dashboard", "django", "psycopg")),
 )
 
 

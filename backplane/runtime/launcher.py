@@ -46,6 +46,7 @@ import psutil
 
 from backplane.runtime import embedded_db
 from backplane.runtime.duty_sql import OVERDUE_SQL, allowance_seconds
+from backplane.runtime.env import env_bool
 from backplane.runtime.supervisor import (
     InstanceLock,
     ProcessRecord,
@@ -64,8 +65,8 @@ logger = logging.getLogger("backplane.runtime.launcher")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # The supervisor's loop: how soon a death is noticed and a due restart made.
 TICK_SECONDS = 0.1
-# Stopped in this order; the database last, once nothing uses it.
-APP_PROGRAMS = ("web", "beat", "worker")
+# Stopped in this order (the demo fleet first: it is a client); the database last, once nothing uses it.
+APP_PROGRAMS = ("demo", "web", "beat", "worker")
 DATABASE_PROGRAM = "database"
 DATABASE_READY_SECONDS = 180.0  # a first start runs initdb
 # A leftover guard stops its PostgreSQL on SIGTERM, which may take a checkpoint.
@@ -114,6 +115,12 @@ class Launcher:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/"
+
+    @property
+    def local_url(self) -> str:
+        """Where a process on this machine reaches the web server (a wildcard bind is not an address)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(self.host, self.host)
+        return f"http://{host}:{self.port}"
 
     # --- one launcher per var directory, and what a killed one left behind -------------------
 
@@ -258,6 +265,10 @@ class Launcher:
             [python, "-m", "celery", "-A", "backplane", "beat", "--loglevel", self.celery_log_level,
              "--schedule", str(self.var_dir / "celerybeat-schedule"), "--pidfile", ""],
         )
+        # The demo fleet (docs/demo.md): agents working, crashing and being recovered, so the
+        # dashboard shows the product doing its job from the first minute. A client like any other.
+        if env_bool("BACKPLANE_DEMO", True):
+            self.spawn("demo", [python, str(BASE_DIR / "manage.py"), "demo", "--base-url", self.local_url])
 
     def supervise(self) -> int:
         """Until a stop signal or the death of our parent (make): restart what dies, watch the

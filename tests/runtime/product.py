@@ -66,6 +66,8 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, inter
 def launcher_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "BACKPLANE_VAR_DIR"}}
     env["BACKPLANE_ENV"] = "development"
+    # The demo fleet would add load and processes these tests do not count on (tests/demo run it).
+    env.setdefault("BACKPLANE_DEMO", "0")
     return env
 
 
@@ -80,12 +82,13 @@ def run_launcher(var_dir: Path, *args: str, port: int | None = None,
 
 
 class RunningProduct:
-    def __init__(self, var_dir: Path, port: int | None = None) -> None:
+    def __init__(self, var_dir: Path, port: int | None = None, *, env: dict[str, str] | None = None) -> None:
         self.var_dir = var_dir
         self.port = port or free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "backplane.runtime.launcher", "--port", str(self.port), "--var-dir", str(var_dir)],
-            cwd=ROOT, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT, env={**launcher_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
         )
         self.output: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)

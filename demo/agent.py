@@ -1,0 +1,333 @@
+"""A demo agent process: claims tasks of one kind and works them with the SDK, crashing on purpose.
+
+Run by ``manage.py demo`` (demo/fleet.py), one process per agent, restarted when it dies. It
+imports only ``backplane_client``, ``httpx`` and the demo's LLM stand-in, like an agent
+written by a customer: nothing here touches the database.
+
+Two kinds:
+
+``lead-qualification`` (the orchestrator)
+    1. plan (``ReasoningStepCompleted``); 2. ``crm-lookup`` through the backplane's gateway;
+    3. hand the lead to a ``lead-research`` sub-agent and wait for its score; 4. decide;
+    5. ``crm-write`` (qualified leads; compensated by ``crm-revert``); 6. ``email-send``
+    (compensated by ``email-recall``); 7. ``payments-charge`` (leads who buy; compensated by
+    ``payments-refund``); 8. summary and ``TaskCompleted``. A declined card fails the task for
+    good, and the saga undoes steps 6 and 5; a mail relay that never answers fails it
+    retryably until its attempts run out and it becomes a dead letter.
+``lead-research`` (the sub-agent)
+    1. think; 2. ``web-enrich``; 3. score and ``TaskCompleted``.
+
+Crashes: each attempt at a task is SIGKILLed with probability ``--crash-rate`` at one of the
+failure zones its kind passes through (DESIGN.md), chosen by a seeded generator:
+
+- zone 1: after the decision, before the tool call is dispatched;
+- zone 2: the call is dispatched and the request has left for the tool; no answer is read;
+- zone 3: the tool answered; the answer is not recorded yet;
+- zone 4 (orchestrator): the sub-agent's result is in this task's log; nothing recorded about it.
+
+Before dying, the agent tells the demo's tool service (``POST /observations``), which is how the
+crash report knows when and where each crash happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from backplane_client import AgentClient, BackplaneAPIError, LeaseLost, RetryPolicy, TaskSession
+from demo import llm
+
+logger = logging.getLogger("demo.agent")
+
+ORCHESTRATOR = "lead-qualification"
+RESEARCHER = "lead-research"
+KINDS = (ORCHESTRATOR, RESEARCHER)
+ZONES_OF = {ORCHESTRATOR: (1, 2, 3, 4), RESEARCHER: (1, 2, 3)}
+# Where zones 1-3 strike: the orchestrator's mail, the researcher's enrichment.
+CRASH_STEP = {ORCHESTRATOR: 6, RESEARCHER: 2}
+TOOL_ATTEMPTS = 4  # a transient tool failure is retried this often (same key) before giving up
+SUBTASK_TIMEOUT = 120.0
+
+
+class Stop(Exception):
+    """SIGTERM: finish nothing more, let the lease lapse or be released."""
+
+
+class Agent:
+    def __init__(self, *, bp: AgentClient, name: str, kind: str, tools_url: str, seed: int, crash_rate: float,
+                 lease_seconds: int) -> None:
+        self.bp = bp
+        self.name = name
+        self.kind = kind
+        self.tools_url = tools_url.rstrip("/")
+        self.seed = seed
+        self.crash_rate = crash_rate
+        self.lease_seconds = lease_seconds
+        self.http = httpx.Client(timeout=10)
+        self.crash_zone: int | None = None
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run_forever(self, *, idle: float = 0.1, max_idle: float = 1.0) -> None:
+        # Nothing to claim: ask again after a wait that doubles up to ``max_idle``, so an idle
+        # fleet costs the backplane a few claims a second, and a busy one finds work at once.
+        wait = idle
+        while True:
+            try:
+                session = self.bp.claim_session(kinds=[self.kind], lease_seconds=self.lease_seconds)
+            except BackplaneAPIError as exc:
+                # The agent's circuit is open (three failures in a row): wait as told.
+                wait = exc.retry_after or 5.0
+                logger.warning("%s: claim refused (%s); waiting %.0f s", self.name, exc.code, wait)
+                time.sleep(min(wait, 30.0))
+                continue
+            except httpx.TransportError as exc:
+                logger.warning("%s: backplane unreachable (%s); retrying", self.name, exc)
+                time.sleep(1.0)
+                continue
+            if session is None:
+                time.sleep(wait)
+                wait = min(max_idle, wait * 2)
+                continue
+            wait = idle
+            with session:
+                self.work(session)
+
+    def work(self, session: TaskSession) -> None:
+        self.crash_zone = self._roll_crash(session)
+        try:
+            if self.kind == ORCHESTRATOR:
+                self.qualify(session)
+            else:
+                self.research(session)
+        except LeaseLost:
+            logger.info("%s: lost the lease of %s; another agent has it", self.name, session.task_id)
+        except BackplaneAPIError as exc:
+            if exc.code == "task_closed":
+                return
+            logger.warning("%s: %s on task %s: %s", self.name, exc.code, session.task_id, exc.message)
+            self._give_back(session)
+        except httpx.TransportError as exc:
+            logger.warning("%s: transport error on task %s: %s", self.name, session.task_id, exc)
+            self._give_back(session)
+        except TimeoutError as exc:
+            # The sub-agent is taking long (its own crashes, an open breaker): try again later.
+            logger.warning("%s: %s on task %s", self.name, exc, session.task_id)
+            self._give_back(session)
+
+    def _give_back(self, session: TaskSession) -> None:
+        """Release the task for another try later (no attempt counted); if even that fails, the
+        lease lapses and the stall detector takes it back."""
+        try:
+            session.release()
+        except (BackplaneAPIError, httpx.TransportError):
+            pass
+
+    def _roll_crash(self, session: TaskSession) -> int | None:
+        r = llm.rng(self.seed, session.task_id, session.lease_epoch, "crash")
+        if r.random() >= self.crash_rate:
+            return None
+        return r.choice(ZONES_OF[self.kind])
+
+    def crash_here(self, session: TaskSession, zone: int, *, step: int, tool: str = "") -> None:
+        if self.crash_zone != zone:
+            return
+        self.observe("crash", session, zone=zone, step=step, tool=tool)
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def observe(self, kind: str, session: TaskSession, **fields: Any) -> None:
+        body = {"kind": kind, "task_id": session.task_id, "agent": self.name,
+                "lease_epoch": session.lease_epoch, **fields}
+        try:
+            self.http.post(f"{self.tools_url}/observations", json=body, timeout=5)
+        except httpx.HTTPError as exc:
+            logger.warning("%s: could not report %s: %s", self.name, kind, exc)
+
+    # --- the orchestrator --------------------------------------------------------------------
+
+    def qualify(self, s: TaskSession) -> None:
+        lead = s.input["lead"]
+        s.reason(1, llm.plan(self.seed, s.task_id, lead))
+
+        # 2. The CRM through the backplane's gateway: it calls the tool with the key, records
+        #    both events and keeps the answer; its circuit breaker protects the CRM.
+        crm = self.invoke_with_patience(s, 2, "crm-lookup", {"lead_id": lead["id"], "task_id": s.task_id,
+                                                             "ref": f"{s.task_id}:2"})
+        if crm is None:
+            return
+
+        # 3. Research by a sub-agent: dispatch (idempotent per step and kind), then wait for its
+        #    result to be in this task's log (written in the child's completing transaction).
+        child = s.subtask(3, RESEARCHER, {"lead": lead, "crm": crm})
+        sub = s.wait_for_subtask(child["task_id"], timeout=SUBTASK_TIMEOUT, poll=0.5)
+        self.crash_here(s, 4, step=3)
+        if sub["status"] != "completed":
+            s.fail(f"research sub-agent ended {sub['status']}", retryable=False)
+            return
+        score = int((sub.get("output") or {}).get("score", 0))
+
+        # 4. Decide.
+        decision = llm.qualify(self.seed, s.task_id, lead, score)
+        s.reason(4, decision)
+        qualified, buys = decision["decision"]["qualified"], decision["decision"]["buys"]
+        outcome: dict[str, Any] = {"score": score, "qualified": qualified}
+
+        if qualified:
+            crm_write = self.tool(s, 5, "crm-write", {"lead_id": lead["id"], "stage": "qualified"},
+                                  compensation={"tool": "crm-revert", "input": {"lead_id": lead["id"]}})
+            if crm_write is None:
+                return
+            outcome["crm_record"] = crm_write.get("record")
+        template = "welcome" if qualified else "nurture"
+        # A lead without an email address raises here and kills the process, on every attempt:
+        # the poison message the stall detector dead-letters once the attempts are spent.
+        mail = self.tool(s, 6, "email-send", {"to": lead["email"], "template": template, "lead_id": lead["id"]},
+                         compensation={"tool": "email-recall", "input": {"to": lead["email"], "lead_id": lead["id"]}})
+        if mail is None:
+            return
+        outcome["email"] = mail.get("message_id")
+        if buys:
+            charge = self.tool(s, 7, "payments-charge", {"lead_id": lead["id"], "amount_cents": lead["amount_cents"]},
+                               compensation={"tool": "payments-refund", "input": {"lead_id": lead["id"]}},
+                               failed_is_final=True)
+            if charge is None:
+                return
+            outcome["charge"] = charge.get("charge")
+        s.complete(outcome, reasoning={"step": 8, **llm.summary(lead, outcome)})
+
+    def invoke_with_patience(self, s: TaskSession, step: int, tool: str,
+                             input: dict[str, Any]) -> dict[str, Any] | None:
+        """A gateway call; a tool that stays down, or whose breaker stays open, gives the task back."""
+        for attempt in range(TOOL_ATTEMPTS):
+            try:
+                answer = s.invoke(step, tool, input)
+            except BackplaneAPIError as exc:
+                if exc.code not in ("tool_unavailable", "circuit_open"):
+                    raise
+                self.observe("breaker_wait" if exc.code == "circuit_open" else "tool_retry", s, step=step, tool=tool)
+                time.sleep(min(exc.retry_after or 0.3 * 2 ** attempt, 5.0))
+                continue
+            if answer.get("replayed"):
+                self.observe("proxy_replay", s, step=step, tool=tool)
+            return dict(answer.get("result") or {})
+        self._give_back(s)
+        return None
+
+    # --- the researcher ----------------------------------------------------------------------
+
+    def research(self, s: TaskSession) -> None:
+        lead = s.input["lead"]
+        s.reason(1, {"thought": f"Enrich {lead['company']} before scoring.", "model": llm.MODEL, "tokens": 12})
+        enrichment = self.tool(s, 2, "web-enrich", {"company": lead["company"], "lead_id": lead["id"]})
+        if enrichment is None:
+            return
+        judgement = llm.research(self.seed, s.task_id, lead, enrichment)
+        s.complete({"score": judgement["decision"]["score"], "signals": judgement["decision"]["signals"]},
+                   reasoning={"step": 3, **judgement})
+
+    # --- one direct tool call, through the idempotency proxy --------------------------------
+
+    def tool(self, s: TaskSession, step: int, tool: str, input: dict[str, Any], *,
+             compensation: dict[str, Any] | None = None, failed_is_final: bool = False) -> dict[str, Any] | None:
+        """Write before you act, act only when the backplane says so, acknowledge before you advance.
+
+        Returns the result, or None when the task was failed (a permanent failure, or a tool
+        that stayed unavailable) and the caller must stop.
+        """
+        body = {**input, "task_id": s.task_id, "ref": f"{s.task_id}:{step}"}
+        if step == CRASH_STEP[self.kind]:
+            self.crash_here(s, 1, step=step, tool=tool)
+        try:
+            with s.tool_call(step, tool, body, compensation=compensation) as call:
+                if not call.needed:
+                    self.observe("proxy_replay", s, step=step, tool=tool)
+                else:
+                    if step == CRASH_STEP[self.kind] and self.crash_zone == 2:
+                        self._send_without_reading(tool, call.key, body)
+                        self.crash_here(s, 2, step=step, tool=tool)
+                    status, answer = self._call(s, step, tool, call.key, body)
+                    if status is None:
+                        raise _Unavailable(answer)
+                    if step == CRASH_STEP[self.kind]:
+                        self.crash_here(s, 3, step=step, tool=tool)
+                    if status < 300:
+                        call.succeeded(answer)
+                    else:
+                        call.failed({"status_code": status, **answer})
+        except _Unavailable as exc:
+            # Still unavailable after the retries: nothing is recorded, so the call stays in
+            # flight (the next attempt repeats it with the same key) and the task fails retryably.
+            s.fail(f"{tool} unavailable: {exc}", retryable=True)
+            return None
+        if call.status == "failed":
+            if failed_is_final:
+                s.fail(f"{tool} failed: {(call.result or {}).get('error', 'error')}", retryable=False)
+            else:
+                s.fail(f"{tool} failed", retryable=True)
+            return None
+        return dict(call.result or {})
+
+    def _call(self, s: TaskSession, step: int, tool: str, key: str,
+              body: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+        answer: dict[str, Any] = {}
+        for attempt in range(TOOL_ATTEMPTS):
+            try:
+                response = self.http.post(f"{self.tools_url}/tools/{tool}", json=body,
+                                          headers={"Idempotency-Key": key})
+            except httpx.TransportError as exc:
+                answer = {"error": str(exc)}
+            else:
+                answer = response.json()
+                if response.status_code < 500:
+                    return response.status_code, answer
+            self.observe("tool_retry", s, step=step, tool=tool)
+            time.sleep(0.2 * 2 ** attempt)
+        return None, answer
+
+    def _send_without_reading(self, tool: str, key: str, body: dict[str, Any]) -> None:
+        """Put the whole request on the wire and return without reading a byte of the answer."""
+        parts = urlsplit(f"{self.tools_url}/tools/{tool}")
+        connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+        connection.request("POST", parts.path, body=json.dumps(body).encode(),
+                           headers={"Content-Type": "application/json", "Idempotency-Key": key})
+        time.sleep(0.05)  # let it arrive before the process dies with the socket
+
+
+class _Unavailable(Exception):
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__(answer.get("error", "unavailable"))
+        self.answer = answer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A demo agent process (started by manage.py demo).")
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--tools-url", required=True)
+    parser.add_argument("--kind", choices=KINDS, required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--crash-rate", type=float, default=0.1)
+    parser.add_argument("--lease-seconds", type=int, default=5)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s demo agent {args.name}: %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    token = os.environ["BACKPLANE_TOKEN"]
+    with AgentClient(args.base_url, token, retry=RetryPolicy(attempts=8, max_delay=5.0)) as bp:
+        Agent(bp=bp, name=args.name, kind=args.kind, tools_url=args.tools_url, seed=args.seed,
+              crash_rate=args.crash_rate, lease_seconds=args.lease_seconds).run_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The demo's tools behave like real idempotent APIs, and its agents are Django-free.
+
+The tool service is the demo's ground truth for "no side effect twice", so it is tested on its
+own: one ledger row per key however many calls and however concurrent, a replay answers the
+stored response, failures that happen before acting write nothing, and the relay's signed
+compensation webhook is checked before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from backplane_client.signing import sign
+from demo.models import LedgerEntry, Observation
+from demo.toolservice import BOUNCING_DOMAIN, Faults, ToolWorld, make_server
+from tests.runtime.product import ROOT
+
+SECRET = "demo-test-secret"
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __call__(self, key: str, status: str, result: dict[str, Any]) -> None:
+        self.calls.append((key, status, result))
+
+
+@pytest.fixture
+def recorded() -> Recorded:
+    return Recorded()
+
+
+@pytest.fixture
+def tools(committed_db: None, recorded: Recorded) -> Iterator[str]:
+    world = ToolWorld(Faults(transient_rate=0.0, decline_rate=0.0, revert_failure_rate=0.0, latency_ms=(30, 30)),
+                      record_compensation=recorded)
+    server = make_server(world, webhook_secret_of=lambda: SECRET)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    yield f"http://127.0.0.1:{port}"
+    server.shutdown()
+    server.server_close()
+
+
+def post(url: str, body: dict[str, Any], key: str | None) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    return httpx.post(url, json=body, headers=headers, timeout=10)
+
+
+def test_it_acts_once_per_key_even_when_the_same_key_arrives_at_once(tools: str) -> None:
+    task_id = str(uuid.uuid4())
+    body = {"to": "a@example.com", "template": "welcome", "task_id": task_id, "ref": f"{task_id}:6"}
+    answers: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda: answers.append(post(f"{tools}/tools/email-send", body, "k-1")))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {a.status_code for a in answers} == {200}
+    assert len({a.json()["message_id"] for a in answers}) == 1
+    entry = LedgerEntry.objects.get()
+    assert (entry.tool, entry.idempotency_key, entry.subject, entry.replays) == ("email-send", "k-1", f"{task_id}:6", 7)
+    assert sum(1 for a in answers if a.json().get("replayed")) == 7
+
+
+def test_it_refuses_a_call_without_an_idempotency_key(tools: str) -> None:
+    assert post(f"{tools}/tools/crm-write", {"lead_id": "L-1"}, None).status_code == 400
+    assert not LedgerEntry.objects.exists()
+
+
+def test_a_mail_domain_that_bounces_fails_before_acting(tools: str) -> None:
+    answer = post(f"{tools}/tools/email-send", {"to": f"x@{BOUNCING_DOMAIN}"}, "k-2")
+    assert answer.status_code == 503
+    assert not LedgerEntry.objects.exists()
+
+
+def test_transient_failures_write_nothing_and_the_retry_with_the_same_key_acts(committed_db: None) -> None:
+    world = ToolWorld(Faults(transient_rate=1.0, latency_ms=(0, 0)), record_compensation=Recorded())
+    first = world.call("web-enrich", "k-3", {"company": "Initech"})
+    assert first.status == 503 and not LedgerEntry.objects.exists()
+    second = world.call("web-enrich", "k-3", {"company": "Initech"})
+    assert second.status == 200 and LedgerEntry.objects.count() == 1
+
+
+def test_a_declined_card_is_a_recorded_answer_replayed_as_such(committed_db: None) -> None:
+    world = ToolWorld(Faults(decline_rate=1.0, transient_rate=0.0, latency_ms=(0, 0)), record_compensation=Recorded())
+    first = world.call("payments-charge", "k-4", {"lead_id": "L-9", "amount_cents": 4900})
+    again = world.call("payments-charge", "k-4", {"lead_id": "L-9", "amount_cents": 4900})
+    assert (first.status, first.body["error"]) == (402, "card_declined")
+    assert (again.status, again.body["replayed"]) == (402, True)
+    assert LedgerEntry.objects.get().replays == 1
+
+
+def test_a_compensation_webhook_must_be_signed_and_runs_once(tools: str, recorded: Recorded) -> None:
+    task_id = str(uuid.uuid4())
+    message = {"message_id": str(uuid.uuid4()), "topic": "backplane.compensations.payments-refund",
+               "payload": {"task_id": task_id, "compensation_key": "c-1", "tool": "payments-refund", "step": 7,
+                           "input": {"lead_id": "L-5"}}}
+    raw = json.dumps(message).encode()
+    forged = httpx.post(f"{tools}/compensations", content=raw, timeout=10,
+                        headers={"Backplane-Signature": sign("wrong", raw), "Content-Type": "application/json"})
+    assert forged.status_code == 401 and not recorded.calls and not LedgerEntry.objects.exists()
+    for _ in range(2):  # at least once: the relay may deliver it again
+        answer = httpx.post(f"{tools}/compensations", content=raw, timeout=10,
+                            headers={"Backplane-Signature": sign(SECRET, raw), "Content-Type": "application/json"})
+        assert answer.status_code == 200
+    assert [c[:2] for c in recorded.calls] == [("c-1", "succeeded"), ("c-1", "succeeded")]
+    assert LedgerEntry.objects.get().subject == f"{task_id}:7:payments-refund"
+
+
+def test_it_records_what_agents_report(tools: str) -> None:
+    task_id = str(uuid.uuid4())
+    answer = httpx.post(f"{tools}/observations", timeout=10, json={
+        "kind": "crash", "task_id": task_id, "agent": "demo-orchestrator-1", "zone": 2, "step": 6,
+        "tool": "email-send", "lease_epoch": 1})
+    assert answer.status_code == 201
+    assert Observation.objects.get().zone == 2
+
+
+def test_the_agent_process_imports_no_django() -> None:
+    code = ("import sys, demo.agent; leaked = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'django', 'backplane', 'recovery', 'dashboard'}); print(leaked)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
