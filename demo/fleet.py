@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from backplane.delivery.models import Ordering, WebhookSubscription
@@ -111,12 +112,13 @@ def fleet_prepare(config: FleetConfig, *, tools_url: str) -> Prepared:
     return Prepared(tokens=tokens, webhook_secret=secret)
 
 
-def demo_prune_own_records(*, namespace: str, older_than: timedelta) -> int:
-    """The demo's own ledger and observations of tasks the retention has pruned, past the age."""
+def demo_prune_own_records(*, older_than: timedelta) -> int:
+    """The demo's ledger rows and observations whose task the retention has pruned, once they
+    are older than ``older_than``: the outside world forgets too, so nothing grows for ever."""
     cutoff = timezone.now() - older_than
-    live = Task.objects.filter(namespace=namespace).values("pk")
-    ledger, _ = LedgerEntry.objects.filter(created_at__lt=cutoff).exclude(task_id__in=live).delete()
-    observed, _ = Observation.objects.filter(at__lt=cutoff).exclude(task_id__in=live).delete()
+    task_exists = Exists(Task.objects.filter(pk=OuterRef("task_id")))
+    ledger, _ = LedgerEntry.objects.filter(created_at__lt=cutoff).exclude(task_exists).delete()
+    observed, _ = Observation.objects.filter(at__lt=cutoff).exclude(task_exists).delete()
     return ledger + observed
 
 

@@ -13,13 +13,17 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 
+from backplane.eventlog.models import Task
 from backplane_client.signing import sign
+from demo.fleet import demo_prune_own_records
 from demo.models import LedgerEntry, Observation
 from demo.toolservice import BOUNCING_DOMAIN, Faults, ToolWorld, make_server
 from tests.runtime.product import ROOT
@@ -135,3 +139,14 @@ def test_the_agent_process_imports_no_django() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_demo_forgets_the_effects_of_pruned_tasks_only_once_they_are_old(
+        committed_db: None, make_task: Callable[..., Task]) -> None:
+    live = make_task()
+    old = timezone.now() - timedelta(hours=2)
+    for task_id, at in ((live.pk, old), (uuid.uuid4(), old), (uuid.uuid4(), timezone.now())):
+        LedgerEntry.objects.create(tool="crm-write", idempotency_key=str(uuid.uuid4()), subject="s", task_id=task_id,
+                                   status_code=200, created_at=at)
+    assert demo_prune_own_records(older_than=timedelta(hours=1)) == 1
+    assert LedgerEntry.objects.count() == 2 and LedgerEntry.objects.filter(task_id=live.pk).exists()

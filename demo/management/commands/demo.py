@@ -120,8 +120,7 @@ class Command(BaseCommand):
                         logger.warning("demo: could not create a lead: %s", exc)
             if now >= next_prune:
                 next_prune = now + 60
-                demo_prune_own_records(namespace=fleet.config.namespace,
-                                       older_than=timedelta(seconds=2 * fleet.config.keep_seconds))
+                demo_prune_own_records(older_than=timedelta(seconds=2 * fleet.config.keep_seconds))
             if now >= next_summary:
                 next_summary = now + 60
                 crashes = Observation.objects.filter(kind="crash", at__gte=timezone.now() - timedelta(minutes=1))
