@@ -163,6 +163,7 @@ class TaskSession:
         self._context: JSON | None = None
         # What this session itself recorded, so its own steps count as done without a re-read.
         self._steps_done: set[int] = set()
+        self._step_payloads: dict[int, JSON] = {}
         self._answers: dict[tuple[int, str], JSON] = {}
         self._lost = threading.Event()
         self._lost_error: BackplaneAPIError | None = None
@@ -333,6 +334,39 @@ class TaskSession:
                             idempotency_key=self._reasoning_key(step))
         self._steps_done.add(step)
         return event
+
+    def recorded_step(self, step: int) -> JSON | None:
+        """The payload of reasoning step ``step`` as the log holds it, or None when it is not there."""
+        if step in self._step_payloads:
+            return dict(self._step_payloads[step])
+        for entry in self.context()["completed_steps"]:
+            if entry["step"] == step:
+                return dict(entry["payload"])
+        return None
+
+    def resume(self, step: int, think: Callable[[], Mapping[str, Any]]) -> JSON:
+        """Reasoning step ``step``, decided once across every attempt at the task.
+
+        When an earlier attempt recorded the step, its payload comes back from the log and
+        ``think`` is not called: a model asked again after a crash rarely gives the same answer,
+        and what happened next was built on the first one. Otherwise ``think()`` decides, the
+        decision is logged (``ReasoningStepCompleted``, keyed like :meth:`reason`) and returned.
+        """
+        known = self.recorded_step(step)
+        if known is not None:
+            return known
+        payload: JSON = {**think(), "step": step}
+        if self.reason(step, payload) is None:
+            # Recorded meanwhile (the context was older than the log): the log's answer stands.
+            self.refresh_context()
+            return self.recorded_step(step) or payload
+        self._step_payloads[step] = payload
+        return dict(payload)
+
+    @property
+    def resume_prompt(self) -> str:
+        """The recovery context's ``resume_prompt``: where the task stands, for the model."""
+        return str(self.context()["resume_prompt"])
 
     def _reasoning_key(self, step: int) -> str:
         return f"{self.task_id}:reasoning:{step}"

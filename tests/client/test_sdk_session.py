@@ -177,6 +177,24 @@ def test_reason_logs_a_step_once_across_attempts(agents: Agents) -> None:
     assert agents.types(task_id)["ReasoningStepCompleted"] == 2
 
 
+def test_resume_decides_a_step_once_and_gives_later_attempts_the_first_decision(agents: Agents) -> None:
+    task_id = agents.task()
+    decisions = iter([{"route": "email"}, {"route": "phone"}])
+    with agents.claim(agents.worker) as first:
+        assert first.resume(1, lambda: next(decisions)) == {"route": "email", "step": 1}
+        assert first.resume(1, lambda: next(decisions)) == {"route": "email", "step": 1}
+    agents.expire()
+
+    with agents.claim(agents.other) as second:
+        seq = agents.last_seq(task_id)
+        # The model would say "phone" now; the log's "email" is what the task goes on with.
+        assert second.resume(1, lambda: next(decisions)) == {"route": "email", "step": 1}
+        assert agents.last_seq(task_id) == seq
+        assert "Completed reasoning steps: 1." in second.resume_prompt
+    assert next(decisions) == {"route": "phone"}
+    assert agents.types(task_id)["ReasoningStepCompleted"] == 1
+
+
 def test_a_tool_call_answered_before_the_crash_is_not_made_again(agents: Agents) -> None:
     task_id = agents.task()
     effects: Counter[str] = Counter()
