@@ -44,8 +44,9 @@ class DemoProduct:
 @pytest.fixture(scope="module")
 def demo_product() -> Iterator[DemoProduct]:
     # The agents' breaker cool-down is an operator's setting; 15 s instead of 60 keeps a 20 %
-    # crash rate from idling the fleet for minutes (docs/demo.md).
-    running = RunningProduct(new_var_dir("bp-demo-"), env={"BACKPLANE_DEMO": "1",
+    # crash rate from idling the fleet for minutes (docs/demo.md). make run's own fleet feeds
+    # half a lead a second instead of one, leaving the two cores to the batch beside it.
+    running = RunningProduct(new_var_dir("bp-demo-"), env={"BACKPLANE_DEMO": "1", "BACKPLANE_DEMO_RATE": "0.5",
                                                            "BACKPLANE_BREAKER_COOLDOWN_SECONDS": "15"})
     batch: subprocess.Popen[str] | None = None
     try:
