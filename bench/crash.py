@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +42,7 @@ def main() -> int:
     parser.add_argument("--orchestrators", type=int, default=6)
     parser.add_argument("--researchers", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="stop and report after this long")
+    parser.add_argument("--keep", action="store_true", help="keep the product's var directory (its database)")
     parser.add_argument("--breaker-cooldown", type=int, default=15,
                         help="the agents' circuit-breaker cool-down (BACKPLANE_BREAKER_COOLDOWN_SECONDS)")
     parser.add_argument("--out", default=str(ROOT / "var" / "demo"))
@@ -86,6 +88,10 @@ def main() -> int:
             launcher.wait(timeout=90)
         except subprocess.TimeoutExpired:
             launcher.kill()
+        if args.keep:
+            print(f"the product's data is kept in {var_dir}")
+        else:
+            shutil.rmtree(var_dir.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ Two kinds:
     (compensated by ``email-recall``); 7. ``payments-charge`` (leads who buy; compensated by
     ``payments-refund``); 8. summary and ``TaskCompleted``. A declined card fails the task for
     good, and the saga undoes steps 6 and 5; a mail relay that never answers fails it
-    retryably until its attempts run out and it becomes a dead letter.
+    retryably until its attempts run out, then for good (and the saga undoes step 5). A lead
+    without an email address (a poison message) kills the process on every attempt: the stall
+    detector dead-letters it once the attempts are spent.
 ``lead-research`` (the sub-agent)
     1. think; 2. ``web-enrich``; 3. score and ``TaskCompleted``.
 
@@ -57,10 +59,12 @@ ZONES_OF = {ORCHESTRATOR: (1, 2, 3, 4), RESEARCHER: (1, 2, 3)}
 CRASH_STEP = {ORCHESTRATOR: 6, RESEARCHER: 2}
 TOOL_ATTEMPTS = 4  # a transient tool failure is retried this often (same key) before giving up
 SUBTASK_TIMEOUT = 120.0
+# Errors that say "not now": the task goes back uncounted and someone tries again later.
+TRANSIENT_CODES = frozenset({"rate_limited", "unavailable", "circuit_open", "tool_unavailable"})
 
 
-class Stop(Exception):
-    """SIGTERM: finish nothing more, let the lease lapse or be released."""
+class Stop(BaseException):
+    """SIGTERM: finish nothing more; the task in hand is released, uncounted."""
 
 
 class Agent:
@@ -87,9 +91,9 @@ class Agent:
                 session = self.bp.claim_session(kinds=[self.kind], lease_seconds=self.lease_seconds)
             except BackplaneAPIError as exc:
                 # The agent's circuit is open (three failures in a row): wait as told.
-                wait = exc.retry_after or 5.0
-                logger.warning("%s: claim refused (%s); waiting %.0f s", self.name, exc.code, wait)
-                time.sleep(min(wait, 30.0))
+                refused_for = min(exc.retry_after or 5.0, 30.0)
+                logger.warning("%s: claim refused (%s); waiting %.0f s", self.name, exc.code, refused_for)
+                time.sleep(refused_for)
                 continue
             except httpx.TransportError as exc:
                 logger.warning("%s: backplane unreachable (%s); retrying", self.name, exc)
@@ -101,7 +105,13 @@ class Agent:
                 continue
             wait = idle
             with session:
-                self.work(session)
+                try:
+                    self.work(session)
+                except Stop:
+                    # make run is stopping: hand the task back uncounted instead of letting the
+                    # lease lapse (which would count an attempt against it).
+                    self._give_back(session)
+                    return
 
     def work(self, session: TaskSession) -> None:
         self.crash_zone = self._roll_crash(session)
@@ -116,7 +126,12 @@ class Agent:
             if exc.code == "task_closed":
                 return
             logger.warning("%s: %s on task %s: %s", self.name, exc.code, session.task_id, exc.message)
-            self._give_back(session)
+            if exc.code in TRANSIENT_CODES:
+                self._give_back(session)
+            else:
+                # A refusal that will not change (a 400, a 422): giving the task back uncounted
+                # would loop for ever; a counted failure ends in a dead letter for a person.
+                self._fail_quietly(session, f"{exc.code}: {exc.message}")
         except httpx.TransportError as exc:
             logger.warning("%s: transport error on task %s: %s", self.name, session.task_id, exc)
             self._give_back(session)
@@ -124,6 +139,12 @@ class Agent:
             # The sub-agent is taking long (its own crashes, an open breaker): try again later.
             logger.warning("%s: %s on task %s", self.name, exc, session.task_id)
             self._give_back(session)
+
+    def _fail_quietly(self, session: TaskSession, error: str) -> None:
+        try:
+            session.fail(error[:500], retryable=True)
+        except (BackplaneAPIError, httpx.TransportError):
+            pass  # the lease lapses and the stall detector counts the attempt instead
 
     def _give_back(self, session: TaskSession) -> None:
         """Release the task for another try later (no attempt counted); if even that fails, the
@@ -178,8 +199,9 @@ class Agent:
         score = int((sub.get("output") or {}).get("score", 0))
 
         # 4. Decide.
-        decision = llm.qualify(self.seed, s.task_id, lead, score)
-        s.reason(4, decision)
+        # Decided once: a later attempt goes on with the logged decision, whatever a model
+        # (a real one is not deterministic) would say now.
+        decision = s.resume(4, lambda: llm.qualify(self.seed, s.task_id, lead, score))
         qualified, buys = decision["decision"]["qualified"], decision["decision"]["buys"]
         outcome: dict[str, Any] = {"score": score, "qualified": qualified}
 
@@ -246,7 +268,9 @@ class Agent:
         that stayed unavailable) and the caller must stop.
         """
         body = {**input, "task_id": s.task_id, "ref": f"{s.task_id}:{step}"}
-        if step == CRASH_STEP[self.kind]:
+        if step == CRASH_STEP[self.kind] and not any(c["step"] == step and c["tool"] == tool
+                                                     for c in s.context()["tool_calls"]):
+            # Zone 1 is "decided, not yet dispatched": not true once an earlier attempt dispatched.
             self.crash_here(s, 1, step=step, tool=tool)
         try:
             with s.tool_call(step, tool, body, compensation=compensation) as call:
@@ -261,6 +285,8 @@ class Agent:
                         raise _Unavailable(answer)
                     if step == CRASH_STEP[self.kind]:
                         self.crash_here(s, 3, step=step, tool=tool)
+                    # The tool's own "replayed" marker is about this request, not the answer.
+                    answer = {k: v for k, v in answer.items() if k != "replayed"}
                     if status < 300:
                         call.succeeded(answer)
                     else:
@@ -310,6 +336,10 @@ class _Unavailable(Exception):
         self.answer = answer
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise Stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="A demo agent process (started by manage.py demo).")
     parser.add_argument("--base-url", required=True)
@@ -321,11 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-seconds", type=int, default=5)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s demo agent {args.name}: %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, _stop)
     token = os.environ["BACKPLANE_TOKEN"]
     with AgentClient(args.base_url, token, retry=RetryPolicy(attempts=8, max_delay=5.0)) as bp:
-        Agent(bp=bp, name=args.name, kind=args.kind, tools_url=args.tools_url, seed=args.seed,
-              crash_rate=args.crash_rate, lease_seconds=args.lease_seconds).run_forever()
+        try:
+            Agent(bp=bp, name=args.name, kind=args.kind, tools_url=args.tools_url, seed=args.seed,
+                  crash_rate=args.crash_rate, lease_seconds=args.lease_seconds).run_forever()
+        except Stop:
+            pass  # stopped between tasks
     return 0
 
 

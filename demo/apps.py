@@ -4,8 +4,10 @@ from django.apps import AppConfig
 class DemoConfig(AppConfig):
     """The demo fleet (docs/demo.md): agents, tools and a crash report on top of the product.
 
-    It sits above everything and is a client of the product like any other: its agents use only
-    ``backplane_client``; its command reads the database only to report. Nothing imports it.
+    It sits above everything and nothing imports it. Its agents are clients like any other: they
+    use only ``backplane_client``. Its command sets the fleet up through the product's services
+    (agents, the gateway tool, the webhook, the retention rule), decides its own forgotten dead
+    letters, and reads the database to report.
     """
 
     name = "demo"

@@ -9,8 +9,10 @@
   separate processes (demo/agent.py), each restarted when it dies — which they do on purpose;
 - :func:`lead` makes the feeder's leads: deterministic from the seed and a counter.
 
-Everything the agents do goes through the REST API with the SDK; the fleet reads the database
-only to count open tasks (backpressure) and, in the report, to check the outcome.
+Everything the agents do goes through the REST API with the SDK. The fleet itself works on the
+database directly only to set up (above), to count open tasks (backpressure), to decide its own
+dead letters nobody decided (``demo_dead_letters_decide``) and to forget the ledger rows of pruned
+tasks; the report reads it to check the outcome.
 """
 
 from __future__ import annotations
@@ -34,22 +36,25 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from backplane.delivery.models import Ordering, WebhookSubscription
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus, Ordering, WebhookSubscription
 from backplane.eventlog import services as eventlog_services
+from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import Agent, Task, TaskStatus
 from backplane.runtime.supervisor import die_with_parent
-from backplane_client import AgentClient, RetryPolicy
+from backplane_client import AgentClient, BackplaneAPIError, RetryPolicy
 from demo import llm
 from demo.agent import KINDS, ORCHESTRATOR, RESEARCHER
 from demo.models import LedgerEntry, Observation
 from demo.toolservice import BOUNCING_DOMAIN, Faults, ToolWorld, make_server
+from recovery.dead_letters import dead_letter_discard
 from recovery.models import Tool
 from recovery.retention import retention_rule_ensure
 
 logger = logging.getLogger(__name__)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-SUBSCRIPTION = "demo-compensations"
+# Decided by the demo itself after this long, so its tasks can finish and be pruned (below).
+DEAD_LETTER_PATIENCE = timedelta(minutes=10)
 FEEDER, COMPENSATOR = "demo-feeder", "demo-compensator"
 OPEN_STATUSES = (TaskStatus.PENDING, TaskStatus.RUNNING)
 _COMPANIES = ("Acme Robotics", "Globex", "Initech", "Umbrella Health", "Stark Logistics", "Wayne Fintech",
@@ -67,6 +72,9 @@ class FleetConfig:
     lease_seconds: int = 5
     max_attempts: int = 3
     keep_seconds: int = 900
+    # Running until stopped, the fleet prunes (a retention rule) and decides its own old dead
+    # letters; a batch keeps everything for its report.
+    tidy: bool = True
     faults: Faults = field(default_factory=Faults)
 
 
@@ -101,14 +109,16 @@ def fleet_prepare(config: FleetConfig, *, tools_url: str) -> Prepared:
         Tool.objects.update_or_create(
             namespace=config.namespace, name="crm-lookup",
             defaults={"url": f"{tools_url}/tools/crm-lookup", "timeout_seconds": 5, "is_active": True})
+        # One subscription per fleet (namespace): two fleets beside each other each run their own.
         WebhookSubscription.objects.update_or_create(
-            name=SUBSCRIPTION,
+            name=f"{config.namespace}-compensations",
             defaults={"topic_pattern": "backplane.compensations.*", "url": f"{tools_url}/compensations",
                       "secret": secret, "is_active": True, "timeout_seconds": 10,
                       "ordering": Ordering.BEST_EFFORT, "retry_base_seconds": 1, "retry_max_delay_seconds": 30})
     # The demo never grows the database without bound: the product's retention prunes its
     # finished tasks once they are old enough, sealed and exported (docs/operations.md, "Retention").
-    retention_rule_ensure(namespace=config.namespace, keep_seconds=config.keep_seconds)
+    if config.tidy:
+        retention_rule_ensure(namespace=config.namespace, keep_seconds=config.keep_seconds)
     return Prepared(tokens=tokens, webhook_secret=secret)
 
 
@@ -120,6 +130,27 @@ def demo_prune_own_records(*, older_than: timedelta) -> int:
     ledger, _ = LedgerEntry.objects.filter(created_at__lt=cutoff).exclude(task_exists).delete()
     observed, _ = Observation.objects.filter(at__lt=cutoff).exclude(task_exists).delete()
     return ledger + observed
+
+
+def demo_dead_letters_decide(*, namespace: str, older_than: timedelta = DEAD_LETTER_PATIENCE,
+                             limit: int = 100) -> int:
+    """Discard the fleet's dead letters nobody decided within ``older_than`` (a task's with its
+    compensations run). Under make run nobody may be watching, and a task with a pending dead
+    letter is never pruned: without this, every poison lead would stay for ever. Returns how
+    many were decided."""
+    cutoff = timezone.now() - older_than
+    waiting = list(DeadLetter.objects.filter(status=DeadLetterStatus.PENDING, task__namespace=namespace,
+                                             created_at__lt=cutoff).values_list("pk", "source")[:limit])
+    decided = 0
+    for pk, source in waiting:
+        try:
+            dead_letter_discard(dead_letter_id=pk, decided_by="demo-fleet", compensate=source == DeadLetterSource.TASK,
+                                reason=f"demo fleet: nobody decided within {older_than}, so it gives up itself")
+        except BackplaneError as exc:  # decided meanwhile by a person, say
+            logger.info("demo: dead letter %s left alone: %s", pk, exc)
+            continue
+        decided += 1
+    return decided
 
 
 def open_root_tasks(namespace: str) -> int:
@@ -156,6 +187,11 @@ class Fleet:
         self.world: ToolWorld | None = None
         self.server: Any = None
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.kinds: dict[str, str] = {}
+        self.started_at: dict[str, float] = {}
+        self.restart_at: dict[str, float] = {}
+        self.delays: dict[str, float] = {}
+        self.stopped = False
         self.restarts = 0
         self.prepared: Prepared | None = None
         self.compensator: AgentClient | None = None
@@ -168,7 +204,8 @@ class Fleet:
         return f"http://{host}:{port}"
 
     def start(self) -> None:
-        self.world = ToolWorld(self.config.faults, record_compensation=self._record_compensation)
+        self.world = ToolWorld(self.config.faults, record_compensation=self._record_compensation,
+                               owns_compensation=self._owns_compensation)
         # The secret is set by fleet_prepare; the handler reads it through this holder.
         self.server = make_server(self.world, webhook_secret_of=lambda: self.prepared.webhook_secret
                                   if self.prepared else "")
@@ -186,6 +223,17 @@ class Fleet:
         assert self.compensator is not None
         self.compensator.record_tool_result(key, status, result)
 
+    def _owns_compensation(self, key: str) -> bool:
+        """Whether the compensation is one of this fleet's tasks' (another namespace's is a 404)."""
+        assert self.compensator is not None
+        try:
+            self.compensator.get_tool_call(key)
+        except BackplaneAPIError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def _spawn(self, name: str, kind: str) -> None:
         assert self.prepared is not None
         c = self.config
@@ -196,7 +244,12 @@ class Fleet:
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (the child keeps it)
+            path = self.log_dir / f"{name}.log"
+            # Poison leads leave a traceback each: start the file again past 5 MB.
+            mode = "wb" if path.exists() and path.stat().st_size > 5_000_000 else "ab"
+            log = open(path, mode)  # noqa: SIM115 (the child keeps it)
+        self.kinds[name] = kind
+        self.started_at[name] = time.monotonic()
         self.processes[name] = subprocess.Popen(
             argv, cwd=BASE_DIR, env=env, stdout=log or subprocess.DEVNULL, stderr=log or None,
             preexec_fn=die_with_parent(signal.SIGKILL))
@@ -206,11 +259,25 @@ class Fleet:
     def tend(self) -> int:
         """Restart every agent process that died (crashed on purpose, mostly); how many."""
         restarted = 0
+        now = time.monotonic()
         for name, process in list(self.processes.items()):
-            if process.poll() is not None:
-                kind = ORCHESTRATOR if "orchestrator" in name else RESEARCHER
-                self._spawn(name, kind)
-                restarted += 1
+            if process.poll() is None:
+                continue
+            due = self.restart_at.get(name)
+            if due is None:
+                # A process that dies within a second of starting is not crashing on purpose (a
+                # broken environment, say): back off, doubling up to 30 s, and say so.
+                quick = now - self.started_at[name] < 1.0
+                self.delays[name] = min(30.0, max(0.5, 2 * self.delays.get(name, 0.0))) if quick else 0.0
+                if quick:
+                    logger.warning("demo: agent %s exited %s right after starting; next start in %.1f s",
+                                   name, process.returncode, self.delays[name])
+                due = self.restart_at[name] = now + self.delays[name]
+            if now < due:
+                continue
+            del self.restart_at[name]
+            self._spawn(name, self.kinds[name])
+            restarted += 1
         self.restarts += restarted
         return restarted
 
@@ -227,6 +294,9 @@ class Fleet:
         return ids
 
     def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

@@ -1,9 +1,10 @@
 """A deterministic stand-in for the LLM: the same task and step always "think" the same thing.
 
-No network, no model: a seeded generator picks among canned thoughts, so a demo run is
-reproducible and a recovered agent re-derives exactly the decision its crashed predecessor
-made (which is what a real agent gets from the recovery context's ``resume_prompt``, not from
-luck). The payloads look like what a real agent records in ``ReasoningStepCompleted``: the
+No network, no model: a generator seeded by the run's seed and the task picks among canned
+thoughts, so the same task always gets the same thoughts. (A run as a whole is not repeatable:
+task ids are new each time.) The agents still go through ``TaskSession.resume``, which gives a
+recovered attempt the decision its crashed predecessor logged, as a real, non-deterministic
+model needs. The payloads look like what a real agent records in ``ReasoningStepCompleted``: the
 thought, the decision, the model and a token count.
 
 Django-free: the agent processes import it.

@@ -30,15 +30,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from backplane.delivery.models import DeadLetter, DeadLetterStatus
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.eventlog import event_types as et
-from backplane.eventlog.models import Event, Task, TaskStatus
+from backplane.eventlog.models import CLOSED_STATUSES, Event, Task, TaskStatus
 from backplane.eventlog.projections import projection_check
 from backplane.eventlog.selectors import chain_verify
 from demo.models import LedgerEntry, Observation, ObservationKind
 from recovery.models import ToolCall, ToolCallStatus
 
-FINISHED = {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.COMPENSATED, TaskStatus.DEAD_LETTERED}
+FINISHED = CLOSED_STATUSES
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -56,20 +58,32 @@ def tasks_of_run(root_ids: Iterable[str]) -> tuple[list[Task], list[Task]]:
 
 
 def awaiting_review(task_ids: Iterable[uuid.UUID]) -> set[uuid.UUID]:
-    """Tasks with a pending dead letter: automation gave up, a person decides."""
-    return set(DeadLetter.objects.filter(task_id__in=list(task_ids), status=DeadLetterStatus.PENDING)
+    """Compensating tasks whose saga waits on a failed compensation: a person decides."""
+    return set(DeadLetter.objects.filter(task_id__in=list(task_ids), status=DeadLetterStatus.PENDING,
+                                         source=DeadLetterSource.COMPENSATION)
                .values_list("task_id", flat=True))
 
 
 def settled(task: Task, waiting: set[uuid.UUID]) -> bool:
-    return task.status in FINISHED or task.pk in waiting
+    """Finished (closed to writes), or compensating and stopped at a failed compensation that
+    waits for a person. Anything else is still being worked on, or lost."""
+    return task.status in FINISHED or (task.status == TaskStatus.COMPENSATING and task.pk in waiting)
+
+
+def unsettled(tasks: QuerySet[Task]) -> QuerySet[Task]:
+    """``settled``, negated, in SQL: the tasks of ``tasks`` still open (by the status index)."""
+    waiting = DeadLetter.objects.filter(status=DeadLetterStatus.PENDING, source=DeadLetterSource.COMPENSATION,
+                                        task_id=OuterRef("pk"))
+    return tasks.exclude(status__in=FINISHED).exclude(Q(status=TaskStatus.COMPENSATING) & Exists(waiting))
 
 
 def _status_counts(tasks: Sequence[Task], waiting: set[uuid.UUID]) -> dict[str, int]:
     counts = Counter(str(t.status) for t in tasks)
     lost = [t for t in tasks if not settled(t, waiting)]
     return {**{s: counts.get(s, 0) for s in TaskStatus.values}, "total": len(tasks),
-            "awaiting_review": sum(1 for t in tasks if t.pk in waiting), "lost": len(lost)}
+            "awaiting_review": sum(1 for t in tasks if t.status == TaskStatus.DEAD_LETTERED or (
+                t.status == TaskStatus.COMPENSATING and t.pk in waiting)),
+            "lost": len(lost)}
 
 
 def _recoveries(crashes: list[Observation]) -> list[dict[str, Any]]:
@@ -123,6 +137,9 @@ def build_report(*, root_ids: Sequence[str], started_at: datetime, finished_at: 
                  config: dict[str, Any], agent_restarts: int) -> dict[str, Any]:
     roots, children = tasks_of_run(root_ids)
     everything = roots + children
+    # A task the run created that is no longer in the database was pruned (retention is off
+    # for batches) or deleted: either way it cannot be checked, and that is a failure.
+    missing = len(set(root_ids)) - len(roots)
     ids = {t.pk for t in everything}
     waiting = awaiting_review(ids)
     observations = list(Observation.objects.filter(task_id__in=ids).order_by("at"))
@@ -150,7 +167,7 @@ def build_report(*, root_ids: Sequence[str], started_at: datetime, finished_at: 
         "started_at": started_at.isoformat(),
         "finished_at": finished_at.isoformat(),
         "elapsed_seconds": round(elapsed, 1),
-        "tasks": root_counts,
+        "tasks": {**root_counts, "missing": missing},
         "subtasks": _status_counts(children, waiting),
         "tasks_per_second": round(len(roots) / elapsed, 2) if elapsed > 0 else None,
         "events": events,
@@ -185,6 +202,8 @@ def problems(report: dict[str, Any]) -> list[str]:
         found.append(f"{effects['succeeded_calls_without_effect']} succeeded tool call(s) with no effect in the ledger")
     if effects["effects_without_recorded_call"]:
         found.append(f"{effects['effects_without_recorded_call']} effect(s) the backplane has no record of")
+    if report["tasks"].get("missing"):
+        found.append(f"{report['tasks']['missing']} task(s) of the run are no longer in the database")
     for scope in ("tasks", "subtasks"):
         if report[scope]["lost"]:
             if report["config"].get("timed_out"):

@@ -7,7 +7,9 @@ It stands in for a CRM, a mail provider and a payment processor, the way such AP
   answers the stored response and counts a replay (the Stripe model);
 - some calls fail *transiently* (503 before acting: the caller should retry with the same key),
   some *permanently* (a declined card is a 402 that is itself the recorded answer), and a mail
-  domain that always bounces keeps answering 503 so the task ends in a dead letter;
+  domain that always bounces keeps answering 503 so the task fails once its attempts are spent;
+- a CRM revert sometimes finds the record edited by a person (409, before acting): the
+  compensation becomes a dead letter, and a reviewer's requeue then succeeds;
 - ``crm-lookup`` can have outage windows (every ``outage_every`` seconds, ``outage_seconds``
   long), so the backplane's per-tool circuit breaker opens and half-opens.
 
@@ -15,8 +17,12 @@ It also receives what agents report about themselves (``POST /observations``) an
 signed webhooks for compensations (``POST /compensations``): the compensating agent is this
 service, which runs the compensation and reports its outcome with the SDK.
 
+The ledger's ``subject`` is the effect's business identity, worked out here from the request,
+not taken from the caller: ``<tool>:<lead id>``. Each lead is one task, and each tool acts at most
+once for it, so two rows with one subject are a duplicate side effect, whatever keys were used.
+
 The service runs in threads of the ``manage.py demo`` process; each request uses the ORM on its
-own connection, closed when the request ends.
+thread's own connection, closed when the request ends.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -75,9 +81,14 @@ class Answer:
 class ToolWorld:
     """The tools' behaviour, apart from HTTP (tests drive it directly)."""
 
-    def __init__(self, faults: Faults, *, record_compensation: Callable[[str, str, dict[str, Any]], None]) -> None:
+    def __init__(self, faults: Faults, *, record_compensation: Callable[[str, str, dict[str, Any]], None],
+                 owns_compensation: Callable[[str], bool] = lambda key: True) -> None:
         self.faults = faults
         self.record_compensation = record_compensation
+        self.owns_compensation = owns_compensation
+        # Failed attempts per key, for the "fails on the first attempt only" faults. In memory:
+        # a restarted service forgets them, and a key then simply fails once more. An entry goes
+        # when its key acts, so only keys that never act again (a task given up) stay.
         self.started = time.monotonic()
         self._attempts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
@@ -96,10 +107,14 @@ class ToolWorld:
         failure = self._failure(tool, key, body, attempt)
         if failure is not None:
             return failure
+        with self._lock:
+            self._attempts.pop((tool, key), None)
         status, response = self._act(tool, key, body)
         return self._record(tool, key, body, status, response)
 
     def _replay(self, tool: str, key: str) -> Answer | None:
+        # Count first, then read: a row is never deleted while its task lives, so a row the
+        # UPDATE counted is there for the GET.
         updated = LedgerEntry.objects.filter(tool=tool, idempotency_key=key).update(
             replays=F("replays") + 1, last_replay_at=timezone.now())
         if not updated:
@@ -119,6 +134,9 @@ class ToolWorld:
         if attempt == 1 and tool not in COMPENSATIONS and llm.rng(faults.seed, key, "transient").random() < \
                 faults.transient_rate:
             return Answer(503, {"error": f"{tool} is briefly overloaded; retry with the same key"})
+        if attempt == 1 and tool == "crm-revert" and llm.rng(faults.seed, key, "revert").random() < \
+                faults.revert_failure_rate:
+            return Answer(409, {"error": "the CRM record was edited by a person since; check it, then requeue"})
         return None
 
     def _act(self, tool: str, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -139,25 +157,26 @@ class ToolWorld:
                 return 402, {"error": "card_declined", "lead_id": lead}
             return 200, {"charge": f"ch_{uuid.UUID(int=r.getrandbits(128)).hex[:16]}",
                          "amount_cents": body.get("amount_cents")}
-        if tool == "crm-revert" and r.random() < self.faults.revert_failure_rate:
-            return 409, {"error": "the CRM record was edited by a person since; revert it by hand"}
         return 200, {"undone": COMPENSATIONS.get(tool), "of": body}
 
     def _record(self, tool: str, key: str, body: dict[str, Any], status: int, response: dict[str, Any]) -> Answer:
+        # The tool "works" for a few milliseconds before its effect is written: an agent killed
+        # with its request in flight (zone 2) dies while the tool is still acting.
         ms = llm.rng(self.faults.seed, key, "latency").randint(*self.faults.latency_ms)
         time.sleep(ms / 1000)
         task_id = body.get("task_id")
         try:
             with transaction.atomic():
                 LedgerEntry.objects.create(
-                    tool=tool, idempotency_key=key, subject=str(body.get("ref") or key)[:255],
+                    tool=tool, idempotency_key=key, subject=f"{tool}:{body.get('lead_id') or key}"[:255],
                     task_id=uuid.UUID(task_id) if isinstance(task_id, str) else None, input=body,
                     status_code=status, response=response, created_at=timezone.now())
         except IntegrityError:
             # The same key arrived twice at once (an agent killed in flight and its successor):
             # the first one acted; this one is a replay of it.
             known = self._replay(tool, key)
-            assert known is not None
+            if known is None:
+                raise RuntimeError(f"{tool} {key}: the insert collided, yet no row has the key") from None
             return known
         return Answer(status, response)
 
@@ -177,6 +196,9 @@ class ToolWorld:
         tool, key = payload.get("tool"), payload.get("compensation_key")
         if tool not in COMPENSATIONS or not key:
             return Answer(200, {"ignored": f"not a compensation this service runs: {tool!r}"})
+        if not self.owns_compensation(key):
+            # Another namespace's task (the subscription sees every compensation topic).
+            return Answer(200, {"ignored": "not a compensation of this fleet's tasks"})
         body = {**(payload.get("input") or {}), "task_id": payload.get("task_id"),
                 "ref": f"{payload.get('task_id')}:{payload.get('step')}:{tool}"}
         answer = self.call(tool, key, body)
@@ -184,8 +206,9 @@ class ToolWorld:
             return Answer(503, {"error": "compensation tool unavailable; deliver again"})
         status = "succeeded" if answer.status < 300 else "failed"
         result = {k: v for k, v in answer.body.items() if k != "replayed"}
-        # The outcome goes to the backplane like any agent's; a failure to record it is a 503
-        # here, and the relay delivers the message again (the ledger answers the repeat).
+        # The outcome goes to the backplane like any agent's; a failure to record it raises, the
+        # handler answers 500, and the relay delivers the message again (the ledger answers the
+        # repeat).
         self.record_compensation(key, status, result)
         return Answer(200, {"recorded": status})
 
@@ -207,7 +230,8 @@ def make_server(world: ToolWorld, *, webhook_secret_of: Callable[[], str], host:
                 logger.exception("demo tool service: %s failed", self.path)
                 answer = Answer(500, {"error": f"{exc.__class__.__name__}: {exc}"})
             finally:
-                close_old_connections()
+                # One connection per handler thread, and a thread per request: close it now.
+                connection.close()
             self._send(answer)
 
         def _route(self, raw: bytes) -> Answer:

@@ -9,14 +9,15 @@
    unless ``DATABASE_URL`` is set; migrates as the owner of the tables; makes sure an admin
    login exists and prints it. Everything after migrate logs in as the application's role,
    which cannot change events (backplane/runtime/db_roles.py).
-3. Runs the ASGI server (web), a Celery worker and Celery beat under ``Supervisor``: a child
-   that dies is restarted with a backoff and the restart logged at WARNING; every child dies
-   with the launcher, SIGKILL included (``PR_SET_PDEATHSIG``).
+3. Runs the ASGI server (web), a Celery worker, Celery beat and, unless ``BACKPLANE_DEMO=0``,
+   the demo fleet (``manage.py demo``, docs/demo.md) under ``Supervisor``: a child that dies
+   is restarted with a backoff and the restart logged at WARNING; every child dies with the
+   launcher, SIGKILL included (``PR_SET_PDEATHSIG``).
 4. Watches the duties (``DutyWatchdog``): a worker can wedge with its process alive; when
    periodic duties are overdue although the worker and beat had the time to run them, both
    are restarted.
-5. Ctrl-C or SIGTERM stops web, beat, worker, then the database, each within a grace period
-   and then SIGKILLed.
+5. Ctrl-C or SIGTERM stops the demo, web, beat, worker, then the database, each within a grace
+   period and then SIGKILLed.
 
 ``--clean`` (``make clean-db``) does step 1 without starting anything and also stops a
 database left running; it refuses while a launcher runs.

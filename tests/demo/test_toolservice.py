@@ -64,7 +64,7 @@ def post(url: str, body: dict[str, Any], key: str | None) -> httpx.Response:
 
 def test_it_acts_once_per_key_even_when_the_same_key_arrives_at_once(tools: str) -> None:
     task_id = str(uuid.uuid4())
-    body = {"to": "a@example.com", "template": "welcome", "task_id": task_id, "ref": f"{task_id}:6"}
+    body = {"to": "a@example.com", "template": "welcome", "task_id": task_id, "lead_id": "L-7"}
     answers: list[httpx.Response] = []
     threads = [threading.Thread(target=lambda: answers.append(post(f"{tools}/tools/email-send", body, "k-1")))
                for _ in range(8)]
@@ -75,7 +75,7 @@ def test_it_acts_once_per_key_even_when_the_same_key_arrives_at_once(tools: str)
     assert {a.status_code for a in answers} == {200}
     assert len({a.json()["message_id"] for a in answers}) == 1
     entry = LedgerEntry.objects.get()
-    assert (entry.tool, entry.idempotency_key, entry.subject, entry.replays) == ("email-send", "k-1", f"{task_id}:6", 7)
+    assert (entry.tool, entry.idempotency_key, entry.replays) == ("email-send", "k-1", 7)
     assert sum(1 for a in answers if a.json().get("replayed")) == 7
 
 
@@ -96,6 +96,22 @@ def test_transient_failures_write_nothing_and_the_retry_with_the_same_key_acts(c
     assert first.status == 503 and not LedgerEntry.objects.exists()
     second = world.call("web-enrich", "k-3", {"company": "Initech"})
     assert second.status == 200 and LedgerEntry.objects.count() == 1
+
+
+def test_a_revert_refused_once_is_not_recorded_so_a_requeue_succeeds(committed_db: None) -> None:
+    world = ToolWorld(Faults(revert_failure_rate=1.0, latency_ms=(0, 0)), record_compensation=Recorded())
+    refused = world.call("crm-revert", "c-9", {"lead_id": "L-3"})
+    assert refused.status == 409 and not LedgerEntry.objects.exists()
+    assert world.call("crm-revert", "c-9", {"lead_id": "L-3"}).status == 200
+    assert LedgerEntry.objects.get().subject == "crm-revert:L-3"
+
+
+def test_a_compensation_of_another_fleet_is_left_alone(committed_db: None) -> None:
+    recorded = Recorded()
+    world = ToolWorld(Faults(latency_ms=(0, 0)), record_compensation=recorded, owns_compensation=lambda key: False)
+    answer = world.compensate({"payload": {"task_id": str(uuid.uuid4()), "compensation_key": "c-2",
+                                           "tool": "email-recall", "input": {"lead_id": "L-1"}}})
+    assert answer.status == 200 and not recorded.calls and not LedgerEntry.objects.exists()
 
 
 def test_a_declined_card_is_a_recorded_answer_replayed_as_such(committed_db: None) -> None:
@@ -121,7 +137,8 @@ def test_a_compensation_webhook_must_be_signed_and_runs_once(tools: str, recorde
                             headers={"Backplane-Signature": sign(SECRET, raw), "Content-Type": "application/json"})
         assert answer.status_code == 200
     assert [c[:2] for c in recorded.calls] == [("c-1", "succeeded"), ("c-1", "succeeded")]
-    assert LedgerEntry.objects.get().subject == f"{task_id}:7:payments-refund"
+    # The subject is the business identity, worked out by the tool: one refund per lead.
+    assert LedgerEntry.objects.get().subject == "payments-refund:L-5"
 
 
 def test_it_records_what_agents_report(tools: str) -> None:

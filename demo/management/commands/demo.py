@@ -20,13 +20,19 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.utils import timezone
 
-from backplane.delivery.models import DeadLetter, DeadLetterStatus
 from backplane.eventlog.models import Task
 from demo import report as crash_report
-from demo.fleet import Fleet, FleetConfig, default_base_url, demo_prune_own_records, open_root_tasks
+from demo.fleet import (
+    Fleet,
+    FleetConfig,
+    default_base_url,
+    demo_dead_letters_decide,
+    demo_prune_own_records,
+    open_root_tasks,
+)
 from demo.models import Observation
 from demo.toolservice import Faults
 
@@ -38,7 +44,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--base-url", default=None, help="the running product (default from BACKPLANE_PORT)")
-        parser.add_argument("--namespace", default="demo-fleet")
+        parser.add_argument("--namespace", default=None,
+                            help="default demo-fleet while running, demo-batch with --tasks (a batch beside "
+                                 "make run's fleet must not take over its agents)")
         parser.add_argument("--rate", type=float, default=settings.BACKPLANE_DEMO_RATE,
                             help="leads per second while running until stopped")
         parser.add_argument("--max-open", type=int, default=40, help="no new lead while this many are open")
@@ -70,7 +78,9 @@ class Command(BaseCommand):
         if outage is None:
             outage = 0.0 if batch is not None else 120.0
         config = FleetConfig(
-            base_url=options["base_url"] or default_base_url(), namespace=options["namespace"],
+            base_url=options["base_url"] or default_base_url(),
+            namespace=options["namespace"] or ("demo-fleet" if batch is None else "demo-batch"),
+            tidy=batch is None,
             seed=options["seed"], crash_rate=options["crash_rate"],
             orchestrators=options["orchestrators"] or (3 if batch is None else 6),
             researchers=options["researchers"] or (2 if batch is None else 3), lease_seconds=options["lease_seconds"],
@@ -87,9 +97,9 @@ class Command(BaseCommand):
         logging.getLogger("httpx").setLevel(logging.WARNING)
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        fleet = Fleet(config, log_dir=Path(settings.VAR_DIR) / "demo" / "agents")
-        fleet.start()
+        fleet = Fleet(config, log_dir=Path(settings.VAR_DIR) / "demo" / "agents" / config.namespace)
         try:
+            fleet.start()
             if options["tasks"] is None:
                 self._run_until_stopped(fleet, options, stop)
                 return
@@ -97,7 +107,7 @@ class Command(BaseCommand):
         finally:
             fleet.stop()
         if code:
-            raise SystemExit(code)
+            raise CommandError("the crash report found problems (see above)", returncode=code)
 
     # --- running until stopped (make run) ---------------------------------------------------------
 
@@ -120,6 +130,10 @@ class Command(BaseCommand):
                         logger.warning("demo: could not create a lead: %s", exc)
             if now >= next_prune:
                 next_prune = now + 60
+                # Its own dead letters first (nobody may be watching), so their tasks can finish
+                # and be pruned; the ledger rows of pruned tasks after twice the rule's age, which
+                # leaves the export (hourly) time to run before the tasks themselves go.
+                demo_dead_letters_decide(namespace=fleet.config.namespace)
                 demo_prune_own_records(older_than=timedelta(seconds=2 * fleet.config.keep_seconds))
             if now >= next_summary:
                 next_summary = now + 60
@@ -150,11 +164,13 @@ class Command(BaseCommand):
         creator = threading.Thread(target=create, name="demo-leads", daemon=True)
         creator.start()
         last_line = time.monotonic()
+        settled = False
         while not stop.is_set() and time.monotonic() < deadline:
             fleet.tend()
             if failure:
                 raise CommandError(f"could not create the leads: {failure[0]}")
             if not creator.is_alive() and self._all_settled(fleet, root_ids):
+                settled = True
                 break
             if time.monotonic() - last_line > 10:
                 last_line = time.monotonic()
@@ -167,7 +183,9 @@ class Command(BaseCommand):
             return 0
         config = {"tasks": count, "crash_rate": fleet.config.crash_rate, "seed": fleet.config.seed,
                   "orchestrators": fleet.config.orchestrators, "researchers": fleet.config.researchers,
-                  "lease_seconds": fleet.config.lease_seconds, "timed_out": time.monotonic() >= deadline,
+                  "lease_seconds": fleet.config.lease_seconds, "namespace": fleet.config.namespace,
+                  # Stopped before every task settled: open ones are unfinished, not proven lost.
+                  "timed_out": not settled, "interrupted": stop.is_set(),
                   "faults": vars(fleet.config.faults)}
         result = crash_report.build_report(root_ids=root_ids, started_at=started_at, finished_at=finished_at,
                                            config=config, agent_restarts=fleet.restarts)
@@ -185,11 +203,7 @@ class Command(BaseCommand):
         return 1 if result["problems"] else 0
 
     def _all_settled(self, fleet: Fleet, root_ids: list[str]) -> bool:
-        """No task of this run (leads and their sub-agent tasks) still open, unless a person has
-        to decide about it (a pending dead letter). Reads only the open tasks, by an index."""
         run = fleet.run
-        open_tasks = (Task.objects.filter(namespace=fleet.config.namespace)
-                      .exclude(status__in=crash_report.FINISHED)
-                      .filter(Q(metadata__demo_run=run) | Q(parent__metadata__demo_run=run)))
-        waiting = DeadLetter.objects.filter(status=DeadLetterStatus.PENDING, task_id=OuterRef("pk"))
-        return not open_tasks.exclude(Exists(waiting)).exists()
+        tasks = Task.objects.filter(namespace=fleet.config.namespace).filter(
+            Q(metadata__demo_run=run) | Q(parent__metadata__demo_run=run))
+        return not crash_report.unsettled(tasks).exists()
