@@ -27,13 +27,21 @@ from backplane.eventlog.canonical import CanonicalizationError, canonical_json, 
 from backplane.eventlog.errors import (
     IdempotencyMismatch,
     InvalidInput,
+    NotFound,
     SeqConflict,
     TaskClosed,
     TaskExists,
 )
 from backplane.eventlog.lifecycle import enqueue_lifecycle
 from backplane.eventlog.models import Agent, Event, Task, hash_token
-from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+from backplane.eventlog.writer import (
+    EventDraft,
+    check_lease,
+    lock_task,
+    write_events,
+    write_events_if_unmoved,
+)
+from backplane.lib.sql_rows import RowLoader
 
 
 @dataclass(frozen=True)
@@ -197,6 +205,11 @@ def event_append_batch(
             {"events": f"at most {settings.BACKPLANE_BATCH_MAX_EVENTS} events per batch"},
         )
     digests = _validate_client_drafts(drafts)
+    if not connection.in_atomic_block:
+        events = _append_quiet_unlocked(namespace=namespace, task_id=task_id, drafts=drafts, digests=digests,
+                                        agent=agent, expected_seq=expected_seq, lease_epoch=lease_epoch)
+        if events is not None:
+            return AppendOutcome(events=events, replayed=False)
     with transaction.atomic(durable=True):
         task = lock_task(namespace=namespace, task_id=task_id)
         check_lease(task, lease_epoch)
@@ -213,6 +226,58 @@ def event_append_batch(
             )
         events = write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
     return AppendOutcome(events=events, replayed=False)
+
+
+# The task as the append path reads it, without a lock, and whether any of the request's
+# idempotency keys is already recorded on it (then the locked path answers the replay).
+_TASK_ROWS = RowLoader(Task)
+_TASK_FOR_APPEND_SQL = f"""
+SELECT {_TASK_ROWS.columns}, EXISTS (
+    SELECT FROM backplane_event e WHERE e.task_id = backplane_task.id AND e.idempotency_key = ANY(%s))
+FROM backplane_task WHERE id = %s
+"""
+
+
+def _append_quiet_unlocked(
+    *,
+    namespace: str | None,
+    task_id: uuid.UUID,
+    drafts: Sequence[EventDraft],
+    digests: list[str | None],
+    agent: str | None,
+    expected_seq: int | None,
+    lease_epoch: int | None,
+) -> list[Event] | None:
+    """The append path's common case in two statements and no transaction of its own: read the
+    task, check it as the locked path does, and write with ``write_events_if_unmoved``.
+
+    None when the locked path must decide: a key already recorded (a replay or a mismatch), a
+    write that is not quiet (it ends the task, carries outbox messages), or a task that moved
+    between the read and the write (a concurrent append won; the locked path then queues behind
+    it). Errors are the locked path's, in its order, decided on the state this read saw.
+    """
+    keys = [draft.idempotency_key for draft in drafts if draft.idempotency_key is not None]
+    with connection.cursor() as cursor:
+        cursor.execute(_TASK_FOR_APPEND_SQL, [keys, task_id])
+        row = cursor.fetchone()
+    task = _TASK_ROWS.load(row[:-1]) if row is not None else None
+    if task is None or (namespace is not None and task.namespace != namespace):
+        raise NotFound("task not found", {"task_id": str(task_id)})
+    check_lease(task, lease_epoch)
+    if row[-1]:
+        return None
+    if task.is_closed:
+        raise TaskClosed(f"task is {task.status}", {"status": task.status})
+    if expected_seq is not None and expected_seq != task.last_seq:
+        raise SeqConflict(
+            f"expected_seq {expected_seq} but the task is at {task.last_seq}",
+            {"last_seq": task.last_seq, "expected_seq": expected_seq},
+        )
+    try:
+        return write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=digests)
+    except IntegrityError:
+        # The same idempotency key, committed by a concurrent request since our read.
+        return None
 
 
 def replay_count(*, task_id: uuid.UUID, kind: str, now: datetime) -> None:

@@ -33,7 +33,7 @@ from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_t
 from backplane.eventlog.errors import NotFound, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task
-from backplane.eventlog.reducer import REDUCED_FIELDS, task_reduce, task_state_apply, task_state_of
+from backplane.eventlog.reducer import REDUCED_FIELDS, TaskState, task_reduce, task_state_apply, task_state_of
 from backplane.lib.sql_rows import RowLoader, recordset
 
 
@@ -146,6 +146,7 @@ def write_events(
     """
     was_open = not task.is_closed
     previous_status = task.status
+    before = task_state_of(task)
     events: list[Event] = []
     for index, draft in enumerate(drafts):
         if task.is_closed and not allow_closed:
@@ -170,10 +171,100 @@ def write_events(
         task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now
     )
     outbox_enqueue_many(messages if lifecycle is None else [*messages, lifecycle], now=now)
-    _follow_up(
-        WrittenEvents(task=task, events=events, previous_status=previous_status, status=task.status,
-                      was_open=was_open, now=now)
-    )
+    if not write_is_quiet(drafts, before, task_state_of(task)):
+        _follow_up(
+            WrittenEvents(task=task, events=events, previous_status=previous_status, status=task.status,
+                          was_open=was_open, now=now)
+        )
+    return events
+
+
+# --- the optimistic append: one statement, and no lock held while Python works --------------
+
+# The task columns every event moves, and nothing else moves them: each is written only by the
+# writer, under the task's row lock or in ``write_events_if_unmoved``'s one statement.
+HEAD_FIELDS = frozenset({"last_seq", "head_hash", "lamport", "last_event_at"})
+# Client events that decide a task's fate; the breakers count them (recovery/handlers.py).
+_FATEFUL_TYPES = frozenset({"TaskCompleted", "TaskFailed"})
+
+
+def write_is_quiet(drafts: Sequence[EventDraft], before: TaskState, after: TaskState) -> bool:
+    """A write that moves only the task's head: no status change, no lifecycle message, no outbox
+    message, no completion or failure. Follow-ups are not run for quiet writes (nothing in them
+    concerns a task's fate), which is what lets ``write_events_if_unmoved`` skip the lock."""
+    if any(draft.outbox or draft.type in _FATEFUL_TYPES for draft in drafts):
+        return False
+    return all(getattr(before, name) == getattr(after, name) for name in REDUCED_FIELDS if name not in HEAD_FIELDS)
+
+
+# Compare-and-set on the head: the UPDATE matches only if no event was appended since the task
+# was read (last_seq moves with every event, and only the writer moves it), and the INSERT reads
+# the UPDATE's result, so it runs after the row is locked and the transaction has its id, as the
+# sealer's horizon requires (integrity/sealing.py, _Horizon). Only the head columns are set: a
+# heartbeat may have moved the lease's deadline meanwhile, and it stays moved.
+@functools.cache
+def _insert_events_if_unmoved_sql() -> str:
+    events = recordset(Event, _EVENT_COLUMNS)
+    return f"""
+WITH moved AS (
+    UPDATE backplane_task SET last_seq = %s, head_hash = %s, lamport = %s, last_event_at = %s, updated_at = %s
+    WHERE id = %s AND last_seq = %s
+    RETURNING id
+),
+inserted AS (
+    INSERT INTO backplane_event ({events.column_list})
+    SELECT {events.column_list} FROM jsonb_to_recordset(%s::jsonb) AS {events.definition('e')}
+    WHERE EXISTS (SELECT FROM moved)
+    RETURNING seq, position
+)
+SELECT seq, position FROM inserted
+"""
+
+
+def write_events_if_unmoved(
+    task: Task,
+    drafts: Sequence[EventDraft],
+    *,
+    agent: str | None,
+    now: datetime,
+    digests: Sequence[str | None] | None = None,
+) -> list[Event] | None:
+    """Append quiet events to a task read *without* a lock, in one autocommit statement, if the
+    task has not moved since it was read; None (and nothing written) when it has, or when the
+    write is not quiet: then the caller takes the locked path (``lock_task`` + ``write_events``).
+
+    The caller has checked the lease, the closed state, ``expected_seq`` and idempotency on the
+    same read: the answer is the one the task gave at that instant, and the head check below
+    makes the write land on exactly that state or not at all. Hashes, clocks and the projection
+    come from ``_number_event`` and the reducer, as on every other path. A unique violation (a
+    concurrent request with the same idempotency key won) propagates; the caller retries locked.
+    """
+    if connection.in_atomic_block:
+        raise RuntimeError("write_events_if_unmoved runs its own statement; call it outside a transaction")
+    before = task_state_of(task)
+    if task.is_closed:
+        return None
+    events = [
+        _number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None)
+        for index, draft in enumerate(drafts)
+    ]
+    if not write_is_quiet(drafts, before, task_state_of(task)):
+        return None
+    task.updated_at = now
+    event_columns = recordset(Event, _EVENT_COLUMNS).attnames
+    rows = json.dumps([{name: getattr(e, name) for name in event_columns} for e in events], default=_as_json_value)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _insert_events_if_unmoved_sql(),
+            [task.last_seq, task.head_hash, task.lamport, task.last_event_at, now, task.pk, before.last_seq, rows],
+        )
+        positions = dict(cursor.fetchall())
+    if not positions:
+        return None
+    for event in events:
+        event.position = positions[event.seq]
+        event._state.adding = False
+        event._state.db = "default"
     return events
 
 
@@ -205,6 +296,8 @@ def register_follow_up(follow_up: FollowUp) -> None:
     Registered by an app's ``AppConfig.ready`` (recovery registers its circuit breakers,
     sagas and parent reports). A follow-up may lock more rows and write more events
     (through ``write_events``); an exception it raises rolls the whole write back.
+    Follow-ups are not run for quiet writes (``write_is_quiet``): a follow-up reacts to a
+    task's fate (a status change, a completion or failure), never to a step being recorded.
     """
     if follow_up not in _follow_ups:
         _follow_ups.append(follow_up)
@@ -251,12 +344,14 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
     """
     previous_status: list[str] = []
     was_open: list[bool] = []
+    states_before: list[TaskState] = []
     written: list[list[Event]] = []
     for write in writes:
         task = write.task
         if any(draft.outbox for draft in write.drafts):
             raise ValueError("write_events_many does not enqueue draft outbox messages; use write_events")
         previous_status.append(task.status)
+        states_before.append(task_state_of(task))
         was_open.append(not task.is_closed)
         events: list[Event] = []
         for draft in write.drafts:
@@ -270,9 +365,11 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
                                                                                    strict=True)], now=now)
     # Then, per task in the order given, what write_events does after its insert.
     after = [write.task.status for write in writes]
-    for write, events, before, status, opened in zip(writes, written, previous_status, after, was_open, strict=True):
-        _follow_up(WrittenEvents(task=write.task, events=events, previous_status=before, status=status,
-                                 was_open=opened, now=now))
+    for write, events, before, status, opened, state in zip(writes, written, previous_status, after, was_open,
+                                                            states_before, strict=True):
+        if not write_is_quiet(write.drafts, state, task_state_of(write.task)):
+            _follow_up(WrittenEvents(task=write.task, events=events, previous_status=before, status=status,
+                                     was_open=opened, now=now))
     return written
 
 

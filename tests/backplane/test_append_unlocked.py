@@ -1,0 +1,166 @@
+"""The append path's common case: read without a lock, write with one compare-and-set statement.
+
+``event_append`` outside a transaction first tries ``write_events_if_unmoved``; a task that
+moved between the read and the write, a write that is not quiet, or a known idempotency key
+sends it down the locked path. These tests run on committed data (the fast path refuses to run
+inside a transaction) and check both outcomes against the log itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from backplane.eventlog import services
+from backplane.eventlog.errors import StaleLease
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.projections import projection_check
+from backplane.eventlog.selectors import chain_verify
+from backplane.eventlog.writer import EventDraft, OutboxDraft, write_events_if_unmoved
+from backplane.lib.sql_rows import RowLoader
+from recovery.leases import lease_claim, lease_heartbeat
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_TASKS = RowLoader(Task)
+
+
+def new_task(namespace: str = "acme") -> Task:
+    return services.task_create(namespace=namespace, kind="k", input={}, agent="planner").task
+
+
+def unlocked_read(task: Task) -> Task:
+    """The task as the fast path reads it: a plain SELECT, no lock."""
+    loaded = _TASKS.fetch_one(f"SELECT {_TASKS.columns} FROM backplane_task WHERE id = %s", [task.pk])
+    assert loaded is not None
+    return loaded
+
+
+def step(n: int, **extra: object) -> EventDraft:
+    return EventDraft(type="ReasoningStepCompleted", payload={"step": n, **extra})
+
+
+def test_it_appends_a_step_in_two_statements_without_a_lock(committed_db: None) -> None:
+    task = new_task()
+    with CaptureQueriesContext(connection) as queries:
+        outcome = services.event_append(namespace="acme", task_id=task.pk, agent="a", draft=step(1))
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert len(sql) == 2, sql
+    assert not any("FOR UPDATE" in s for s in sql)
+    event = outcome.events[0]
+    assert (event.seq, event.prev_hash, event.position is not None) == (2, task.head_hash, True)
+    task.refresh_from_db()
+    assert (task.last_seq, task.head_hash) == (2, event.hash)
+    assert chain_verify(task=task).valid
+    assert list(projection_check(task_ids=[task.pk])) == []
+
+
+def test_a_task_that_moved_since_the_read_gets_nothing_written(committed_db: None) -> None:
+    task = new_task()
+    stale = unlocked_read(task)
+    services.event_append(namespace="acme", task_id=task.pk, agent="b", draft=step(1))
+    assert write_events_if_unmoved(stale, [step(2)], agent="a", now=timezone.now()) is None
+    assert Event.objects.filter(task=task).count() == 2
+    task.refresh_from_db()
+    assert task.last_seq == 2 and chain_verify(task=task).valid
+
+
+def test_a_heartbeat_between_the_read_and_the_write_keeps_its_deadline(committed_db: None) -> None:
+    from backplane.eventlog.models import Agent
+
+    task = new_task()
+    agent = Agent.objects.create(name="worker", namespace="acme", kinds=["k"], token_hash="x" * 64)
+    claim = lease_claim(agent=agent, kinds=["k"], lease_seconds=30)
+    assert claim is not None and claim.task.pk == task.pk
+    stale = unlocked_read(task)
+    # The heartbeat extends the lease without an event: the write must not put the old deadline back.
+    extended = lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=claim.lease_epoch)
+    events = write_events_if_unmoved(stale, [step(1)], agent="worker", now=timezone.now())
+    assert events is not None
+    task.refresh_from_db()
+    assert task.lease_expires_at == extended.lease_expires_at != stale.lease_expires_at
+    assert task.last_seq == events[0].seq and task.head_hash == events[0].hash
+    assert list(projection_check(task_ids=[task.pk])) == []
+
+
+def test_an_expired_lease_is_refused_on_the_fast_path_too(committed_db: None) -> None:
+    from backplane.eventlog.models import Agent
+
+    task = new_task()
+    agent = Agent.objects.create(name="worker", namespace="acme", kinds=["k"], token_hash="y" * 64)
+    claim = lease_claim(agent=agent, kinds=["k"], lease_seconds=30)
+    assert claim is not None
+    Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(StaleLease):
+        services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(1),
+                              lease_epoch=claim.lease_epoch)
+    assert Event.objects.filter(task=task).count() == 2  # TaskStarted, TaskClaimed
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        EventDraft(type="TaskCompleted", payload={"output": {}}),
+        EventDraft(type="TaskFailed", payload={"error": "no", "retryable": True}),
+        EventDraft(type="LeadScored", payload={}, outbox=(OutboxDraft(topic="t", payload={}),)),
+    ],
+    ids=["completion", "failure", "outbox"],
+)
+def test_writes_that_are_not_quiet_are_left_to_the_locked_path(committed_db: None, draft: EventDraft) -> None:
+    task = new_task()
+    assert write_events_if_unmoved(unlocked_read(task), [draft], agent="a", now=timezone.now()) is None
+    assert Event.objects.filter(task=task).count() == 1
+    # ...which writes them, with their follow-ups and messages.
+    outcome = services.event_append(namespace="acme", task_id=task.pk, agent="a", draft=draft)
+    assert outcome.events[0].seq == 2
+
+
+def test_a_closed_task_is_never_written_unlocked(committed_db: None) -> None:
+    task = new_task()
+    services.event_append(namespace="acme", task_id=task.pk, agent="a",
+                          draft=EventDraft(type="TaskCompleted", payload={"output": {}}))
+    closed = unlocked_read(task)
+    assert write_events_if_unmoved(closed, [step(1)], agent="a", now=timezone.now()) is None
+
+
+def test_it_refuses_to_run_inside_a_transaction(committed_db: None) -> None:
+    from django.db import transaction
+
+    task = new_task()
+    with transaction.atomic(), pytest.raises(RuntimeError):
+        write_events_if_unmoved(unlocked_read(task), [step(1)], agent="a", now=timezone.now())
+
+
+def test_racing_appends_fall_back_and_still_make_one_gap_free_chain(committed_db: None) -> None:
+    """Threads appending to one task collide on the compare-and-set; the losers take the lock."""
+    task = new_task()
+    threads, per_thread = 8, 20
+    barrier = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            barrier.wait()
+            for n in range(per_thread):
+                services.event_append(namespace="acme", task_id=task.pk, agent=f"a{index}", draft=step(n, by=index))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert errors == []
+    task.refresh_from_db()
+    seqs = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, threads * per_thread + 2))
+    assert task.last_seq == len(seqs) and chain_verify(task=task).valid
+    assert list(projection_check(task_ids=[task.pk])) == []
