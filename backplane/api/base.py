@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAuthenticated
@@ -122,8 +123,9 @@ class ApiView(APIView):
     permission_classes = [IsAuthenticated]
 
 
-def query_int(request: Request, name: str, *, default: int, minimum: int, maximum: int | None = None) -> int:
-    raw = request.query_params.get(name)
+def query_int(request: Request | HttpRequest, name: str, *, default: int, minimum: int,
+              maximum: int | None = None) -> int:
+    raw = request.GET.get(name)  # a DRF Request hands .GET to Django's (its query_params)
     if raw is None:
         return default
     try:

@@ -61,32 +61,43 @@ _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's exception handler: the contract's error for ``exc``, or None (DRF re-raises)."""
+    parts = error_parts(exc)
+    if parts is None:
+        return None
+    status_code, body, headers = parts
+    return Response(body, status=status_code, headers=headers or None)
+
+
+ErrorParts = tuple[int, dict[str, Any], dict[str, str]]
+
+
+def error_parts(exc: Exception) -> ErrorParts | None:
+    """(status, body, headers) of the contract's answer to ``exc``; None for an exception that is
+    not an API error (a bug: it propagates). Shared by DRF's handler and the lean routes."""
     if isinstance(exc, BackplaneError):
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=headers)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
+        return exc.status, error_body(exc.code, exc.message, exc.details), headers
     if isinstance(exc, Http404):
-        return Response(error_body("not_found", "not found"), status=404)
+        return 404, error_body("not_found", "not found"), {}
     if isinstance(exc, DjangoPermissionDenied):
-        return Response(error_body("permission_denied", "permission denied"), status=403)
+        return 403, error_body("permission_denied", "permission denied"), {}
     if isinstance(exc, RequestDataTooBig):
-        return Response(error_body("payload_too_large", "request body is over the limit"), status=413)
+        return 413, error_body("payload_too_large", "request body is over the limit"), {}
     if isinstance(exc, OperationalError | InterfaceError):
         logger.warning("database unavailable: %s", exc)
         if is_connection_failure(exc):
             # The requests after this one answer at once instead of waiting for the pool.
             gate.mark_down(exc)
-        return Response(
-            error_body("unavailable", "the database is unavailable; retry later"),
-            status=503,
-            headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
-        )
+        return 503, error_body("unavailable", "the database is unavailable; retry later"), {
+            "Retry-After": UNAVAILABLE_RETRY_AFTER}
     if isinstance(exc, DatabaseError):
         # Anything else from the database is our bug, but the client still gets the contract's shape.
         logger.exception("database error")
-        return Response(error_body("internal_error", "internal error"), status=500)
+        return 500, error_body("internal_error", "internal error"), {}
     if isinstance(exc, exceptions.APIException):
         code = next((c for cls, c in _DRF_CODES if isinstance(exc, cls)), "error")
-        headers = {}
+        headers: dict[str, str] = {}
         if isinstance(exc, exceptions.Throttled):
             headers["Retry-After"] = str(max(1, int(exc.wait or 1)))
             message = "rate limit exceeded"
@@ -105,7 +116,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         status_code = exc.status_code
         if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
             status_code = status.HTTP_401_UNAUTHORIZED
-        return Response(error_body(code, message, details), status=status_code, headers=headers)
+        return status_code, error_body(code, message, details), headers
     return None
 
 

@@ -14,6 +14,7 @@ from rest_framework import serializers
 from backplane.eventlog.chain import event_as_api_dict, format_timestamp
 from backplane.eventlog.event_types import CLIENT_TYPE_PATTERN, SERVER_ONLY_TYPES
 from backplane.eventlog.models import Event, Task
+from backplane.eventlog.selectors import TaskRow
 
 # --- strict fields: JSON types are not coerced ("5" is not an integer, 1 is not a string) ---
 
@@ -115,7 +116,7 @@ def optional_timestamp(value: Any) -> str | None:
     return format_timestamp(value) if value is not None else None
 
 
-def task_as_api_dict(task: Task) -> dict[str, Any]:
+def task_as_api_dict(task: Task | TaskRow) -> dict[str, Any]:
     lease = None
     if task.lease_holder is not None:
         lease = {

@@ -41,13 +41,19 @@ class PrincipalRateThrottle(BaseThrottle):
         key = self.get_cache_key(request, view)
         if key is None:
             return True
-        limit, period = parse_rate(settings.BACKPLANE_RATE_LIMIT)
-        now = time.time()
-        window_end = (int(now // period) + 1) * period
-        if _count(key, window_end=window_end, period=period) <= limit:
-            return True
-        self.retry_after = window_end - now
-        return False
+        self.retry_after = rate_limit_wait(key)
+        return self.retry_after is None
+
+
+def rate_limit_wait(key: str) -> float | None:
+    """Count one request of the principal behind ``key`` (``throttle:<principal.pk>``); None when
+    it is within the limit, else the seconds until its window ends. The lean routes call it too."""
+    limit, period = parse_rate(settings.BACKPLANE_RATE_LIMIT)
+    now = time.time()
+    window_end = (int(now // period) + 1) * period
+    if _count(key, window_end=window_end, period=period) <= limit:
+        return None
+    return window_end - now
 
     def wait(self) -> float | None:
         return self.retry_after

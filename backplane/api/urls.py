@@ -1,13 +1,14 @@
 from django.urls import path
 
-from backplane.api import dead_letters, integrity, views
+from backplane.api import dead_letters, integrity, lean, views
 from backplane.api import recovery as recovery_api
 
 urlpatterns = [
     path("tasks/", views.TasksView.as_view(), name="tasks"),
-    path("tasks/<uuid:task_id>/", views.TaskDetailView.as_view(), name="task-detail"),
-    path("tasks/<uuid:task_id>/events/", views.TaskEventsView.as_view(), name="task-events"),
-    path("tasks/<uuid:task_id>/events/batch/", views.TaskEventsBatchView.as_view(), name="task-events-batch"),
+    # The hot routes: lean for agents' plain JSON calls, their DRF views otherwise (api/lean.py).
+    path("tasks/<uuid:task_id>/", lean.task_detail_route, name="task-detail"),
+    path("tasks/<uuid:task_id>/events/", lean.task_events_route, name="task-events"),
+    path("tasks/<uuid:task_id>/events/batch/", lean.task_events_batch_route, name="task-events-batch"),
     path("tasks/<uuid:task_id>/verify/", views.TaskVerifyView.as_view(), name="task-verify"),
     path("leases/", recovery_api.LeasesView.as_view(), name="leases"),
     path("tasks/<uuid:task_id>/heartbeat/", recovery_api.HeartbeatView.as_view(), name="task-heartbeat"),

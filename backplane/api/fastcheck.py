@@ -1,0 +1,186 @@
+"""Request validators compiled from the API's DRF serializers, for the lean routes.
+
+The serializers stay the one source of truth: they generate the OpenAPI document, and this
+module reads their declared fields once, at import, and compiles a plain function that accepts
+exactly the bodies the serializer accepts *without any change to them* (no whitespace trimmed,
+no coercion). Anything else — an error, or a body the serializer would normalise — returns
+None, and the caller runs the serializer itself, which gives the contract's error (or the
+normalised data). So the fast check can only be stricter than the serializer, never looser,
+and tests/api/test_fastcheck.py holds it to that on generated bodies.
+
+Measured on the append route, the serializer cost about 1 ms of Python a request; the compiled
+check a few microseconds.
+
+A serializer with a field or validator this compiler does not know fails at import, so a new
+field cannot slip past the lean routes unchecked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from django.core import validators as django_validators
+from rest_framework import fields as drf_fields
+from rest_framework import serializers
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
+
+from backplane.api.serializers import JSONObjectField, StrictCharField, StrictIntegerField, StrictSerializer
+
+# What a compiled check returns for "not accepted as is": the caller asks the serializer.
+Check = Callable[[Any], Any]
+_DOUBT = object()
+
+# Validators a field's own attributes already express (lengths, bounds), or that the strict JSON
+# parser has made moot (NUL, surrogates: refused before any field sees a string). Checked anyway.
+_LENGTH_AND_BOUND_VALIDATORS = (
+    django_validators.MaxLengthValidator,
+    django_validators.MinLengthValidator,
+    django_validators.MaxValueValidator,
+    django_validators.MinValueValidator,
+    django_validators.ProhibitNullCharactersValidator,
+    ProhibitSurrogateCharactersValidator,
+)
+
+
+class NotCompilable(TypeError):
+    """A serializer uses something this compiler cannot reproduce exactly."""
+
+
+def _regexes(field: serializers.Field) -> list[re.Pattern[str]]:
+    found = []
+    for validator in field.validators:
+        if isinstance(validator, django_validators.RegexValidator) and not validator.inverse_match:
+            regex = validator.regex
+            found.append(regex if isinstance(regex, re.Pattern) else re.compile(regex, validator.flags))
+        elif not isinstance(validator, _LENGTH_AND_BOUND_VALIDATORS):
+            raise NotCompilable(f"{field.field_name}: validator {type(validator).__name__} is not supported")
+    return found
+
+
+def _char_check(field: StrictCharField) -> Check:
+    allow_null = field.allow_null
+    max_length = field.max_length
+    # A blank string is refused unless allowed; min_length applies on top.
+    min_length = max(field.min_length or 0, 0 if field.allow_blank else 1)
+    trims = field.trim_whitespace
+    patterns = _regexes(field)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        if type(value) is not str or len(value) < min_length or (max_length is not None and len(value) > max_length):
+            return _DOUBT
+        if (trims and value != value.strip()) or "\x00" in value:
+            return _DOUBT
+        for pattern in patterns:
+            if pattern.search(value) is None:
+                return _DOUBT
+        return value
+
+    return check
+
+
+def _integer_check(field: StrictIntegerField) -> Check:
+    allow_null = field.allow_null
+    low, high = field.min_value, field.max_value
+    _regexes(field)  # only bound validators are allowed
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        if type(value) is not int or (low is not None and value < low) or (high is not None and value > high):
+            return _DOUBT
+        return value
+
+    return check
+
+
+def _object_check(field: JSONObjectField) -> Check:
+    allow_null = field.allow_null
+    _regexes(field)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        return value if type(value) is dict else _DOUBT
+
+    return check
+
+
+def _list_check(field: serializers.ListSerializer) -> Check:
+    assert isinstance(field.child, StrictSerializer)
+    child = _serializer_check(type(field.child))
+    allow_null, allow_empty = field.allow_null, field.allow_empty
+    # DRF 3.14's length bounds of a list serializer (absent from the type stubs).
+    max_length, min_length = getattr(field, "max_length", None), getattr(field, "min_length", None)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        if type(value) is not list or (not value and not allow_empty):
+            return _DOUBT
+        if (max_length is not None and len(value) > max_length) or (min_length is not None and len(value) < min_length):
+            return _DOUBT
+        items = []
+        for item in value:
+            checked = child(item)
+            if checked is _DOUBT:
+                return _DOUBT
+            items.append(checked)
+        return items
+
+    return check
+
+
+def _field_check(field: serializers.Field) -> Check:
+    if field.read_only or field.default is not drf_fields.empty or field.source != field.field_name:
+        raise NotCompilable(f"{field.field_name}: read-only fields, defaults and sources are not supported")
+    if isinstance(field, serializers.ListSerializer) and isinstance(field.child, StrictSerializer):
+        return _list_check(field)
+    if type(field) is StrictCharField:
+        return _char_check(field)
+    if type(field) is StrictIntegerField:
+        return _integer_check(field)
+    if type(field) is JSONObjectField:
+        return _object_check(field)
+    raise NotCompilable(f"{field.field_name}: {type(field).__name__} is not supported")
+
+
+def _serializer_check(serializer_class: type[StrictSerializer]) -> Check:
+    if serializer_class.validate is not serializers.Serializer.validate or any(
+        name.startswith("validate_") for name in vars(serializer_class)
+    ):
+        raise NotCompilable(f"{serializer_class.__name__} has validate methods")
+    fields = serializer_class().fields
+    checks = {name: _field_check(field) for name, field in fields.items()}
+    required = frozenset(name for name, field in fields.items() if field.required)
+
+    def check(data: Any) -> Any:
+        if type(data) is not dict or not required.issubset(data):
+            return _DOUBT
+        validated = {}
+        for name, value in data.items():
+            field_check = checks.get(name)
+            if field_check is None:  # an unknown field: the serializer names it
+                return _DOUBT
+            checked = field_check(value)
+            if checked is _DOUBT:
+                return _DOUBT
+            validated[name] = checked
+        return validated
+
+    return check
+
+
+def compile_check(serializer_class: type[StrictSerializer]) -> Callable[[Any], dict[str, Any] | None]:
+    """The serializer's validated data for a body it accepts unchanged; None for anything else."""
+    check = _serializer_check(serializer_class)
+
+    def accepted_as_is(data: Any) -> dict[str, Any] | None:
+        checked = check(data)
+        return None if checked is _DOUBT else checked
+
+    accepted_as_is.__name__ = f"accepted_as_is_by_{serializer_class.__name__}"
+    return accepted_as_is
