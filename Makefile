@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv browser screenshots bench crash-report fuzz lint mutants clean-db
+.PHONY: run test venv browser screenshots bench wrk crash-report fuzz lint mutants clean-db
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -57,8 +57,36 @@ screenshots: $(STAMP) browser
 fuzz: $(STAMP)
 	BACKPLANE_FUZZ_RANDOM=1 BACKPLANE_FUZZ_EXAMPLES=300 $(PY) -m pytest tests/api/test_schemathesis.py
 
-bench: $(STAMP)
-	$(PY) bench/append.py
+# Every figure side by side in one run (bench/http_bench.py, docs/benchmarks.md): the product
+# started as `make run` starts it, wrk against it, pgbench's plain-SQL append on its PostgreSQL,
+# bench/append.py (its report printed as before), bench/api_cpu.py, bench/proof.py when present,
+# and two durable-execution peers (bench/peers.py: DBOS, LangGraph) from requirements-bench.txt,
+# which live in a venv of their own (.venv-bench): langsmith would add a pytest plugin to .venv.
+# The table goes to var/bench/summary.md (and summary.json).
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+$(BENCH_STAMP): requirements-bench.txt requirements.txt
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	echo '*' > $(BENCH_VENV)/.gitignore
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r requirements-bench.txt
+	touch $(BENCH_STAMP)
+
+bench: $(STAMP) $(BENCH_STAMP) wrk
+	$(PY) bench/http_bench.py --peers-python $(BENCH_VENV)/bin/python --out var/bench
+
+# The HTTP load generator for `make bench`: Debian's wrk, from apt (as root, else with sudo).
+wrk:
+	@if ! command -v wrk >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; \
+		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+		else echo "wrk is missing, and installing it needs root or sudo" >&2; exit 1; fi; \
+		echo "installing Debian's wrk for the benchmarks"; \
+		$$sudo apt-get update && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wrk || \
+			{ echo "could not install wrk with apt-get" >&2; exit 1; }; \
+		command -v wrk >/dev/null 2>&1 || { echo "wrk is still missing after apt-get install" >&2; exit 1; }; \
+	fi
 
 # The demo fleet at scale: 10,000 tasks, agents SIGKILLed at a 20 % rate in all four failure zones;
 # the crash report (JSON + Plotly page) goes to var/demo/ (docs/demo.md, docs/benchmarks.md).

@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from _support import bench_database
 
@@ -31,6 +32,7 @@ from _support import bench_database
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (bench/http_bench.py reads it)")
     args = parser.parse_args()
     os.environ["BACKPLANE_RATE_LIMIT"] = "1000000/s"
     os.environ["BACKPLANE_DB_POOL"] = "1"
@@ -90,15 +92,20 @@ def main() -> None:
               f"(load average {os.getloadavg()[0]:.1f})")
         base_wall, base_cpu = measure(healthz, args.requests)
         print(f"  {'GET /healthz (baseline)':38s} wall {base_wall:6.2f} ms  python cpu {base_cpu:6.2f} ms/request")
-        for name, run, count, per in (
-            ("GET /api/v1/tasks/{id}/", task_detail, args.requests, 1),
-            ("POST .../events/ (1 event)", append, args.requests, 1),
-            ("POST .../events/batch/ (100 events)", batch, max(20, args.requests // 20), 100),
+        results = {"healthz": {"wall_ms": base_wall, "cpu_ms": base_cpu, "requests": args.requests}}
+        for key, name, run, count, per in (
+            ("task_detail", "GET /api/v1/tasks/{id}/", task_detail, args.requests, 1),
+            ("append", "POST .../events/ (1 event)", append, args.requests, 1),
+            ("batch", "POST .../events/batch/ (100 events)", batch, max(20, args.requests // 20), 100),
         ):
             wall, cpu = measure(run, count)
+            results[key] = {"wall_ms": wall, "cpu_ms": cpu, "requests": count, "events_per_request": per,
+                            "cpu_ratio_to_healthz": cpu / base_cpu}
             print(f"  {name:38s} wall {wall:6.2f} ms  python cpu {cpu:6.2f} ms/request, "
                   f"{cpu / per * 1000:7.0f} us/event, {cpu / base_cpu:5.1f} x the baseline; "
                   f"2 cores at most {2000 / cpu * per:,.0f} events/s")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

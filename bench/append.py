@@ -11,10 +11,12 @@ canonical JSON, SHA-256, the ORM) costs on top of the database's own work.
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 import time
+from pathlib import Path
 
-from _support import bench_database, describe
+from _support import bench_database, describe, percentile
 
 
 def raw_baseline(url: str, events: int, threads: int) -> tuple[float, list[float]]:
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (bench/http_bench.py reads it)")
     args = parser.parse_args()
 
     with bench_database() as url:
@@ -108,6 +111,16 @@ def main() -> None:
           f"  ratio to raw {single_rate / raw_rate:.2f}")
     print(f"  event_append_batch ({args.batch}/txn):   {batch_rate:9.0f} events/s  ({describe(batch_lat)} per batch)"
           f"  ratio to raw {batch_rate / raw_rate:.2f}")
+    if args.json:
+        def figures(rate: float, latencies: list[float]) -> dict[str, float]:
+            return {"per_s": rate, "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
+
+        Path(args.json).write_text(json.dumps({
+            "events": args.events, "threads": args.threads, "batch": args.batch,
+            "raw": figures(raw_rate, raw_lat), "event_append": figures(single_rate, single_lat),
+            "event_append_batch": figures(batch_rate, batch_lat),
+            "ratio_single_to_raw": single_rate / raw_rate, "ratio_batch_to_raw": batch_rate / raw_rate,
+        }, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def runtime_needs() -> set[str]:
 
 
 def test_it_pins_every_requirement_exactly() -> None:
-    for path in (REPO / "requirements.txt", REPO / "requirements-dev.txt"):
+    for path in (REPO / "requirements.txt", REPO / "requirements-dev.txt", REPO / "requirements-bench.txt"):
         for line in pinned(path).values():
             assert re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[^=\s]+", line), f"{path.name}: {line!r} unpinned"
 
@@ -120,6 +120,22 @@ def test_the_development_set_adds_to_the_runtime_set_without_repeating_it() -> N
     dev_lines = (REPO / "requirements-dev.txt").read_text().splitlines()
     assert "-r requirements.txt" in dev_lines
     assert not set(pinned(REPO / "requirements.txt")) & set(pinned(REPO / "requirements-dev.txt"))
+
+
+def test_the_bench_set_stands_alone_and_agrees_with_the_other_two() -> None:
+    """requirements-bench.txt (the peers of `make bench`, bench/peers.py) is installed into a venv
+    of its own: it names everything it needs, at the versions the other two files pin."""
+    bench = pinned(REPO / "requirements-bench.txt")
+    assert not [line for line in (REPO / "requirements-bench.txt").read_text().splitlines() if line.startswith("-")]
+    assert {"dbos", "langgraph", "langgraph-checkpoint-postgres"} <= set(bench)
+    others = {**pinned(REPO / "requirements.txt"), **pinned(REPO / "requirements-dev.txt")}
+    assert not {"dbos", "langgraph", "langsmith"} & set(others), "the peers belong to the bench set only"
+    disagree = {name: (line, others[name]) for name, line in bench.items()
+                if name in others and line.split("==")[1] != others[name].split("==")[1]}
+    assert not disagree, f"requirements-bench.txt pins other versions than the product: {disagree}"
+    makefile = (REPO / "Makefile").read_text()
+    assert "pip install --quiet -r requirements-bench.txt" in makefile
+    assert "requirements-bench" not in makefile.split("\n$(STAMP):")[1].split("\n\n")[0], "not in `make venv`"
 
 
 def test_the_runtime_set_holds_everything_the_product_imports(runtime_needs: set[str]) -> None:
@@ -142,6 +158,7 @@ def test_the_dockerfile_installs_only_the_runtime_set_and_make_installs_both() -
                            if not line.lstrip().startswith("#"))
     assert "pip install -r requirements.txt" in dockerfile
     assert "requirements-dev" not in dockerfile
+    assert "requirements-bench" not in dockerfile
     makefile = (REPO / "Makefile").read_text()
     assert "pip install --quiet -r requirements-dev.txt" in makefile
     assert not (REPO / ".dockerignore").read_text().count("requirements")

@@ -1,0 +1,648 @@
+"""Every benchmark figure side by side, in one run on this machine, with its baseline and target.
+
+    .venv/bin/python bench/http_bench.py [--duration 15] [--tasks 300] [--out var/bench]
+    make bench
+
+(Not ``bench/http.py``: a script's folder comes first on ``sys.path``, so a ``bench/http.py`` would
+shadow the standard library's ``http`` package for every script in bench/, Django's included.)
+
+1. Starts the product the way ``make run`` does: the launcher (``python -m
+   backplane.runtime.launcher --port P --var-dir <fresh dir>``) with ``BACKPLANE_ENV=development``,
+   ``BACKPLANE_DEMO=0`` and the per-token rate limit (``BACKPLANE_RATE_LIMIT``) raised so it does
+   not throttle the load; waits for ``/readyz``; makes an agent token (``manage.py create_agent``)
+   and ``--tasks`` tasks over the API.
+2. wrk (``-t2 -c16 -d15s``) with the baseline scripts in bench/baselines/ (copies of
+   shared/bench/): ``GET /healthz`` (the server's floor), single-event appends, 100-event batches.
+3. pgbench's plain-SQL append transaction (bench/baselines/pgbench_append.sql, 16 clients) in a
+   scratch database of the product's own embedded PostgreSQL (socket directory and port from
+   lines 5 and 4 of ``<var>/pgdata/postmaster.pid``, user postgres).
+4. bench/append.py (in-process ``event_append`` against raw psycopg; its report is printed as
+   ``make bench`` always printed it), bench/api_cpu.py (CPU per request) and bench/proof.py (when
+   it exists), each with ``DATABASE_URL`` naming a scratch database of the same server.
+5. bench/peers.py (DBOS and LangGraph, 1 worker) with ``--peers-python`` (the venv holding
+   requirements-bench.txt), on scratch databases of the same server.
+6. Prints the table (markdown), each ratio and whether its target is met, and writes it to
+   ``--out`` as summary.md and summary.json beside each tool's raw output.
+
+The product and its PostgreSQL are stopped on every exit: an error, Ctrl-C, SIGTERM or SIGHUP
+(a second Ctrl-C while stopping is ignored); if this process is SIGKILLed, the launcher sees its
+parent go and stops everything itself. Exit status: 1 if a measurement failed (its row says
+why), 0 otherwise; with ``--strict`` also 1 when a target is not met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+BASELINES = BENCH / "baselines"
+BENCH_VENV_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+READY_SECONDS = 240.0
+STOP_SECONDS = 90.0
+CHILD_GRACE_SECONDS = 20.0
+# The throttle is per agent token (settings.BACKPLANE_RATE_LIMIT, DRF's "<count>/<period>").
+RATE_LIMIT = "1000000/s"
+
+# --- parsing what the tools print ---------------------------------------------------------------
+
+_PAIR = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*)=(-?nan|-?inf|-?\d+(?:\.\d+)?)")
+
+
+def parse_pairs(line: str) -> dict[str, float]:
+    """``key=value`` figures of one line (``p50_ms=1.2 rps=900 non201=0``); nan and inf allowed."""
+    return {key: float(value) for key, value in _PAIR.findall(line)}
+
+
+def parse_wrk(output: str) -> dict[str, float]:
+    """What one wrk run printed: the figures of the line the baseline script's ``done()`` wrote
+    (healthz.lua: p50_ms, p99_ms, rps; append.lua: the same and non201; batch.lua: p50_ms, p99_ms,
+    req_s, events_s, non201), plus wrk's own counts (requests, socket_errors, non_2xx)."""
+    figures: dict[str, float] | None = None
+    for line in output.splitlines():
+        pairs = parse_pairs(line)
+        if "p99_ms" in pairs:
+            figures = pairs
+    if figures is None:
+        raise ValueError("no line with p99_ms= in wrk's output:\n" + output[-2000:])
+    done = re.search(r"^\s*(\d+) requests in ([\d.]+)(us|ms|s|m|h)\b", output, re.MULTILINE)
+    figures["requests"] = float(done.group(1)) if done else math.nan
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    figures["socket_errors"] = float(sum(int(n) for n in errors.groups())) if errors else 0.0
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    figures["non_2xx"] = float(non_2xx.group(1)) if non_2xx else 0.0
+    return figures
+
+
+def parse_pgbench(output: str) -> dict[str, float]:
+    """pgbench's throughput (``tps = 1234.5 (without initial connection time)``), its latency
+    average and its failed transactions (PostgreSQL 15's client reports them)."""
+    tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", output, re.MULTILINE)
+    if not tps:
+        raise ValueError("no 'tps = ... (without initial connection time)' in pgbench's output:\n" + output[-2000:])
+    figures = {"tps": float(tps.group(1))}
+    latency = re.search(r"^latency average = ([\d.]+) ms", output, re.MULTILINE)
+    figures["latency_avg_ms"] = float(latency.group(1)) if latency else math.nan
+    processed = re.search(r"^number of transactions actually processed: (\d+)", output, re.MULTILINE)
+    figures["transactions"] = float(processed.group(1)) if processed else math.nan
+    failed = re.search(r"^number of failed transactions: (\d+)", output, re.MULTILINE)
+    figures["failed"] = float(failed.group(1)) if failed else 0.0
+    return figures
+
+
+def postmaster_socket(pgdata: Path) -> tuple[str, int]:
+    """(socket directory, port) from ``postmaster.pid``: its 5th and 4th lines."""
+    lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    return lines[4].strip(), int(lines[3].strip())
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    path: str
+    figure: str = "not measured"
+    ratio: str = "—"
+    target: str = "—"
+    met: bool | None = None  # None: no target, or not measured
+    note: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        if self.met is None:
+            return "—" if self.target == "—" or self.figure != "not measured" else "not measured"
+        return "met" if self.met else "**not met**"
+
+
+def fmt(value: float, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def markdown(rows: list[Row], header: list[str]) -> str:
+    lines = [*header, "", "| path | figure | ratio | target | met |", "|---|---|---|---|---|"]
+    for row in rows:
+        figure = row.figure + (f" ({row.note})" if row.note else "")
+        lines.append(f"| {row.path} | {figure} | {row.ratio} | {row.target} | {row.verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_rows(results: dict[str, Any]) -> list[Row]:
+    """The table from the raw figures (a missing one makes its row, and those that divide by it,
+    'not measured' with the reason)."""
+    def err(name: str) -> str:
+        return str(results.get(f"{name}_error") or "")
+
+    rows: list[Row] = []
+    healthz, append, batch = results.get("healthz"), results.get("append"), results.get("batch")
+    pgbench, inproc, cpu = results.get("pgbench"), results.get("append_py"), results.get("api_cpu")
+    proof, peers = results.get("proof"), results.get("peers") or {}
+
+    row = Row("`GET /healthz` (the server's floor)", note=err("healthz"))
+    if healthz:
+        row.figure = f"{fmt(healthz['rps'])} req/s, p99 {fmt(healthz['p99_ms'], 1)} ms"
+        row.ratio, row.values = "1.00", healthz
+    rows.append(row)
+
+    single = Row("single-event append over HTTP", target="≥ 0.5, p99 ≤ 50 ms", note=err("append"))
+    append_clean = False
+    if append:
+        single.figure = f"{fmt(append['rps'])} req/s, p99 {fmt(append['p99_ms'], 1)} ms"
+        single.values = append
+        bad = int(append.get("non201", 0) + append.get("socket_errors", 0))
+        append_clean = not bad
+        if bad:
+            single.note = f"{bad:,} answers not 201 or lost"
+        if healthz and healthz["rps"] > 0:
+            ratio = append["rps"] / healthz["rps"]
+            single.ratio = f"{ratio:.2f} of healthz"
+            single.met = ratio >= 0.5 and append["p99_ms"] <= 50 and not bad
+    rows.append(single)
+
+    row = Row("pgbench plain-SQL append transaction (pgbench_append.sql), 16 clients", note=err("pgbench"))
+    if pgbench:
+        row.figure = f"{fmt(pgbench['tps'])} tx/s"
+        row.ratio, row.values = "1.00", pgbench
+        if pgbench.get("failed"):
+            row.note = f"{int(pgbench['failed']):,} failed transactions"
+    rows.append(row)
+
+    row = Row("100-event batch append over HTTP", target="≥ 5×", note=err("batch"))
+    if batch:
+        row.figure = (f"{fmt(batch['events_s'])} events/s "
+                      f"({fmt(batch['req_s'])} req/s, p99 {fmt(batch['p99_ms'], 1)} ms)")
+        row.values = batch
+        bad = int(batch.get("non201", 0) + batch.get("socket_errors", 0))
+        if bad:
+            row.note = f"{bad:,} answers not 201 or lost"
+        if pgbench and pgbench["tps"] > 0:
+            ratio = batch["events_s"] / pgbench["tps"]
+            row.ratio = f"{ratio:.2f} × pgbench append tx/s"
+            row.met = ratio >= 5 and not bad
+    rows.append(row)
+
+    row = Row("in-process `event_append`, 1 thread (bench/append.py)", target="≥ 0.5", note=err("append_py"))
+    if inproc:
+        row.figure = (f"{fmt(inproc['event_append']['per_s'])} /s "
+                      f"(raw psycopg {fmt(inproc['raw']['per_s'])} /s)")
+        ratio = inproc["event_append"]["per_s"] / inproc["raw"]["per_s"]
+        row.ratio, row.met, row.values = f"{ratio:.2f} of raw psycopg", ratio >= 0.5, inproc
+    rows.append(row)
+
+    row = Row("`GET /api/v1/tasks/{id}/`, CPU per request (bench/api_cpu.py)", target="≤ 2×", note=err("api_cpu"))
+    if cpu:
+        task_cpu, base_cpu = cpu["task_detail"]["cpu_ms"], cpu["healthz"]["cpu_ms"]
+        row.figure = f"{task_cpu:.2f} ms (healthz {base_cpu:.2f} ms)"
+        ratio = task_cpu / base_cpu
+        row.ratio, row.met, row.values = f"{ratio:.1f} × healthz", ratio <= 2, cpu
+    rows.append(row)
+
+    row = Row("inclusion proof at 1,000,000 leaves", target="≤ 2×", note=err("proof"))
+    ratios = sorted(key for key in proof or {} if re.fullmatch(r"proof_ratio_\w+_\w+", key))
+    if proof and ratios:
+        key = "proof_ratio_1m_1k" if "proof_ratio_1m_1k" in ratios else ratios[0]
+        big, small = key.removeprefix("proof_ratio_").split("_", 1)
+        ratio, row.values = float(proof[key]), proof
+        at_big, at_small = proof.get(f"inclusion_ms_{big}"), proof.get(f"inclusion_ms_{small}")
+        row.figure = (f"{at_big:.2f} ms (at {small} leaves {at_small:.2f} ms)" if at_big is not None
+                      and at_small is not None else f"{key}={ratio:.3f}")
+        if key == "proof_ratio_1m_1k":
+            row.ratio, row.met = f"{ratio:.2f} × its time at 1,000 leaves", ratio <= 2
+        else:
+            row.ratio = f"{ratio:.2f} × ({big} leaves against {small})"
+            row.note = row.note or f"measured at {big}, not 1m (--proof-sizes)"
+    elif proof is None and not err("proof"):
+        row.note = "bench/proof.py does not exist yet"
+    rows.append(row)
+
+    for key, name, what in (("dbos", "DBOS", "10-step workflow, same PostgreSQL server, 1 worker"),
+                            ("langgraph", "LangGraph", "10-node graph with PostgresSaver, 1 worker")):
+        peer = peers.get(key) or {}
+        row = Row(f"one durable step: {name} {what}", target="single append over HTTP ≥ 2×",
+                  note=str(peer.get("error") or err("peers")))
+        if peer.get("steps_per_s"):
+            steps = float(peer["steps_per_s"])
+            label = f"{name} {peer.get('version', '?')}"
+            if peer.get("durability"):
+                label += f", durability={peer['durability']}"
+            row.figure, row.values = f"{fmt(steps)} steps/s ({label})", peer
+            if append and steps > 0:
+                ratio = append["rps"] / steps
+                row.ratio = f"append over HTTP = {ratio:.2f} × this"
+                row.met = ratio >= 2 and append_clean
+        rows.append(row)
+    return rows
+
+
+# --- running things -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def seconds(duration: float) -> int:
+    """wrk and pgbench take whole seconds."""
+    return max(1, round(duration))
+
+
+def with_database(url: str, database: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None, log: Path | None = None,
+        echo: bool = False, check: bool = True) -> str:
+    """Run to its end, output (stdout and stderr) returned and saved to ``log``; a non-zero exit
+    raises with the output's tail (unless not ``check``). On a time-out or an interruption here the child gets SIGINT
+    first (bench/_support.py's clean-up removes its directory under var/), then SIGKILL."""
+    with subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except BaseException:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=CHILD_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+    if log is not None:
+        log.write_text(output)
+    if echo:
+        sys.stdout.write(output)
+        sys.stdout.flush()
+    if check and process.returncode != 0:
+        tail = " | ".join(output.strip().splitlines()[-6:])
+        raise RuntimeError(f"{Path(argv[0]).name} {' '.join(argv[1:3])} exited {process.returncode}: {tail}")
+    return output
+
+
+class Product:
+    """The launcher on a fresh var directory, as ``make run`` starts it; ``stop()`` always stops
+    it and its PostgreSQL and removes the directory (unless ``keep``)."""
+
+    def __init__(self, *, log: Path, keep: bool) -> None:
+        (ROOT / "var").mkdir(exist_ok=True)
+        # Under the project's var/ as bench/_support.py does (file creation in /tmp was measured
+        # 5x slower here, and the embedded broker makes a file per message), in a directory of its own.
+        self.root = Path(tempfile.mkdtemp(prefix="bench-http-", dir=ROOT / "var"))
+        self.var_dir = self.root / "var"
+        self.port = free_port()
+        self.keep = keep
+        self.log_path = log
+        self.env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "BACKPLANE_VAR_DIR"}}
+        self.env.update(BACKPLANE_ENV="development", BACKPLANE_DEMO="0", BACKPLANE_RATE_LIMIT=RATE_LIMIT)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pgdata(self) -> Path:
+        return self.var_dir / "pgdata"
+
+    def start(self) -> None:
+        log = self.log_path.open("wb")
+        # A session of its own: a Ctrl-C in the terminal reaches us, and we stop it in order.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "backplane.runtime.launcher", "--port", str(self.port),
+             "--var-dir", str(self.var_dir)],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self) -> None:
+        import httpx
+
+        assert self.process is not None
+        deadline = time.monotonic() + READY_SECONDS
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the launcher exited ({self.process.returncode}):\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the product did not answer /readyz within {READY_SECONDS:.0f} s:\n"
+                                   + self.log_tail())
+            time.sleep(0.5)
+
+    def database_url(self) -> str:
+        """The URL the launcher wrote: the embedded server's superuser on the product's database."""
+        return (self.var_dir / "database_url").read_text().strip()
+
+    def manage_env(self) -> dict[str, str]:
+        return {**self.env, "DATABASE_URL": self.database_url(), "BACKPLANE_VAR_DIR": str(self.var_dir)}
+
+    def stop(self) -> None:
+        from backplane.runtime import embedded_db
+
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        # The launcher stops its database; if it could not (killed), we do.
+        if embedded_db.is_running(self.pgdata):
+            embedded_db.stop(self.pgdata, mode="immediate")
+        if self.keep:
+            say(f"the product's var directory is kept: {self.var_dir}")
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def stops_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the run like Ctrl-C does (the ``finally`` clauses run)."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """While the product stops: a second Ctrl-C or SIGTERM must not leave its PostgreSQL running."""
+    def ignore(signum: int, frame: object) -> None:
+        say(f"{signal.Signals(signum).name}: still stopping the product and its PostgreSQL, please wait")
+
+    previous = {sig: signal.signal(sig, ignore) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out).resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.raw = self.out / "raw"
+        self.raw.mkdir(exist_ok=True)
+        self.product = Product(log=self.raw / "product.log", keep=args.keep)
+        self.results: dict[str, Any] = {}
+        self.token = ""
+        self.tasks: list[str] = []
+        self.loads: dict[str, list[float]] = {}
+
+    # -- phases: each records its figures, or its error, and the run goes on --
+
+    def phase(self, name: str, work: Callable[[], Any]) -> None:
+        say(f"-- {name} (load average {os.getloadavg()[0]:.1f})")
+        started = time.monotonic()
+        try:
+            self.results[name] = work()
+        except Exception as exc:  # noqa: BLE001 - a failed phase is reported in its row, and the run goes on
+            self.results[f"{name}_error"] = f"failed: {exc}"[:400]
+            say(f"   {name} failed: {exc}")
+        self.loads[name] = [round(x, 2) for x in os.getloadavg()]
+        say(f"   {time.monotonic() - started:.0f} s")
+
+    def create_fixtures(self) -> None:
+        import httpx
+
+        done = run([sys.executable, "manage.py", "create_agent", "bench-http", "--namespace", "bench"],
+                   env=self.product.manage_env(), timeout=180)
+        self.token = done.strip().splitlines()[-1]
+        with httpx.Client(base_url=self.product.url, timeout=30,
+                          headers={"Authorization": f"Bearer {self.token}"}) as http:
+            for _ in range(self.args.tasks):
+                response = http.post("/api/v1/tasks/", json={"kind": "bench", "input": {}})
+                if response.status_code != 201:
+                    raise RuntimeError(f"creating a task: {response.status_code} {response.text[:300]}")
+                self.tasks.append(response.json()["task_id"])
+
+    def wrk(self, script: str, duration: float, log_name: str) -> dict[str, float]:
+        env = {**os.environ, "BP_TOKEN": self.token, "TASKS": ",".join(self.tasks)}
+        output = run(["wrk", f"-t{self.args.threads}", f"-c{self.args.connections}", f"-d{seconds(duration)}s",
+                      "--timeout", f"{self.args.wrk_timeout:g}s", "-s", str(BASELINES / script), self.product.url],
+                     env=env, timeout=duration + 120, log=self.raw / log_name)
+        return parse_wrk(output)
+
+    def scratch_database(self, name: str) -> str:
+        """A new database on the product's server; its URL (the server's superuser)."""
+        import psycopg
+
+        admin = with_database(self.product.database_url(), "postgres")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return with_database(admin, name)
+
+    def pgbench(self) -> dict[str, float]:
+        database = "bp_bench_pgbench"
+        self.scratch_database(database)
+        sockdir, port = postmaster_socket(self.product.pgdata)
+        conn = ["-h", sockdir, "-p", str(port), "-U", "postgres"]
+        run(["psql", *conn, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINES / "pgbench_schema.sql"),
+             database], timeout=600, log=self.raw / "pgbench-schema.txt")
+        output = run(["pgbench", *conn, "-n", "-c", str(self.args.connections), "-j", str(self.args.threads),
+                      "-T", str(seconds(self.args.duration)), "-f", str(BASELINES / "pgbench_append.sql"),
+                      database], timeout=self.args.duration + 300, log=self.raw / "pgbench.txt")
+        return parse_pgbench(output)
+
+    def python_script(self, name: str, args: list[str], database: str, *, echo: bool = False,
+                      python: str = sys.executable, timeout: float = 1800) -> dict[str, Any]:
+        """bench/<name> on a scratch database of the product's server, with ``--json``."""
+        env = {k: v for k, v in os.environ.items() if k not in {"BACKPLANE_VAR_DIR", "BACKPLANE_ENV"}}
+        env["DATABASE_URL"] = self.scratch_database(database)
+        result = self.raw / f"{Path(name).stem}.json"
+        result.unlink(missing_ok=True)
+        output = run([python, str(BENCH / name), *args, "--json", str(result)], env=env, timeout=timeout,
+                     log=self.raw / f"{Path(name).stem}.txt", echo=echo)
+        figures: dict[str, Any] = json.loads(result.read_text()) if result.exists() else {}
+        for line in output.splitlines():  # a "name=value" contract line (proof.py's) wins over the file
+            for key, value in parse_pairs(line).items():
+                if key.startswith(("proof_", "dbos_", "langgraph_")):
+                    figures[key] = value
+        return figures
+
+    def proof(self) -> dict[str, Any] | None:
+        if not (BENCH / "proof.py").exists():
+            return None
+        args = ["--sizes", self.args.proof_sizes] if self.args.proof_sizes else []
+        args += ["--proofs", str(self.args.proof_proofs)] if self.args.proof_proofs else []
+        figures = self.python_script("proof.py", args, "bp_bench_proof", timeout=self.args.proof_timeout)
+        if not any(key.startswith("proof_ratio_") for key in figures):
+            raise RuntimeError("bench/proof.py printed no proof_ratio_1m_1k=<x> line")
+        return {k: v for k, v in figures.items() if isinstance(v, int | float)}
+
+    def peers(self) -> dict[str, Any]:
+        python = self.args.peers_python
+        check = subprocess.run([python, "-c", "import dbos, langgraph.checkpoint.postgres"], capture_output=True,
+                               text=True, timeout=120)
+        if check.returncode != 0:
+            raise RuntimeError(f"{python} lacks requirements-bench.txt (make bench installs it into .venv-bench)")
+        admin = with_database(self.product.database_url(), "postgres")
+        result = self.raw / "peers.json"
+        result.unlink(missing_ok=True)
+        argv = [python, str(BENCH / "peers.py"), "--database-url", admin, "--duration", f"{self.args.duration:g}",
+                "--langgraph-durability", self.args.langgraph_durability, "--json", str(result)]
+        # A peer that fails is reported in its row (peers.py writes the JSON and exits 1).
+        output = run(argv, timeout=2 * self.args.duration + 900, log=self.raw / "peers.txt", check=False)
+        if not result.exists():
+            raise RuntimeError(f"peers.py wrote no figures: {' | '.join(output.splitlines()[-6:])}")
+        return dict(json.loads(result.read_text()))
+
+    # -- the whole run --
+
+    def run(self) -> int:
+        started_at = datetime.now(UTC)
+        load_before = [round(x, 2) for x in os.getloadavg()]
+        try:
+            with stops_on_signals():
+                try:
+                    say(f"starting the product (launcher, port {self.product.port}, var {self.product.var_dir})")
+                    self.product.start()
+                    self.product.wait_ready()
+                    say(f"ready; creating an agent token and {self.args.tasks} tasks")
+                    self.create_fixtures()
+                    self.measure()
+                except Exception as exc:  # noqa: BLE001 - reported; the product is stopped below
+                    say(f"the product could not be started or prepared: {exc}")
+                    return 2
+                finally:
+                    say("stopping the product and its PostgreSQL")
+                    with shielded():
+                        self.product.stop()
+        except KeyboardInterrupt as exc:
+            say(f"interrupted ({str(exc) or 'SIGINT'}); the product is stopped, no summary written")
+            return 130
+        return self.report(started_at, load_before)
+
+    def measure(self) -> None:
+        args = self.args
+        if args.warmup > 0:  # the web process's first requests, and wrk's connections
+            self.phase("warmup", lambda: self.wrk("append.lua", args.warmup, "wrk-warmup.txt"))
+        self.phase("healthz", lambda: self.wrk("healthz.lua", args.duration, "wrk-healthz.txt"))
+        self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))
+        self.phase("batch", lambda: self.wrk("batch.lua", args.duration, "wrk-batch.txt"))
+        self.phase("pgbench", self.pgbench)
+        self.phase("append_py", lambda: self.python_script(
+            "append.py", ["--events", str(args.append_events)], "bp_bench_append", echo=True))
+        self.phase("api_cpu", lambda: self.python_script(
+            "api_cpu.py", ["--requests", str(args.cpu_requests)], "bp_bench_api_cpu"))
+        self.phase("proof", self.proof)
+        if args.skip_peers:
+            self.results["peers_error"] = "skipped (--skip-peers)"
+        else:
+            self.phase("peers", self.peers)
+
+    def report(self, started_at: datetime, load_before: list[float]) -> int:
+        rows = build_rows(self.results)
+        args = self.args
+        header = [
+            f"# Benchmarks side by side ({started_at:%Y-%m-%d %H:%M} UTC)",
+            "",
+            f"`bench/http_bench.py --duration {args.duration:g} --tasks {args.tasks}` on {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}; "
+            f"wrk -t{args.threads} -c{args.connections} -d{seconds(args.duration)}s, "
+            f"pgbench -c {args.connections} -j {args.threads} -T {seconds(args.duration)}; the product as "
+            f"`make run` starts it, its embedded PostgreSQL serving every database. "
+            f"Load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}.",
+        ]
+        table = markdown(rows, header)
+        say("")
+        say(table)
+        (self.out / "summary.md").write_text(table)
+        (self.out / "summary.json").write_text(json.dumps({
+            "started_at": started_at.isoformat(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "settings": {k: v for k, v in vars(args).items() if k != "out"},
+            "load_average_before": load_before, "load_average_after_phase": self.loads,
+            "rows": [{**asdict(row), "verdict": row.verdict} for row in rows],
+            "results": self.results,
+        }, indent=2, default=str) + "\n")
+        say(f"written: {self.out / 'summary.md'}, {self.out / 'summary.json'} (raw outputs in {self.raw})")
+        failed = [name.removesuffix("_error") for name in self.results
+                  if name.endswith("_error") and not (name == "peers_error" and args.skip_peers)]
+        failed += [key for key, peer in (self.results.get("peers") or {}).items()
+                   if isinstance(peer, dict) and peer.get("error")]
+        if failed:
+            say(f"measurements that failed: {', '.join(failed)}")
+            return 1
+        if args.strict and any(row.met is False for row in rows):
+            return 1
+        return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=15.0,
+                        help="seconds of each wrk run, of pgbench and of each peer (default 15)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of appends before measuring (0: none)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk connections and pgbench clients")
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads and pgbench jobs")
+    parser.add_argument("--wrk-timeout", type=float, default=30.0,
+                        help="wrk's per-request timeout (its default of 2 s drops slow answers from the latency)")
+    parser.add_argument("--tasks", type=int, default=300, help="tasks the wrk scripts append to")
+    parser.add_argument("--append-events", type=int, default=3000, help="bench/append.py --events")
+    parser.add_argument("--cpu-requests", type=int, default=2000, help="bench/api_cpu.py --requests")
+    parser.add_argument("--proof-timeout", type=float, default=1800.0, help="seconds bench/proof.py may take")
+    parser.add_argument("--proof-sizes", help="bench/proof.py --sizes (its default: 1,000 to 1,000,000 leaves)")
+    parser.add_argument("--proof-proofs", type=int, help="bench/proof.py --proofs")
+    parser.add_argument("--peers-python", default=str(BENCH_VENV_PYTHON if BENCH_VENV_PYTHON.exists()
+                                                      else sys.executable),
+                        help="a Python with requirements-bench.txt (default: .venv-bench's if present)")
+    parser.add_argument("--skip-peers", action="store_true", help="leave the DBOS and LangGraph rows unmeasured")
+    parser.add_argument("--langgraph-durability", choices=("sync", "async", "exit"), default="sync",
+                        help="bench/peers.py's LangGraph durability mode (sync: each step's checkpoint is written "
+                             "before the next step starts)")
+    parser.add_argument("--out", default=str(ROOT / "var" / "bench"), help="where summary.md/.json go")
+    parser.add_argument("--keep", action="store_true", help="keep the product's var directory (its database)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is not met")
+    args = parser.parse_args()
+    missing = [tool for tool in ("wrk", "pgbench", "psql") if shutil.which(tool) is None]
+    if missing:
+        parser.error(f"{', '.join(missing)} not found: `make wrk` installs wrk; pgbench and psql come with "
+                     "PostgreSQL's client tools")
+    sys.path.insert(0, str(ROOT))
+    return Bench(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

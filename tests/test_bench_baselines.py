@@ -1,0 +1,174 @@
+"""bench/baselines/ holds copies of shared/bench/'s wrk and pgbench scripts (CI clones only this
+repository); bench/http_bench.py reads what they print. The copies must stay identical to the
+originals where those are present, and the parser must read what the scripts write."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BASELINES = REPO / "bench" / "baselines"
+SHARED = REPO.parent / "shared" / "bench"
+COPIED = ("*.lua", "*.sql")
+
+
+def load_http_bench() -> ModuleType:
+    # Loaded from its path: bench/ is a folder of scripts, not a package.
+    spec = importlib.util.spec_from_file_location("bench_http_bench", REPO / "bench" / "http_bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def http_bench() -> ModuleType:
+    return load_http_bench()
+
+
+def copied_files(folder: Path) -> list[str]:
+    return sorted(path.name for pattern in COPIED for path in folder.glob(pattern))
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/bench is not beside this repository (CI clones only the repo)")
+def test_the_copies_are_identical_to_shared_bench() -> None:
+    assert copied_files(SHARED), f"no .lua or .sql files in {SHARED}"
+    assert copied_files(BASELINES) == copied_files(SHARED)
+    for name in copied_files(SHARED):
+        assert (BASELINES / name).read_bytes() == (SHARED / name).read_bytes(), f"bench/baselines/{name} differs"
+
+
+def test_the_scripts_http_bench_runs_are_there() -> None:
+    for name in ("healthz.lua", "append.lua", "batch.lua", "pgbench_schema.sql", "pgbench_append.sql"):
+        assert (BASELINES / name).is_file(), name
+
+
+def done_line(script: str, values: list[float]) -> str:
+    """What the script's ``done()`` writes, rendered from its own ``string.format`` pattern (Lua's
+    %d and %.Nf are C's, as Python's ``%`` operator has them)."""
+    source = (BASELINES / script).read_text()
+    match = re.search(r'string\.format\("((?:[^"\\]|\\.)*)"', source)
+    assert match, f"{script} writes no string.format line"
+    pattern = match.group(1).replace("\\n", "\n")
+    specs = re.findall(r"%[-+ #0]*\d*(?:\.\d+)?[dfs]", pattern)
+    assert len(specs) == len(values), f"{script}: {specs}"
+    return pattern % tuple(int(v) if spec.endswith("d") else v for spec, v in zip(specs, values, strict=True))
+
+
+WRK_HEADER = """Running 15s test @ http://127.0.0.1:8000
+  2 threads and 16 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    12.31ms    4.02ms  80.11ms   90.12%
+    Req/Sec   650.10     40.00   700.00     70.00%
+  19512 requests in 15.02s, 5.12MB read
+  Socket errors: connect 0, read 1, write 0, timeout 2
+  Non-2xx or 3xx responses: 3
+Requests/sec:   1299.07
+Transfer/sec:    348.99KB
+"""
+
+
+def test_the_healthz_script_output_parses(http_bench: ModuleType) -> None:
+    figures = http_bench.parse_wrk(WRK_HEADER + done_line("healthz.lua", [1.25, 9.5, 1299.07]))
+    assert figures["p50_ms"] == pytest.approx(1.2, abs=0.051)
+    assert figures["p99_ms"] == 9.5
+    assert figures["rps"] == 1299
+    assert figures["requests"] == 19512
+    assert figures["socket_errors"] == 3
+    assert figures["non_2xx"] == 3
+
+
+def test_the_append_script_output_parses(http_bench: ModuleType) -> None:
+    figures = http_bench.parse_wrk(WRK_HEADER + done_line("append.lua", [20.04, 48.96, 812.4, 7]))
+    assert figures == {**figures, "p50_ms": 20.0, "p99_ms": 49.0, "rps": 812, "non201": 7}
+
+
+def test_the_batch_script_output_parses(http_bench: ModuleType) -> None:
+    figures = http_bench.parse_wrk(WRK_HEADER + done_line("batch.lua", [300.0, 612.34, 52.6, 5260.0, 0]))
+    assert figures == {**figures, "p50_ms": 300.0, "p99_ms": 612.3, "req_s": 53, "events_s": 5260, "non201": 0}
+
+
+def test_nan_and_a_missing_line_are_told_apart(http_bench: ModuleType) -> None:
+    # wrk with no completed request: Lua prints nan (or -nan) for the percentiles.
+    figures = http_bench.parse_wrk("healthz p50_ms=-nan p99_ms=nan rps=0\n")
+    assert math.isnan(figures["p50_ms"]) and math.isnan(figures["p99_ms"]) and figures["rps"] == 0
+    with pytest.raises(ValueError, match="p99_ms"):
+        http_bench.parse_wrk("unable to connect to 127.0.0.1:8000 Connection refused\n")
+
+
+PGBENCH_OUTPUT = """pgbench (15.18 (Debian 15.18-0+deb12u1), server 18.6)
+transaction type: bench/baselines/pgbench_append.sql
+scaling factor: 1
+query mode: simple
+number of clients: 16
+number of threads: 2
+maximum number of tries: 1
+duration: 15 s
+number of transactions actually processed: 31140
+number of failed transactions: 0 (0.000%)
+latency average = 7.702 ms
+initial connection time = 21.403 ms
+tps = 2077.402914 (without initial connection time)
+"""
+
+
+def test_pgbench_output_parses(http_bench: ModuleType) -> None:
+    figures = http_bench.parse_pgbench(PGBENCH_OUTPUT)
+    assert figures == {"tps": 2077.402914, "latency_avg_ms": 7.702, "transactions": 31140, "failed": 0}
+    with pytest.raises(ValueError, match="tps"):
+        http_bench.parse_pgbench("pgbench: error: connection to server failed\n")
+
+
+def test_postmaster_pid_gives_the_socket_directory_and_port(http_bench: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "postmaster.pid").write_text(f"4242\n{tmp_path}\n1764528000\n54321\n/tmp/sockets\n*\n  1 2\nready\n")
+    assert http_bench.postmaster_socket(tmp_path) == ("/tmp/sockets", 54321)
+
+
+def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -> None:
+    results = {
+        "healthz": http_bench.parse_wrk(done_line("healthz.lua", [1.0, 5.0, 1000.0])),
+        "append": http_bench.parse_wrk(done_line("append.lua", [10.0, 40.0, 600.0, 0])),
+        "batch": http_bench.parse_wrk(done_line("batch.lua", [200.0, 400.0, 40.0, 4000.0, 0])),
+        "pgbench": http_bench.parse_pgbench(PGBENCH_OUTPUT),
+        "append_py": {"raw": {"per_s": 1200.0}, "event_append": {"per_s": 300.0}},
+        "api_cpu": {"healthz": {"cpu_ms": 0.4}, "task_detail": {"cpu_ms": 4.0}},
+        "proof": None,
+        "peers": {"dbos": {"steps_per_s": 250.0, "version": "3.4.0"},
+                  "langgraph": {"error": "exit 1: ImportError"}},
+    }
+    rows = {row.path.split(" (")[0]: row for row in http_bench.build_rows(results)}
+    assert len(rows) == 9
+    single = rows["single-event append over HTTP"]
+    assert (single.ratio, single.met) == ("0.60 of healthz", True)
+    batch = rows["100-event batch append over HTTP"]
+    assert batch.ratio == "1.93 × pgbench append tx/s" and batch.met is False
+    assert rows["in-process `event_append`, 1 thread"].ratio == "0.25 of raw psycopg"
+    assert rows["`GET /api/v1/tasks/{id}/`, CPU per request"].ratio == "10.0 × healthz"
+    proof = rows["inclusion proof at 1,000,000 leaves"]
+    assert proof.figure == "not measured" and proof.verdict == "not measured"
+    dbos = rows["one durable step: DBOS 10-step workflow, same PostgreSQL server, 1 worker"]
+    assert (dbos.ratio, dbos.met) == ("append over HTTP = 2.40 × this", True)
+    langgraph = rows["one durable step: LangGraph 10-node graph with PostgresSaver, 1 worker"]
+    assert langgraph.figure == "not measured" and "ImportError" in langgraph.note
+    table = http_bench.markdown(list(rows.values()), ["# title"])
+    assert table.count("\n|") == 11 and "**not met**" in table
+
+
+def test_the_proof_row_reads_bench_proof_py_figures(http_bench: ModuleType) -> None:
+    # bench/proof.py's contract: a line proof_ratio_1m_1k=<x>, and its --json file's figures.
+    line = http_bench.parse_pairs("proof_ratio_1m_1k=1.500")
+    proof = {**line, "inclusion_ms_1m": 3.0, "inclusion_ms_1k": 2.0, "consistency_ratio_1m_1k": 1.2}
+    row = next(row for row in http_bench.build_rows({"proof": proof}) if row.path.startswith("inclusion proof"))
+    assert (row.figure, row.ratio, row.met) == ("3.00 ms (at 1k leaves 2.00 ms)", "1.50 × its time at 1,000 leaves",
+                                                True)
+    smaller = http_bench.build_rows({"proof": {"proof_ratio_10k_1k": 3.0}})
+    row = next(row for row in smaller if row.path.startswith("inclusion proof"))
+    assert row.met is None and "not 1m" in row.note
