@@ -14,5 +14,16 @@ class BackplaneConfig(AppConfig):
         from backplane.runtime.db_roles import on_post_migrate
 
         checks.register(check_signing_key)
+        _install_pool_check()
         # After every migrate as the owner: the application's role can log in (settings.py).
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="backplane.db_roles")
+
+
+def _install_pool_check() -> None:
+    """The pool's health check only for connections that sat idle (runtime/pool_checks.py)."""
+    from django.db import connection
+
+    from backplane.runtime import pool_checks
+
+    if connection.settings_dict["OPTIONS"].get("pool") and connection.settings_dict["CONN_HEALTH_CHECKS"]:
+        pool_checks.install(connection.pool)  # builds the pool object; it connects on first use

@@ -163,8 +163,13 @@ DATABASES["default"]["TIME_ZONE"] = None
 # Under ASGI every request may run on another thread, so Django's persistent connections
 # do not help; psycopg's pool does (Django 5.1+). Off in tests, which manage connections.
 if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
+    from backplane.runtime import pool_checks
+
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # The pool's check runs only on connections that sat idle (runtime/pool_checks.py; installed
+    # by BackplaneConfig.ready), not before every request; ``reset`` notes when each came back.
     DATABASES["default"]["OPTIONS"]["pool"] = {
+        "reset": pool_checks.note_returned,
         "min_size": env_int("BACKPLANE_DB_POOL_MIN", 2, minimum=0),
         "max_size": env_int("BACKPLANE_DB_POOL_MAX", 20, minimum=1),
         # Seconds a request waits for a pooled connection. Short on purpose: with the database
