@@ -21,9 +21,12 @@ class BackplaneConfig(AppConfig):
 
 def _install_pool_check() -> None:
     """The pool's health check only for connections that sat idle (runtime/pool_checks.py)."""
+    from typing import Any, cast
+
     from django.db import connection
 
     from backplane.runtime import pool_checks
 
     if connection.settings_dict["OPTIONS"].get("pool") and connection.settings_dict["CONN_HEALTH_CHECKS"]:
-        pool_checks.install(connection.pool)  # builds the pool object; it connects on first use
+        # PostgreSQL's wrapper has a pool (Django 5.1+); reading it builds it, unconnected.
+        pool_checks.install(cast(Any, connection).pool)

@@ -3,9 +3,10 @@ helpers and the 201-or-replayed answer. The one public module the API's views bu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAuthenticated
@@ -100,11 +101,29 @@ def errors(*statuses: int, conflicts: tuple[str, ...] = ("seq_conflict", "stale_
     return responses
 
 
-def written_or_replayed(body: Any, *, replayed: bool) -> Response:
+@dataclass(frozen=True)
+class Answer:
+    """What an operation answers, before it is a DRF ``Response`` (``respond``) or the lean
+    routes' ``HttpResponse`` (api/lean.py): the same operation serves both. ``body`` None: no body."""
+
+    body: Any
+    status: int = status.HTTP_200_OK
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def respond(answer: Answer) -> Response:
+    return Response(answer.body, status=answer.status, headers=answer.headers or None)
+
+
+def written_or_replayed_answer(body: Any, *, replayed: bool) -> Answer:
     """201 for a new write; 200 with ``Idempotent-Replay: true`` when the request was already applied."""
     if replayed:
-        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
-    return Response(body, status=status.HTTP_201_CREATED)
+        return Answer(body, status.HTTP_200_OK, {REPLAY_HEADER: "true"})
+    return Answer(body, status.HTTP_201_CREATED)
+
+
+def written_or_replayed(body: Any, *, replayed: bool) -> Response:
+    return respond(written_or_replayed_answer(body, replayed=replayed))
 
 
 def principal_of(request: Request) -> Principal:
@@ -123,9 +142,9 @@ class ApiView(APIView):
     permission_classes = [IsAuthenticated]
 
 
-def query_int(request: Request | HttpRequest, name: str, *, default: int, minimum: int,
-              maximum: int | None = None) -> int:
-    raw = request.GET.get(name)  # a DRF Request hands .GET to Django's (its query_params)
+def query_int(params: Mapping[str, str], name: str, *, default: int, minimum: int, maximum: int | None = None) -> int:
+    """An integer query parameter (``request.query_params``, or ``request.GET`` on a lean route)."""
+    raw = params.get(name)
     if raw is None:
         return default
     try:

@@ -115,8 +115,8 @@ class DeadLettersView(ApiView):
             raise InvalidInput("unknown status", {"status": f"one of {', '.join(DeadLetterStatus.values)}"})
         page = delivery_selectors.dead_letter_list(
             status=status_filter,
-            limit=query_int(request, "limit", default=100, minimum=1, maximum=1000),
-            after_id=query_int(request, "cursor", default=0, minimum=0),
+            limit=query_int(request.query_params, "limit", default=100, minimum=1, maximum=1000),
+            after_id=query_int(request.query_params, "cursor", default=0, minimum=0),
         )
         next_url = None
         if page.next_cursor is not None:

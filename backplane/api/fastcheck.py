@@ -134,11 +134,63 @@ def _list_check(field: serializers.ListSerializer) -> Check:
     return check
 
 
+def _choice_check(field: serializers.ChoiceField) -> Check:
+    allow_null = field.allow_null
+    # Only choices that are their own string: DRF maps str(value) to the choice.
+    choices = frozenset(text for text, value in field.choice_strings_to_values.items() if text == value)
+    _regexes(field)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        return value if type(value) is str and value in choices else _DOUBT
+
+    return check
+
+
+def _string_list_check(field: serializers.ListField) -> Check:
+    if type(field.child) is not StrictCharField:
+        raise NotCompilable(f"{field.field_name}: a list of {type(field.child).__name__} is not supported")
+    child = _char_check(field.child)
+    allow_null, allow_empty = field.allow_null, field.allow_empty
+    max_length, min_length = field.max_length, field.min_length
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        if type(value) is not list or (not value and not allow_empty):
+            return _DOUBT
+        if (max_length is not None and len(value) > max_length) or (min_length is not None and len(value) < min_length):
+            return _DOUBT
+        items = [child(item) for item in value]
+        return _DOUBT if any(item is _DOUBT for item in items) else items
+
+    return check
+
+
+def _nested_check(field: StrictSerializer) -> Check:
+    nested = _serializer_check(type(field))
+    allow_null = field.allow_null
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        return nested(value)
+
+    return check
+
+
 def _field_check(field: serializers.Field) -> Check:
     if field.read_only or field.default is not drf_fields.empty or field.source != field.field_name:
         raise NotCompilable(f"{field.field_name}: read-only fields, defaults and sources are not supported")
     if isinstance(field, serializers.ListSerializer) and isinstance(field.child, StrictSerializer):
         return _list_check(field)
+    if isinstance(field, StrictSerializer):
+        return _nested_check(field)
+    if type(field) is serializers.ListField:
+        return _string_list_check(field)
+    if type(field) is serializers.ChoiceField:
+        return _choice_check(field)
     if type(field) is StrictCharField:
         return _char_check(field)
     if type(field) is StrictIntegerField:

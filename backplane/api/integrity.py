@@ -70,8 +70,8 @@ class EventProofView(ApiView):
             visible = visible.filter(task__namespace=namespace)
         if not visible.exists():
             raise NotFound("event not found", {"position": position})
-        tree_size = query_int(request, "tree_size", default=0, minimum=1) if "tree_size" in request.query_params \
-            else None
+        query = request.query_params
+        tree_size = query_int(query, "tree_size", default=0, minimum=1) if "tree_size" in query else None
         leaf_index, size, path = sealing.inclusion_proof_for_event(position=position, tree_size=tree_size)
         return Response({"leaf_index": leaf_index, "tree_size": size, "audit_path": path})
 
@@ -88,7 +88,7 @@ class SealConsistencyView(ApiView):
         responses={200: ConsistencyProofOut, **errors(404)},
     )
     def get(self, request: Request) -> Response:
-        first = query_int(request, "first", default=0, minimum=1)
-        second = query_int(request, "second", default=0, minimum=1)
+        first = query_int(request.query_params, "first", default=0, minimum=1)
+        second = query_int(request.query_params, "second", default=0, minimum=1)
         return Response({"first": first, "second": second,
                          "proof": sealing.consistency_proof_between(first=first, second=second)})

@@ -23,33 +23,39 @@ validation error is DRF's own words.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
+from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from backplane.api import fastcheck, views
-from backplane.api.authentication import AgentTokenAuthentication, Principal
-from backplane.api.base import REPLAY_HEADER, query_int, validated
+from backplane.api import fastcheck, recovery, views
+from backplane.api.authentication import AgentTokenAuthentication
+from backplane.api.base import Answer, validated
 from backplane.api.errors import error_parts
 from backplane.api.parsers import InvalidJSON, loads_strict
-from backplane.api.serializers import EventAppendIn, EventBatchIn, event_as_api_dict, task_as_api_dict
+from backplane.api.serializers import EventAppendIn, EventBatchIn, StrictSerializer
 from backplane.api.throttling import rate_limit_wait
-from backplane.eventlog import selectors, services
 
-Handler = Callable[..., HttpResponse]
+# An operation of api/views.py or api/recovery.py: (principal, validated body or query, URL kwargs).
+Operation = Callable[..., Answer]
+Input = type[StrictSerializer] | None  # the body's serializer; None for a GET (the query is passed)
 
 _authenticator = AgentTokenAuthentication()
-_append_accepted = fastcheck.compile_check(EventAppendIn)
-_batch_accepted = fastcheck.compile_check(EventBatchIn)
 
 
 def _render(body: Any, status: int, headers: dict[str, str] | None = None) -> HttpResponse:
-    """As DRF's JSONRenderer writes it: compact, UTF-8, U+2028/U+2029 escaped for browsers."""
+    """As DRF's JSONRenderer writes it: compact, UTF-8, U+2028/U+2029 escaped for browsers; no
+    body and no Content-Type for ``None`` (a 204)."""
+    if body is None:
+        response = HttpResponse(b"", status=status)
+        del response["Content-Type"]
+        for name, value in (headers or {}).items():
+            response[name] = value
+        return response
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     response = HttpResponse(text.encode(), status=status, content_type="application/json")
@@ -93,15 +99,19 @@ def _body(request: HttpRequest) -> Any:
 
 
 class LeanRoute:
-    """One URL: the lean handler per method for agents' plain JSON calls, the DRF view otherwise."""
+    """One URL: per method an operation and its input's serializer, for agents' plain JSON calls;
+    the DRF view for everything else."""
 
     # Agents authenticate with a token, not a cookie: no CSRF check (as on DRF's APIView, whose
     # session authentication enforces CSRF itself, on the requests handed to it).
     csrf_exempt = True
 
-    def __init__(self, drf_view: type[APIView], **handlers: Handler) -> None:
+    def __init__(self, drf_view: type[APIView], **operations: tuple[Input, Operation]) -> None:
         self.drf_view = csrf_exempt(drf_view.as_view())
-        self.handlers = {method.upper(): handler for method, handler in handlers.items()}
+        self.operations = {
+            method.upper(): (serializer, None if serializer is None else fastcheck.compile_check(serializer), operation)
+            for method, (serializer, operation) in operations.items()
+        }
         # DRF's Allow header: its view's methods, with HEAD wherever GET is (Django's View.setup).
         view = drf_view()
         if hasattr(view, "get") and not hasattr(view, "head"):
@@ -113,13 +123,15 @@ class LeanRoute:
         self.initkwargs: dict[str, Any] = {}
 
     def __call__(self, request: HttpRequest, **kwargs: Any) -> HttpResponse:
-        handler = self.handlers.get(request.method or "")
-        if handler is None or not _accepts_json(request):
+        found = self.operations.get(request.method or "")
+        if found is None or not _accepts_json(request):
             return self.drf_view(request, **kwargs)
-        if request.method == "POST" and not _plain_json_body(request):
+        serializer, accepted_as_is, operation = found
+        if serializer is not None and not _plain_json_body(request):
             return self.drf_view(request, **kwargs)
         try:
-            authenticated = _authenticator.authenticate(request)  # type: ignore[arg-type]
+            # The authenticator reads only the headers, which a Django request has as DRF's does.
+            authenticated = _authenticator.authenticate(cast(Request, request))
         except exceptions.AuthenticationFailed:
             authenticated = None
         if authenticated is None:
@@ -129,71 +141,26 @@ class LeanRoute:
             wait = rate_limit_wait(f"throttle:{principal.pk}")
             if wait is not None:
                 raise exceptions.Throttled(wait)
-            response = handler(request, principal, **kwargs)
+            if serializer is None:
+                answer = operation(principal, request.GET, **kwargs)
+            else:
+                body = _body(request)
+                data = accepted_as_is(body) if accepted_as_is is not None else None
+                answer = operation(principal, data if data is not None else validated(serializer, body), **kwargs)
         except Exception as exc:  # noqa: BLE001 - error_parts re-raises what is not an API error
             return _error(exc)
+        response = _render(answer.body, answer.status, answer.headers)
         response["Allow"] = self.allow
         return response
 
 
-# --- handlers: validate, call one service or selector, shape the answer ----------------------
-
-
-def task_read(request: HttpRequest, principal: Principal, task_id: uuid.UUID) -> HttpResponse:
-    return _render(task_as_api_dict(selectors.task_row_visible(namespace=principal.namespace, task_id=task_id)), 200)
-
-
-def event_append(request: HttpRequest, principal: Principal, task_id: uuid.UUID) -> HttpResponse:
-    body = _body(request)
-    data = _append_accepted(body)
-    if data is None:
-        data = validated(EventAppendIn, body)
-    outcome = services.event_append(
-        namespace=principal.namespace,
-        task_id=task_id,
-        draft=views.draft_from(data),
-        agent=principal.name,
-        expected_seq=data.get("expected_seq"),
-        lease_epoch=data.get("lease_epoch"),
-    )
-    return _written_or_replayed(event_as_api_dict(outcome.events[0]), replayed=outcome.replayed)
-
-
-def event_append_batch(request: HttpRequest, principal: Principal, task_id: uuid.UUID) -> HttpResponse:
-    body = _body(request)
-    data = _batch_accepted(body)
-    if data is None:
-        data = validated(EventBatchIn, body)
-    outcome = services.event_append_batch(
-        namespace=principal.namespace,
-        task_id=task_id,
-        drafts=[views.draft_from(item) for item in data["events"]],
-        agent=principal.name,
-        expected_seq=data.get("expected_seq"),
-        lease_epoch=data.get("lease_epoch"),
-    )
-    return _written_or_replayed({"results": [event_as_api_dict(e) for e in outcome.events]},
-                                replayed=outcome.replayed)
-
-
-def _written_or_replayed(body: Any, *, replayed: bool) -> HttpResponse:
-    if replayed:
-        return _render(body, 200, {REPLAY_HEADER: "true"})
-    return _render(body, 201)
-
-
-def task_events(request: HttpRequest, principal: Principal, task_id: uuid.UUID) -> HttpResponse:
-    """GET a page of events: the DRF view's selector, without DRF."""
-    task = selectors.task_visible(namespace=principal.namespace, task_id=task_id)
-    page = selectors.event_list(
-        task=task,
-        after_seq=query_int(request, "after_seq", default=0, minimum=0),
-        limit=query_int(request, "limit", default=100, minimum=1, maximum=1000),
-    )
-    return _render({"results": [event_as_api_dict(e) for e in page.events], "next_after_seq": page.next_after_seq},
-                   200)
-
-
-task_detail_route = LeanRoute(views.TaskDetailView, get=task_read)
-task_events_route = LeanRoute(views.TaskEventsView, get=task_events, post=event_append)
-task_events_batch_route = LeanRoute(views.TaskEventsBatchView, post=event_append_batch)
+task_detail_route = LeanRoute(views.TaskDetailView, get=(None, views.task_read))
+task_events_route = LeanRoute(views.TaskEventsView, get=(None, views.events_page),
+                              post=(EventAppendIn, views.event_append))
+task_events_batch_route = LeanRoute(views.TaskEventsBatchView, post=(EventBatchIn, views.event_append_batch))
+leases_route = LeanRoute(recovery.LeasesView, post=(recovery.LeaseClaimIn, recovery.lease_claim))
+heartbeat_route = LeanRoute(recovery.HeartbeatView, post=(recovery.LeaseEpochIn, recovery.lease_heartbeat))
+tool_calls_route = LeanRoute(recovery.ToolCallDispatchView,
+                             post=(recovery.ToolCallDispatchIn, recovery.tool_call_dispatch))
+tool_call_result_route = LeanRoute(recovery.ToolCallResultView,
+                                   post=(recovery.ToolCallResultIn, recovery.tool_call_result))

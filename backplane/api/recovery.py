@@ -12,7 +12,18 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.base import REPLAY_HEADER, ApiView, errors, principal_of, validated, written_or_replayed
+from backplane.api.authentication import Principal
+from backplane.api.base import (
+    REPLAY_HEADER,
+    Answer,
+    ApiView,
+    errors,
+    principal_of,
+    respond,
+    validated,
+    written_or_replayed,
+    written_or_replayed_answer,
+)
 from backplane.api.serializers import (
     JSONObjectField,
     StrictCharField,
@@ -126,11 +137,80 @@ def tool_call_as_api_dict(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def calling_agent(request: Request) -> Agent:
-    agent = principal_of(request).agent
+def calling_agent(principal: Principal) -> Agent:
+    agent = principal.agent
     if agent is None:
         raise PermissionDenied("only agents hold leases; use an agent token")
     return agent
+
+
+# --- the operations of the hot routes: shared by the DRF views below and api/lean.py --------
+
+
+def lease_claim(principal: Principal, data: dict[str, Any]) -> Answer:
+    claim = leases.lease_claim(
+        agent=calling_agent(principal),
+        kinds=data.get("kinds"),
+        lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS),
+    )
+    if claim is None:
+        return Answer(None, status.HTTP_204_NO_CONTENT)
+    return Answer({
+        "task": task_as_api_dict(claim.task),
+        "lease_epoch": claim.lease_epoch,
+        "expires_at": format_timestamp(claim.expires_at),
+        "recovered": claim.recovered,
+    })
+
+
+def lease_heartbeat(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
+    task = leases.lease_heartbeat(namespace=principal.namespace, task_id=task_id, lease_epoch=data["lease_epoch"])
+    return Answer({"expires_at": optional_timestamp(task.lease_expires_at)})
+
+
+def tool_call_dispatch(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
+    outcome = tool_calls.tool_call_dispatch(
+        namespace=principal.namespace,
+        task_id=task_id,
+        step=data["step"],
+        tool=data["tool"],
+        input=data["input"],
+        agent=principal.name,
+        lease_epoch=data.get("lease_epoch"),
+        compensation=dict(data["compensation"]) if data.get("compensation") else None,
+    )
+    call = outcome.call
+    if not outcome.replayed:
+        return Answer({
+            "idempotency_key": call.idempotency_key,
+            "status": "dispatched",
+            "dispatched_at": optional_timestamp(call.dispatched_at),
+            "replayed": False,
+        }, status.HTTP_201_CREATED)
+    if call.status == ToolCallStatus.DISPATCHED:
+        body = {
+            "idempotency_key": call.idempotency_key,
+            "status": "in_flight",
+            "dispatched_at": optional_timestamp(call.dispatched_at),
+            "replayed": True,
+        }
+    else:
+        body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
+                "replayed": True}
+    return Answer(body, status.HTTP_200_OK, {REPLAY_HEADER: "true"})
+
+
+def tool_call_result(principal: Principal, data: dict[str, Any], *, key: str) -> Answer:
+    outcome = tool_calls.tool_call_record_result(
+        namespace=principal.namespace,
+        key=key,
+        status=data["status"],
+        result=data["result"],
+        agent=principal.name,
+        lease_epoch=data.get("lease_epoch"),
+    )
+    body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
+    return written_or_replayed_answer(body, replayed=outcome.replayed)
 
 
 # --- leases --------------------------------------------------------------------------------
@@ -154,23 +234,8 @@ class LeasesView(ApiView):
         responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"), **errors(403, body=True)},
     )
     def post(self, request: Request) -> Response:
-        agent = calling_agent(request)
-        data = validated(LeaseClaimIn, request.data)
-        claim = leases.lease_claim(
-            agent=agent,
-            kinds=data.get("kinds"),
-            lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS),
-        )
-        if claim is None:
-            return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(
-            {
-                "task": task_as_api_dict(claim.task),
-                "lease_epoch": claim.lease_epoch,
-                "expires_at": format_timestamp(claim.expires_at),
-                "recovered": claim.recovered,
-            }
-        )
+        calling_agent(principal_of(request))  # a staff session is refused before its body is read
+        return respond(lease_claim(principal_of(request), validated(LeaseClaimIn, request.data)))
 
 
 class HeartbeatView(ApiView):
@@ -188,11 +253,7 @@ class HeartbeatView(ApiView):
         responses={200: HeartbeatOut, **errors(404, 409, conflicts=("stale_lease",), body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        data = validated(LeaseEpochIn, request.data)
-        task = leases.lease_heartbeat(
-            namespace=principal_of(request).namespace, task_id=task_id, lease_epoch=data["lease_epoch"]
-        )
-        return Response({"expires_at": optional_timestamp(task.lease_expires_at)})
+        return respond(lease_heartbeat(principal_of(request), validated(LeaseEpochIn, request.data), task_id=task_id))
 
 
 class ReleaseView(ApiView):
@@ -238,38 +299,8 @@ class ToolCallDispatchView(ApiView):
         responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        principal = principal_of(request)
         data = validated(ToolCallDispatchIn, request.data)
-        outcome = tool_calls.tool_call_dispatch(
-            namespace=principal.namespace,
-            task_id=task_id,
-            step=data["step"],
-            tool=data["tool"],
-            input=data["input"],
-            agent=principal.name,
-            lease_epoch=data.get("lease_epoch"),
-            compensation=dict(data["compensation"]) if data.get("compensation") else None,
-        )
-        call = outcome.call
-        if not outcome.replayed:
-            body = {
-                "idempotency_key": call.idempotency_key,
-                "status": "dispatched",
-                "dispatched_at": optional_timestamp(call.dispatched_at),
-                "replayed": False,
-            }
-            return Response(body, status=status.HTTP_201_CREATED)
-        if call.status == ToolCallStatus.DISPATCHED:
-            body = {
-                "idempotency_key": call.idempotency_key,
-                "status": "in_flight",
-                "dispatched_at": optional_timestamp(call.dispatched_at),
-                "replayed": True,
-            }
-        else:
-            body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
-                    "replayed": True}
-        return Response(body, status=status.HTTP_200_OK, headers={REPLAY_HEADER: "true"})
+        return respond(tool_call_dispatch(principal_of(request), data, task_id=task_id))
 
 
 class ToolCallResultView(ApiView):
@@ -289,18 +320,7 @@ class ToolCallResultView(ApiView):
         responses={201: ToolCallOut, 200: ToolCallOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, key: str) -> Response:
-        principal = principal_of(request)
-        data = validated(ToolCallResultIn, request.data)
-        outcome = tool_calls.tool_call_record_result(
-            namespace=principal.namespace,
-            key=key,
-            status=data["status"],
-            result=data["result"],
-            agent=principal.name,
-            lease_epoch=data.get("lease_epoch"),
-        )
-        body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
-        return written_or_replayed(body, replayed=outcome.replayed)
+        return respond(tool_call_result(principal_of(request), validated(ToolCallResultIn, request.data), key=key))
 
 
 class ToolCallDetailView(ApiView):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
@@ -10,7 +11,18 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.base import ApiView, errors, principal_of, query_int, validated, written_or_replayed
+from backplane.api.authentication import Principal
+from backplane.api.base import (
+    Answer,
+    ApiView,
+    errors,
+    principal_of,
+    query_int,
+    respond,
+    validated,
+    written_or_replayed,
+    written_or_replayed_answer,
+)
 from backplane.api.serializers import (
     ChainVerifyOut,
     EventAppendIn,
@@ -48,6 +60,48 @@ def draft_from(data: dict[str, Any]) -> EventDraft:
     )
 
 
+# --- the operations of the hot routes: shared by the DRF views below and api/lean.py --------
+
+
+def task_read(principal: Principal, query: Mapping[str, str], *, task_id: uuid.UUID) -> Answer:
+    return Answer(task_as_api_dict(selectors.task_row_visible(namespace=principal.namespace, task_id=task_id)))
+
+
+def events_page(principal: Principal, query: Mapping[str, str], *, task_id: uuid.UUID) -> Answer:
+    task = selectors.task_visible(namespace=principal.namespace, task_id=task_id)
+    page = selectors.event_list(
+        task=task,
+        after_seq=query_int(query, "after_seq", default=0, minimum=0),
+        limit=query_int(query, "limit", default=100, minimum=1, maximum=1000),
+    )
+    return Answer({"results": [event_as_api_dict(e) for e in page.events], "next_after_seq": page.next_after_seq})
+
+
+def event_append(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
+    outcome = services.event_append(
+        namespace=principal.namespace,
+        task_id=task_id,
+        draft=draft_from(data),
+        agent=principal.name,
+        expected_seq=data.get("expected_seq"),
+        lease_epoch=data.get("lease_epoch"),
+    )
+    return written_or_replayed_answer(event_as_api_dict(outcome.events[0]), replayed=outcome.replayed)
+
+
+def event_append_batch(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
+    outcome = services.event_append_batch(
+        namespace=principal.namespace,
+        task_id=task_id,
+        drafts=[draft_from(item) for item in data["events"]],
+        agent=principal.name,
+        expected_seq=data.get("expected_seq"),
+        lease_epoch=data.get("lease_epoch"),
+    )
+    body = {"results": [event_as_api_dict(e) for e in outcome.events]}
+    return written_or_replayed_answer(body, replayed=outcome.replayed)
+
+
 class TasksView(ApiView):
     @extend_schema(
         operation_id="tasks_list",
@@ -73,7 +127,7 @@ class TasksView(ApiView):
             namespace=principal_of(request).namespace,
             status=status_filter,
             kind=request.query_params.get("kind") or None,
-            limit=query_int(request, "limit", default=100, minimum=1, maximum=1000),
+            limit=query_int(request.query_params, "limit", default=100, minimum=1, maximum=1000),
             cursor=request.query_params.get("cursor") or None,
         )
         next_url = None
@@ -137,8 +191,7 @@ class TaskDetailView(ApiView):
         responses={200: TaskOut, **errors(404)},
     )
     def get(self, request: Request, task_id: uuid.UUID) -> Response:
-        task = selectors.task_visible(namespace=principal_of(request).namespace, task_id=task_id)
-        return Response(task_as_api_dict(task))
+        return respond(task_read(principal_of(request), request.query_params, task_id=task_id))
 
 
 class TaskEventsView(ApiView):
@@ -156,13 +209,7 @@ class TaskEventsView(ApiView):
         responses={200: EventListOut, **errors(404)},
     )
     def get(self, request: Request, task_id: uuid.UUID) -> Response:
-        task = selectors.task_visible(namespace=principal_of(request).namespace, task_id=task_id)
-        page = selectors.event_list(
-            task=task,
-            after_seq=query_int(request, "after_seq", default=0, minimum=0),
-            limit=query_int(request, "limit", default=100, minimum=1, maximum=1000),
-        )
-        return Response({"results": [event_as_api_dict(e) for e in page.events], "next_after_seq": page.next_after_seq})
+        return respond(events_page(principal_of(request), request.query_params, task_id=task_id))
 
     @extend_schema(
         operation_id="tasks_events_append",
@@ -202,18 +249,7 @@ class TaskEventsView(ApiView):
         responses={201: EventOut, 200: EventOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        principal = principal_of(request)
-        data = validated(EventAppendIn, request.data)
-        outcome = services.event_append(
-            namespace=principal.namespace,
-            task_id=task_id,
-            draft=draft_from(data),
-            agent=principal.name,
-            expected_seq=data.get("expected_seq"),
-            lease_epoch=data.get("lease_epoch"),
-        )
-        body = event_as_api_dict(outcome.events[0])
-        return written_or_replayed(body, replayed=outcome.replayed)
+        return respond(event_append(principal_of(request), validated(EventAppendIn, request.data), task_id=task_id))
 
 
 class TaskEventsBatchView(ApiView):
@@ -238,18 +274,8 @@ class TaskEventsBatchView(ApiView):
         responses={201: EventBatchOut, 200: EventBatchOut, **errors(404, 409, 422, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        principal = principal_of(request)
         data = validated(EventBatchIn, request.data)
-        outcome = services.event_append_batch(
-            namespace=principal.namespace,
-            task_id=task_id,
-            drafts=[draft_from(item) for item in data["events"]],
-            agent=principal.name,
-            expected_seq=data.get("expected_seq"),
-            lease_epoch=data.get("lease_epoch"),
-        )
-        body = {"results": [event_as_api_dict(e) for e in outcome.events]}
-        return written_or_replayed(body, replayed=outcome.replayed)
+        return respond(event_append_batch(principal_of(request), data, task_id=task_id))
 
 
 class TaskVerifyView(ApiView):

@@ -147,3 +147,36 @@ def test_a_serializer_it_cannot_reproduce_is_refused_at_compile_time() -> None:
 def test_a_field_type_it_does_not_know_is_refused_at_compile_time() -> None:
     with pytest.raises(fastcheck.NotCompilable):
         fastcheck.compile_check(TaskCreateIn)  # a UUIDField: parsing it is DRF's job
+
+
+tool_call_fields = st.dictionaries(
+    st.sampled_from(["step", "tool", "input", "lease_epoch", "compensation", "status", "result", "kinds",
+                     "lease_seconds", "other"]),
+    st.one_of(field_values, st.sampled_from(["succeeded", "failed", "dispatched", " succeeded"]),
+              st.fixed_dictionaries({"tool": st.sampled_from(["undo", " undo", ""]), "input": st.just({})}),
+              st.lists(st.sampled_from(["kind-a", " b", "", "x" * 101]), max_size=3)),
+    max_size=6,
+)
+
+
+@SETTINGS
+@given(tool_call_fields)
+def test_the_lease_and_tool_call_checks_are_never_looser_than_their_serializers(body: dict[str, Any]) -> None:
+    from backplane.api.recovery import LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn
+
+    for serializer_class in (LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn):
+        assert_never_looser(serializer_class, body)
+
+
+def test_the_lease_and_tool_call_bodies_agents_send_take_the_fast_path() -> None:
+    from backplane.api.recovery import LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn
+
+    for serializer_class, body in (
+        (LeaseClaimIn, {"kinds": ["lead-qualification"], "lease_seconds": 60}),
+        (LeaseEpochIn, {"lease_epoch": 4}),
+        (ToolCallDispatchIn, {"step": 3, "tool": "crm.lookup", "input": {"email": "a@b"}, "lease_epoch": 4,
+                              "compensation": {"tool": "crm.forget", "input": {}}}),
+        (ToolCallDispatchIn, {"step": 0, "tool": "t", "input": {}, "compensation": None}),
+        (ToolCallResultIn, {"status": "succeeded", "result": {"ok": True}, "lease_epoch": 4}),
+    ):
+        assert assert_never_looser(serializer_class, body), serializer_class

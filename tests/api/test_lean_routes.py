@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
@@ -90,11 +91,41 @@ def test_what_the_lean_path_does_not_take_on_goes_to_drf(alice: AgentClient) -> 
     assert_error(bad.get(url), 401, "not_authenticated")
 
 
-def test_the_rate_limit_applies_on_the_lean_path(alice: AgentClient, settings: object) -> None:
-    settings.BACKPLANE_RATE_LIMIT = "2/m"  # type: ignore[attr-defined]
+def test_the_rate_limit_applies_on_the_lean_path(alice: AgentClient, settings: Settings) -> None:
+    settings.BACKPLANE_RATE_LIMIT = "2/m"
     task = create_task(alice)  # one
     url = f"/api/v1/tasks/{task['task_id']}/"
     assert alice.get(url).status_code == 200  # two
     error = assert_error(alice.get(url), 429, "rate_limited")
     assert int(alice.get(url)["Retry-After"]) >= 1 and error["details"]["retry_after"] >= 1
     assert json.loads(alice.get(url).content)["error"]["code"] == "rate_limited"
+
+
+def test_claim_heartbeat_and_tool_calls_answer_on_the_lean_path(alice: AgentClient) -> None:
+    nothing = alice.post("/api/v1/leases/", {"kinds": ["lead-qualification"]}, format="json")
+    assert nothing.status_code == 204 and nothing.content == b"" and "Content-Type" not in nothing
+    task = create_task(alice)
+    lease = claim(alice, kinds=["lead-qualification"], lease_seconds=60)
+    assert lease["task"]["task_id"] == task["task_id"] and lease["task"]["status"] == "running"
+    url = f"/api/v1/tasks/{task['task_id']}/"
+    beat = alice.post(f"{url}heartbeat/", {"lease_epoch": lease["lease_epoch"]}, format="json")
+    assert beat.status_code == 200 and set(beat.json()) == {"expires_at"}
+    assert_error(alice.post(f"{url}heartbeat/", {"lease_epoch": lease["lease_epoch"] + 1}, format="json"),
+                 409, "stale_lease")
+    body = {"step": 1, "tool": "crm.write", "input": {"lead": 1}, "lease_epoch": lease["lease_epoch"],
+            "compensation": {"tool": "crm.revert", "input": {"lead": 1}}}
+    first = alice.post(f"{url}tool-calls/", body, format="json")
+    assert first.status_code == 201 and first.json()["status"] == "dispatched"
+    again = alice.post(f"{url}tool-calls/", body, format="json")
+    assert (again.status_code, again["Idempotent-Replay"], again.json()["status"]) == (200, "true", "in_flight")
+    key = first.json()["idempotency_key"]
+    done = alice.post(f"/api/v1/tool-calls/{key}/result/",
+                      {"status": "succeeded", "result": {"id": 7}, "lease_epoch": lease["lease_epoch"]}, format="json")
+    assert done.status_code == 201 and done.json()["compensation"] == {"tool": "crm.revert", "input": {"lead": 1}}
+    assert_error(alice.post(f"/api/v1/tool-calls/{key}/result/",
+                            {"status": "maybe", "result": {}, "lease_epoch": lease["lease_epoch"]}, format="json"),
+                 400, "validation_error")
+
+
+def test_a_staff_session_cannot_claim_on_any_path() -> None:
+    assert_error(staff_client().post("/api/v1/leases/", {}, format="json"), 403, "permission_denied")
