@@ -11,6 +11,8 @@ class DashboardConfig(AppConfig):
         from backplane.eventlog.writer import register_follow_up
         from dashboard.live import dead_letters_after_commit, notice_after_commit
 
-        register_follow_up(notice_after_commit)
+        # It only observes (a notice sent on commit), so it runs for quiet writes too, which the
+        # append path may commit without a transaction of its own (eventlog/writer.py).
+        register_follow_up(notice_after_commit, on_quiet_writes=True)
         # Dead letters from the outbox write no event: they are announced on their own.
         register_dead_letter_listener(dead_letters_after_commit)

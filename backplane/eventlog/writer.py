@@ -171,11 +171,11 @@ def write_events(
         task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now
     )
     outbox_enqueue_many(messages if lifecycle is None else [*messages, lifecycle], now=now)
-    if not write_is_quiet(drafts, before, task_state_of(task)):
-        _follow_up(
-            WrittenEvents(task=task, events=events, previous_status=previous_status, status=task.status,
-                          was_open=was_open, now=now)
-        )
+    _follow_up(
+        WrittenEvents(task=task, events=events, previous_status=previous_status, status=task.status,
+                      was_open=was_open, now=now),
+        quiet=write_is_quiet(drafts, before, task_state_of(task)),
+    )
     return events
 
 
@@ -190,8 +190,9 @@ _FATEFUL_TYPES = frozenset({"TaskCompleted", "TaskFailed"})
 
 def write_is_quiet(drafts: Sequence[EventDraft], before: TaskState, after: TaskState) -> bool:
     """A write that moves only the task's head: no status change, no lifecycle message, no outbox
-    message, no completion or failure. Follow-ups are not run for quiet writes (nothing in them
-    concerns a task's fate), which is what lets ``write_events_if_unmoved`` skip the lock."""
+    message, no completion or failure. Only observing follow-ups run for quiet writes (nothing
+    else concerns a step being recorded), which is what lets ``write_events_if_unmoved`` skip
+    the lock (``register_follow_up``)."""
     if any(draft.outbox or draft.type in _FATEFUL_TYPES for draft in drafts):
         return False
     return all(getattr(before, name) == getattr(after, name) for name in REDUCED_FIELDS if name not in HEAD_FIELDS)
@@ -265,6 +266,9 @@ def write_events_if_unmoved(
         event.position = positions[event.seq]
         event._state.adding = False
         event._state.db = "default"
+    # Committed: the observers of quiet writes (follow-ups registered ``on_quiet_writes``).
+    _follow_up(WrittenEvents(task=task, events=events, previous_status=before.status, status=task.status,
+                             was_open=True, now=now), quiet=True)
     return events
 
 
@@ -287,25 +291,29 @@ class WrittenEvents:
 
 
 FollowUp = Callable[[WrittenEvents], None]
-_follow_ups: list[FollowUp] = []
+_follow_ups: list[tuple[FollowUp, bool]] = []
 
 
-def register_follow_up(follow_up: FollowUp) -> None:
+def register_follow_up(follow_up: FollowUp, *, on_quiet_writes: bool = False) -> None:
     """Run ``follow_up`` after every write, in the writer's transaction, in registration order.
 
     Registered by an app's ``AppConfig.ready`` (recovery registers its circuit breakers,
     sagas and parent reports). A follow-up may lock more rows and write more events
     (through ``write_events``); an exception it raises rolls the whole write back.
-    Follow-ups are not run for quiet writes (``write_is_quiet``): a follow-up reacts to a
-    task's fate (a status change, a completion or failure), never to a step being recorded.
+
+    Quiet writes (``write_is_quiet``: a step recorded, nothing about the task's fate) run only
+    the follow-ups registered ``on_quiet_writes``, and the unlocked path runs them after its
+    one statement has committed, outside any transaction: such a follow-up only observes (the
+    dashboard's live notice, sent ``on_commit``), it never writes.
     """
-    if follow_up not in _follow_ups:
-        _follow_ups.append(follow_up)
+    if all(registered is not follow_up for registered, _ in _follow_ups):
+        _follow_ups.append((follow_up, on_quiet_writes))
 
 
-def _follow_up(written: WrittenEvents) -> None:
-    for follow_up in _follow_ups:
-        follow_up(written)
+def _follow_up(written: WrittenEvents, *, quiet: bool) -> None:
+    for follow_up, on_quiet_writes in _follow_ups:
+        if on_quiet_writes or not quiet:
+            follow_up(written)
 
 
 def outbox_headers(task: Task, event: Event, now: datetime) -> dict[str, Any]:
@@ -367,9 +375,9 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
     after = [write.task.status for write in writes]
     for write, events, before, status, opened, state in zip(writes, written, previous_status, after, was_open,
                                                             states_before, strict=True):
-        if not write_is_quiet(write.drafts, state, task_state_of(write.task)):
-            _follow_up(WrittenEvents(task=write.task, events=events, previous_status=before, status=status,
-                                     was_open=opened, now=now))
+        _follow_up(WrittenEvents(task=write.task, events=events, previous_status=before, status=status,
+                                 was_open=opened, now=now),
+                   quiet=write_is_quiet(write.drafts, state, task_state_of(write.task)))
     return written
 
 

@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from pytest_django.fixtures import Settings
 
 from backplane.eventlog import services
 from backplane.eventlog.errors import StaleLease
@@ -164,3 +165,46 @@ def test_racing_appends_fall_back_and_still_make_one_gap_free_chain(committed_db
     assert seqs == list(range(1, threads * per_thread + 2))
     assert task.last_seq == len(seqs) and chain_verify(task=task).valid
     assert list(projection_check(task_ids=[task.pk])) == []
+
+
+def test_an_unlocked_append_still_tells_open_pages(committed_db: None, settings: Settings,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard's live notice observes quiet writes too, after the statement commits."""
+    from dashboard import live
+
+    settings.BACKPLANE_LIVE_NOTICES = True
+    published: list[dict[str, object]] = []
+    monkeypatch.setattr(live.publisher, "publish", published.append)
+    task = new_task()
+    published.clear()
+    with CaptureQueriesContext(connection) as queries:
+        outcome = services.event_append(namespace="acme", task_id=task.pk, agent="a", draft=step(1))
+    assert not any("FOR UPDATE" in q["sql"] for q in queries.captured_queries)  # the unlocked path
+    assert published == [{"task_id": str(task.pk), "seq": 2, "position": outcome.events[0].position,
+                           "type": "ReasoningStepCompleted", "status": "pending", "namespace": "acme",
+                           "parent_id": None}]
+
+
+def test_quiet_writes_run_only_the_observing_follow_ups(committed_db: None) -> None:
+    from backplane.eventlog import writer
+
+    seen: list[str] = []
+
+    def reacts(written: writer.WrittenEvents) -> None:
+        seen.append("reacts:" + written.events[-1].type)
+
+    def observes(written: writer.WrittenEvents) -> None:
+        seen.append("observes:" + written.events[-1].type)
+
+    saved = list(writer._follow_ups)
+    try:
+        writer.register_follow_up(reacts)
+        writer.register_follow_up(observes, on_quiet_writes=True)
+        task = new_task()
+        seen.clear()
+        services.event_append(namespace="acme", task_id=task.pk, agent="a", draft=step(1))
+        services.event_append(namespace="acme", task_id=task.pk, agent="a",
+                              draft=EventDraft(type="TaskCompleted", payload={"output": {}}))
+    finally:
+        writer._follow_ups[:] = saved
+    assert seen == ["observes:ReasoningStepCompleted", "reacts:TaskCompleted", "observes:TaskCompleted"]
