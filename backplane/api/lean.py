@@ -33,12 +33,12 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from backplane.api import fastcheck, recovery, views
-from backplane.api.authentication import AgentTokenAuthentication
+from backplane.api.authentication import AgentTokenAuthentication, Principal, agent_authenticate_counting
 from backplane.api.base import Answer, validated
 from backplane.api.errors import error_parts
 from backplane.api.parsers import InvalidJSON, loads_strict
 from backplane.api.serializers import EventAppendIn, EventBatchIn, StrictSerializer
-from backplane.api.throttling import rate_limit_wait
+from backplane.api.throttling import agent_counting, rate_limit_wait
 
 # An operation of api/views.py or api/recovery.py: (principal, validated body or query, URL kwargs).
 Operation = Callable[..., Answer]
@@ -98,6 +98,20 @@ def _body(request: HttpRequest) -> Any:
         raise exceptions.ParseError(f"JSON parse error - {exc}") from None
 
 
+def _authenticate_and_count(request: HttpRequest) -> tuple[Principal, float | None] | None:
+    """The agent behind the token and the rate limit's wait (None: within it), in one statement
+    on the database cache, or in two (the authenticator, then the counter) on Redis."""
+    counting = agent_counting()
+    if counting is not None:
+        return agent_authenticate_counting(request, counting)
+    # The authenticator reads only the headers, which a Django request has as DRF's does.
+    authenticated = _authenticator.authenticate(cast(Request, request))
+    if authenticated is None:
+        return None
+    principal = authenticated[0]
+    return principal, rate_limit_wait(f"throttle:{principal.pk}")
+
+
 class LeanRoute:
     """One URL: per method an operation and its input's serializer, for agents' plain JSON calls;
     the DRF view for everything else."""
@@ -130,15 +144,13 @@ class LeanRoute:
         if serializer is not None and not _plain_json_body(request):
             return self.drf_view(request, **kwargs)
         try:
-            # The authenticator reads only the headers, which a Django request has as DRF's does.
-            authenticated = _authenticator.authenticate(cast(Request, request))
+            authenticated = _authenticate_and_count(request)
         except exceptions.AuthenticationFailed:
             authenticated = None
         if authenticated is None:
-            return self.drf_view(request, **kwargs)
-        principal = authenticated[0]
+            return self.drf_view(request, **kwargs)  # DRF gives the 401, with its WWW-Authenticate
+        principal, wait = authenticated
         try:
-            wait = rate_limit_wait(f"throttle:{principal.pk}")
             if wait is not None:
                 raise exceptions.Throttled(wait)
             if serializer is None:

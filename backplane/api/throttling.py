@@ -5,6 +5,7 @@ cache table)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -97,20 +98,50 @@ def _database_count(db_cache: DatabaseCache, key: str, *, window_end: int) -> in
     pickled values, so they are for this function only (``cache.get`` cannot read them);
     ``cache.clear()`` and the cache's culling may remove them, which only starts a window afresh.
     """
-    db = router.db_for_write(db_cache.cache_model_class)
-    connection = connections[db]
-    table = connection.ops.quote_name(db_cache._table)
+    connection = connections[router.db_for_write(db_cache.cache_model_class)]
     expires = datetime.fromtimestamp(window_end, tz=UTC)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {table} AS c (cache_key, value, expires) VALUES (%s, '1', %s)
-            ON CONFLICT (cache_key) DO UPDATE SET
-                value = CASE WHEN c.expires < EXCLUDED.expires THEN '1' ELSE (c.value::bigint + 1)::text END,
-                expires = GREATEST(c.expires, EXCLUDED.expires)
-            RETURNING value::bigint
-            """,
-            [db_cache.make_and_validate_key(key), expires],
-        )
+        cursor.execute(count_upsert_sql(db_cache, "VALUES (%s, '1', %s)"),
+                       [db_cache.make_and_validate_key(key), expires])
         (count,) = cursor.fetchone()
     return int(count)
+
+
+def count_upsert_sql(db_cache: DatabaseCache, source: str) -> str:
+    """The counting statement of ``_database_count``; ``source`` gives the (key, '1', expires) row."""
+    table = connections[router.db_for_write(db_cache.cache_model_class)].ops.quote_name(db_cache._table)
+    return f"""
+INSERT INTO {table} AS c (cache_key, value, expires) {source}
+ON CONFLICT (cache_key) DO UPDATE SET
+    value = CASE WHEN c.expires < EXCLUDED.expires THEN '1' ELSE (c.value::bigint + 1)::text END,
+    expires = GREATEST(c.expires, EXCLUDED.expires)
+RETURNING value::bigint
+"""
+
+
+@dataclass(frozen=True)
+class AgentCounting:
+    """How to count an agent's request in the statement that authenticates it (lean routes):
+    the database cache, and its key for agent N is ``key_prefix`` followed by N."""
+
+    db_cache: DatabaseCache
+    key_prefix: str
+    limit: int
+    window_end: int
+
+
+def agent_counting() -> AgentCounting | None:
+    """None unless the database cache counts requests with Django's default key function."""
+    cache = caches["default"]
+    if not isinstance(cache, DatabaseCache):
+        return None
+    probe = cache.make_key("throttle:agent:")
+    if cache.make_key("throttle:agent:12345") != probe + "12345":
+        return None
+    limit, period = parse_rate(settings.BACKPLANE_RATE_LIMIT)
+    return AgentCounting(cache, probe, limit, (int(time.time() // period) + 1) * period)
+
+
+def wait_after_count(counting: AgentCounting, count: int) -> float | None:
+    """``rate_limit_wait``'s answer once the count is known."""
+    return None if count <= counting.limit else max(counting.window_end - time.time(), 0.0)

@@ -37,16 +37,27 @@ def test_a_task_reads_the_same_on_the_lean_path_and_through_drf(alice: AgentClie
     assert lean["Allow"] == drf["Allow"]
 
 
-def test_an_agents_task_read_is_three_statements_and_no_queryset(alice: AgentClient) -> None:
+def test_an_agents_task_read_is_two_statements_and_no_queryset(alice: AgentClient) -> None:
     task = create_task(alice)
     alice.get(f"/api/v1/tasks/{task['task_id']}/")  # the first request also notes the agent as seen
     with CaptureQueriesContext(connection) as queries:
         response = alice.get(f"/api/v1/tasks/{task['task_id']}/")
     assert response.status_code == 200
     sql = [q["sql"] for q in queries.captured_queries]
-    # The token, the rate-limit counter, the row: no LIMIT 1 queryset, no session.
-    assert len(sql) == 3, sql
-    assert "backplane_agent" in sql[0] and "cache" in sql[1] and "FROM backplane_task WHERE id" in sql[2]
+    # The token with the rate-limit counter, then the row: no LIMIT 1 queryset, no session.
+    assert len(sql) == 2, sql
+    assert "backplane_agent" in sql[0] and "backplane_cache" in sql[0] and "FROM backplane_task WHERE id" in sql[1]
+
+
+def test_the_combined_statement_counts_into_the_principals_own_counter(alice: AgentClient,
+                                                                       settings: Settings) -> None:
+    """The lean path's counter is DRF's: requests through either path share one window."""
+    settings.BACKPLANE_RATE_LIMIT = "3/m"
+    task = create_task(alice)  # one (the create route is DRF's)
+    url = f"/api/v1/tasks/{task['task_id']}/"
+    assert alice.get(url).status_code == 200  # two (lean)
+    assert alice.get(url, HTTP_ACCEPT="application/json; indent=2").status_code == 200  # three (DRF)
+    assert_error(alice.get(url), 429, "rate_limited")  # four (lean)
 
 
 def test_an_append_answers_like_drf_with_its_allow_header(alice: AgentClient) -> None:
