@@ -12,6 +12,10 @@ without a database.
 Every function here takes and returns raw 32-byte hashes; ``hash_from_hex`` and
 ``hashes_to_hex`` convert at the edges (API, storage).
 
+``MerkleTree`` builds proofs from every leaf; a log that stores the perfect subtrees
+``CompactRange`` reports as it grows builds them from O(log n) stored hashes instead
+(``inclusion_plan`` / ``consistency_plan``, ``stored_keys``, ``fold_plan``).
+
 The verifiers follow RFC 9162 sections 2.1.3.2 and 2.1.4.2 step by step and reject malformed
 input the way transparency-dev/merkle does: an index outside the tree, a proof of the wrong
 length, a hash that is not 32 bytes, a first tree larger than the second, and any
@@ -24,21 +28,29 @@ callers check the roots themselves against signed tree heads).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "EMPTY_ROOT",
     "HASH_SIZE",
     "CompactRange",
     "MerkleTree",
+    "NodeKey",
+    "PerfectNode",
+    "consistency_plan",
     "consistency_proof",
     "event_leaf_hash",
+    "fold_plan",
     "hash_from_hex",
     "hashes_to_hex",
+    "inclusion_plan",
     "inclusion_proof",
     "leaf_hash",
     "node_hash",
+    "perfect_pieces",
     "root_from_leaf_hashes",
+    "stored_keys",
+    "stored_ranges",
     "verify_consistency",
     "verify_inclusion",
 ]
@@ -52,6 +64,12 @@ _sha256 = hashlib.sha256
 EMPTY_ROOT: bytes = _sha256(b"").digest()
 
 _HEX_DIGITS = frozenset("0123456789abcdef")
+
+# (level, index): the perfect subtree of the 2**level leaves from leaf index * 2**level; level 0
+# is one leaf. Such a subtree never changes once its last leaf is appended.
+NodeKey = tuple[int, int]
+# (level, index, hash) of a perfect subtree, as ``CompactRange`` reports it when it completes.
+PerfectNode = tuple[int, int, bytes]
 
 
 # --- hashing ---------------------------------------------------------------------------
@@ -267,6 +285,154 @@ def consistency_proof(leaf_hashes: Sequence[bytes], first: int, second: int) -> 
     return _tree_over(leaf_hashes, second).consistency_proof(first, second)
 
 
+# --- proofs from stored perfect subtrees -------------------------------------------------
+#
+# Every hash in an RFC 6962 proof is MTH of a subtree the recursion reaches, and every such
+# subtree is a run of perfect subtrees (one per set bit of its size, largest first). A log that
+# keeps the hash of each perfect subtree once it is complete (``CompactRange`` reports them)
+# can therefore answer any proof from O(log n) stored hashes, without reading the other leaves:
+#
+# 1. ``inclusion_plan`` / ``consistency_plan`` name the perfect subtrees of each proof entry.
+#    Only the right border, where the tree is not perfect, gives an entry of several pieces,
+#    so a plan has at most about 2 log2(n) pieces.
+# 2. A log may store only some levels ("tiles" of ``tile_height`` levels, as transparency logs
+#    do): levels that are multiples of ``tile_height``, level 0 being the leaves themselves.
+#    ``stored_keys`` turns the plan into the stored hashes it needs: a piece at level L comes
+#    from the 2**(L mod tile_height) stored hashes below it, at level L - L mod tile_height.
+#    ``stored_ranges`` groups them into index ranges, to read by primary key.
+# 3. ``fold_plan`` folds what was read into the proof, from the leaf upward.
+#
+# The plans mirror ``MerkleTree``'s proofs step by step; the tests hold them to each other.
+
+
+def perfect_pieces(start: int, end: int) -> list[NodeKey]:
+    """The perfect subtrees, largest (leftmost) first, that make up the leaves [start, end) of a
+    subtree RFC 6962 can reach (start a multiple of the largest of them): one per set bit of
+    ``end - start``. Their hashes folded from the right give MTH(D[start:end])."""
+    if not (_is_size(start) and _is_size(end)) or end < start:
+        raise ValueError(f"no subtree spans leaves [{start!r}, {end!r})")
+    pieces = []
+    position, remaining = start, end - start
+    while remaining:
+        height = remaining.bit_length() - 1
+        if position & ((1 << height) - 1):
+            raise ValueError(f"leaves [{start}, {end}) are not a subtree of an RFC 6962 tree")
+        pieces.append((height, position >> height))
+        position += 1 << height
+        remaining -= 1 << height
+    return pieces
+
+
+def inclusion_plan(index: int, tree_size: int) -> list[list[NodeKey]]:
+    """PATH(index, D[0:tree_size]) as perfect subtrees: for each proof entry, from the leaf
+    upward, the pieces whose fold is that entry (see ``MerkleTree.inclusion_proof``)."""
+    if not _is_size(tree_size):
+        raise ValueError(f"tree size must be a non-negative integer, got {tree_size!r}")
+    if not _is_size(index) or index >= tree_size:
+        raise ValueError(f"leaf index {index!r} is outside a tree of size {tree_size}")
+    top_down = []
+    start, end, m = 0, tree_size, index
+    while end - start > 1:
+        k = _largest_power_of_two_below(end - start)
+        if m < k:
+            top_down.append(perfect_pieces(start + k, end))
+            end = start + k
+        else:
+            top_down.append(perfect_pieces(start, start + k))
+            start += k
+            m -= k
+    top_down.reverse()
+    return top_down
+
+
+def consistency_plan(first: int, second: int) -> list[list[NodeKey]]:
+    """PROOF(first, D[0:second]) as perfect subtrees, from the bottom upward (see
+    ``MerkleTree.consistency_proof``). Requires 0 < first <= second; first == second gives []."""
+    if not _is_size(second):
+        raise ValueError(f"tree size must be a non-negative integer, got {second!r}")
+    if not _is_size(first) or first == 0 or first > second:
+        raise ValueError(f"no consistency proof from size {first!r} to size {second}")
+    top_down = []
+    start, end, m = 0, second, first
+    complete = True  # SUBPROOF's b: the current subtree's first m leaves form the whole old tree
+    while m != end - start:
+        k = _largest_power_of_two_below(end - start)
+        if m <= k:
+            top_down.append(perfect_pieces(start + k, end))
+            end = start + k
+        else:
+            top_down.append(perfect_pieces(start, start + k))
+            start += k
+            m -= k
+            complete = False
+    if not complete:
+        top_down.append(perfect_pieces(start, end))
+    top_down.reverse()
+    return top_down
+
+
+def _check_tile_height(tile_height: int) -> None:
+    if type(tile_height) is not int or tile_height < 1:
+        raise ValueError(f"tile height must be a positive integer, got {tile_height!r}")
+
+
+def _stored_span(piece: NodeKey, tile_height: int) -> tuple[int, int, int]:
+    """(stored level, first index, end index) of the stored hashes a piece is folded from."""
+    level, index = piece
+    stored_level = level - level % tile_height
+    width = 1 << (level - stored_level)
+    return stored_level, index * width, (index + 1) * width
+
+
+def stored_keys(plan: Iterable[Iterable[NodeKey]], *, tile_height: int) -> list[NodeKey]:
+    """The stored hashes (level, index) a plan needs when only levels that are multiples of
+    ``tile_height`` are stored (level 0: the leaf hashes), sorted, each once."""
+    _check_tile_height(tile_height)
+    keys: set[NodeKey] = set()
+    for entry in plan:
+        for piece in entry:
+            stored_level, first, end = _stored_span(piece, tile_height)
+            keys.update((stored_level, i) for i in range(first, end))
+    return sorted(keys)
+
+
+def stored_ranges(keys: Iterable[NodeKey], *, gap: int = 0) -> dict[int, list[tuple[int, int]]]:
+    """``keys`` as index ranges [first, end) per level, ascending. Two ranges of one level less
+    than ``gap`` indices apart become one (reading a few rows more saves an index descent)."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for level, index in sorted(set(keys)):
+        runs = ranges.setdefault(level, [])
+        if runs and index - runs[-1][1] <= gap:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return ranges
+
+
+def fold_plan(plan: Sequence[Sequence[NodeKey]], stored: Mapping[NodeKey, bytes], *, tile_height: int) -> list[bytes]:
+    """The proof a plan describes, from the stored hashes it needs (``stored_keys``): each
+    piece folded from the stored level below it, each entry's pieces from the right."""
+    _check_tile_height(tile_height)
+    sha256 = _sha256
+    node = NODE_PREFIX
+    proof = []
+    for entry in plan:
+        result = b""
+        for level, index in reversed(entry):
+            depth = level % tile_height
+            if depth:  # a perfect subtree of 2**depth stored hashes: pair by pair, level by level
+                first = index << depth
+                row = [stored[(level - depth, i)] for i in range(first, first + (1 << depth))]
+                while len(row) > 1:
+                    row = [sha256(node + row[i] + row[i + 1]).digest() for i in range(0, len(row), 2)]
+                piece = row[0]
+            else:
+                piece = stored[(level, index)]
+            result = sha256(node + piece + result).digest() if result else piece
+        proof.append(result)
+    return proof
+
+
 # --- verification ----------------------------------------------------------------------
 
 
@@ -384,20 +550,38 @@ class CompactRange:
     def hashes(self) -> tuple[bytes, ...]:
         return tuple(self._hashes)
 
-    def append(self, leaf_hash: bytes) -> None:
+    def append(self, leaf_hash: bytes) -> list[PerfectNode]:
+        """Add one leaf. Returns the perfect subtrees of two or more leaves it completes, as
+        (level, index, hash), lowest first: those a log stores to serve proofs (``fold_plan``)."""
+        completed: list[PerfectNode] = []
+        self._append(_checked_hash(leaf_hash), completed, 1)
+        return completed
+
+    def extend(self, leaf_hashes: Iterable[bytes], *, level_multiple: int = 1) -> list[PerfectNode]:
+        """Add leaves in order. Returns the perfect subtrees they complete whose level is a
+        positive multiple of ``level_multiple`` (every level by default), in the order completed."""
+        if type(level_multiple) is not int or level_multiple < 1:
+            raise ValueError(f"level_multiple must be a positive integer, got {level_multiple!r}")
+        completed: list[PerfectNode] = []
+        for h in leaf_hashes:
+            self._append(_checked_hash(h), completed, level_multiple)
+        return completed
+
+    def _append(self, leaf_hash: bytes, completed: list[PerfectNode], level_multiple: int) -> None:
         hashes = self._hashes
-        hashes.append(_checked_hash(leaf_hash))
-        # Each trailing 1 bit of the old size is a perfect subtree that now has a sibling.
+        hashes.append(leaf_hash)
+        # Each trailing 1 bit of the old size is a perfect subtree that now has a sibling: merged,
+        # they complete the subtree one level up, whose index is the old size shifted that far.
         size = self._size
+        level = 0
         while size & 1:
             right = hashes.pop()
-            hashes[-1] = _sha256(NODE_PREFIX + hashes[-1] + right).digest()
+            hashes[-1] = node = _sha256(NODE_PREFIX + hashes[-1] + right).digest()
             size >>= 1
+            level += 1
+            if not level % level_multiple:
+                completed.append((level, size, node))
         self._size += 1
-
-    def extend(self, leaf_hashes: Iterable[bytes]) -> None:
-        for h in leaf_hashes:
-            self.append(h)
 
     def root(self) -> bytes:
         if not self._hashes:
@@ -423,6 +607,16 @@ class CompactRange:
         if isinstance(hashes, str) or len(hashes) != size.bit_count():
             raise ValueError(f"a tree of {size} leaves has {size.bit_count()} frontier hashes")
         return cls._restore(size, [hash_from_hex(h) for h in hashes])
+
+    @classmethod
+    def from_hashes(cls, size: int, hashes: Sequence[bytes]) -> CompactRange:
+        """Like ``from_hex``, from raw 32-byte hashes (the perfect subtrees ``perfect_pieces(0, size)``
+        names, e.g. folded from stored nodes with ``fold_plan``)."""
+        if not _is_size(size):
+            raise ValueError(f"size must be a non-negative integer, got {size!r}")
+        if isinstance(hashes, bytes | bytearray) or len(hashes) != size.bit_count():
+            raise ValueError(f"a tree of {size} leaves has {size.bit_count()} frontier hashes")
+        return cls._restore(size, [_checked_hash(h, "frontier hash") for h in hashes])
 
     @classmethod
     def _restore(cls, size: int, hashes: list[bytes]) -> CompactRange:

@@ -124,6 +124,31 @@ class MerkleLeaf(models.Model):
         return f"leaf {self.leaf_index} = event {self.event_id}"
 
 
+# The stored levels of MerkleNode: multiples of this (level 0 is the leaf table). A perfect subtree
+# at any level is then folded from at most 2**(MERKLE_TILE_HEIGHT - 1) stored hashes. Changing it
+# means rewriting the table (a migration like 0021's backfill).
+MERKLE_TILE_HEIGHT = 4
+
+
+class MerkleNode(models.Model):
+    """A complete (perfect) subtree of the sealed Merkle tree: the hash of the 2**level leaves from
+    leaf ``index * 2**level``. Append-only, written by the sealer with the leaves that complete it.
+
+    Only levels that are multiples of ``MERKLE_TILE_HEIGHT`` are kept (4, 8, 12, ...; the leaves
+    are level 0), about one row per 15 leaves, and proofs read O(log n) of them
+    (``merkle.inclusion_plan`` and ``fold_plan``) instead of rebuilding the tree from every leaf.
+    Like leaves, nodes outlive the events that retention prunes.
+    """
+
+    pk = models.CompositePrimaryKey("level", "index")
+    level = models.PositiveSmallIntegerField()
+    index = models.BigIntegerField()
+    hash = models.BinaryField()  # the 32 raw bytes
+
+    def __str__(self) -> str:
+        return f"node {self.level}/{self.index} = {bytes(self.hash).hex()[:12]}"
+
+
 class SignedTreeHead(models.Model):
     """A signed checkpoint of the tree: size, root, time, Ed25519 signature (API.md, Integrity)."""
 

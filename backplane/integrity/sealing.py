@@ -10,6 +10,10 @@ Leaves are assigned in the order the sealer sees committed events. An event that
 late (a lower position whose transaction ran long) is simply found by a later run and gets
 a later index; the unique constraint on the event makes sealing it twice impossible.
 Only one sealer runs at a time across the cluster (a transaction-level advisory lock).
+
+With the leaves, a run stores the perfect subtrees they complete (``MerkleNode``, every
+``MERKLE_TILE_HEIGHT``-th level), so that a proof reads O(log n) stored hashes
+(``merkle.inclusion_plan`` / ``consistency_plan``, then ``fold_plan``) instead of every leaf.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import Error as DjangoDatabaseError
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from backplane.eventlog.canonical import canonical_json
@@ -36,7 +41,7 @@ from backplane.eventlog.chain import format_timestamp, stored_row_hash
 from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.selectors import use_c_timestamp_loader
 from backplane.integrity import merkle
-from backplane.integrity.models import MerkleLeaf, SignedTreeHead
+from backplane.integrity.models import MERKLE_TILE_HEIGHT, SignedTreeHead
 
 if TYPE_CHECKING:
     from backplane.delivery.models import DeadLetter
@@ -236,6 +241,9 @@ def seal_new_events(*, batch_size: int = 10_000, now: datetime | None = None) ->
         unsealed = (late + new)[:batch_size]
         head = SignedTreeHead.objects.order_by("-tree_size").first()
         if not unsealed and head is not None:
+            # Nothing to seal, but a sealer of the previous release may have appended leaves
+            # without nodes (an upgrade rolling out): proofs compute those from leaves till then.
+            merkle_nodes_fill_missing(tree_size=head.tree_size)
             step = SealStep(sealed=0, tree_size=head.tree_size, ran=True)
         else:
             head = _append_leaves_and_sign(head, unsealed, now=now)
@@ -248,18 +256,24 @@ def seal_new_events(*, batch_size: int = 10_000, now: datetime | None = None) ->
 def _append_leaves_and_sign(
     head: SignedTreeHead | None, unsealed: list[tuple[int, str]], *, now: datetime | None
 ) -> SignedTreeHead:
+    """Make ``unsealed`` (position, event hash) the next leaves after ``head``, store the perfect
+    subtrees they complete, and sign the new head. Runs in the caller's transaction, under the lock."""
     frontier = merkle.CompactRange.from_hex(head.tree_size, head.frontier) if head else merkle.CompactRange()
+    if head is not None:
+        merkle_nodes_fill_missing(tree_size=head.tree_size)
     start = frontier.size
     lines = []
+    leaf_hashes = []
     for offset, (position, event_hash) in enumerate(unsealed):
-        frontier.append(merkle.event_leaf_hash(event_hash))  # also checks the hash is 64 hex digits
+        leaf_hashes.append(merkle.event_leaf_hash(event_hash))  # also checks the hash is 64 hex digits
         lines.append(f"{start + offset}\t{position}\t{event_hash}\n")
+    nodes = frontier.extend(leaf_hashes, level_multiple=MERKLE_TILE_HEIGHT)
     if lines:
         # COPY: the ORM's bulk_create cost more per leaf than hashing it.
-        with connection.cursor() as cursor, connection.wrap_database_errors, cursor.copy(
-            "COPY backplane_merkleleaf (leaf_index, event_id, event_hash) FROM STDIN"
-        ) as copy:
-            copy.write("".join(lines))
+        with connection.cursor() as cursor, connection.wrap_database_errors:
+            with cursor.copy("COPY backplane_merkleleaf (leaf_index, event_id, event_hash) FROM STDIN") as copy:
+                copy.write("".join(lines))
+            _copy_nodes(cursor, nodes)
     key = signing_key()
     signed_at = format_timestamp(now or timezone.now())
     root_hash = frontier.root().hex()
@@ -274,52 +288,185 @@ def _append_leaves_and_sign(
     )
 
 
+def _copy_nodes(cursor: CursorWrapper, nodes: list[merkle.PerfectNode]) -> None:
+    if nodes:
+        # bytea in COPY's text format: \\x and hex digits (the backslash escaped).
+        with cursor.copy("COPY backplane_merklenode (level, index, hash) FROM STDIN") as copy:
+            copy.write("".join(f"{level}\t{index}\t\\\\x{node.hex()}\n" for level, index, node in nodes))
+
+
+# Leaves per read while nodes are filled in: memory stays bounded whatever the tree's size.
+_FILL_PAGE_SIZE = 50_000
+
+
+def merkle_nodes_fill_missing(*, tree_size: int) -> int:
+    """Store the perfect subtrees (``MerkleNode``) of the first ``tree_size`` leaves that have none
+    yet; returns how many were written.
+
+    The sealer writes nodes with the leaves that complete them, in one transaction, so the ones
+    missing are always a tail: all of them before migration 0021 (whose backfill this is), or the
+    leaves a sealer of the previous release appended while an upgrade rolled out (migrations run
+    against a live product). Every sealer run checks, under the lock, in one index probe: no node
+    of the lowest stored level past the last one means nothing is missing (each stored node ends
+    at a leaf that also completes a node of that level). Otherwise the frontier is restored from
+    the stored nodes before the gap and the leaves after it are read in pages, in leaf order.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT max(index) FROM backplane_merklenode WHERE level = %s", [MERKLE_TILE_HEIGHT])
+        (last,) = cursor.fetchone()
+        start = 0 if last is None else (last + 1) << MERKLE_TILE_HEIGHT
+        if tree_size - start < 1 << MERKLE_TILE_HEIGHT:
+            return 0  # not one node of the lowest stored level could have been completed since
+        frontier_plan = [[piece] for piece in merkle.perfect_pieces(0, start)]
+        frontier = merkle.CompactRange.from_hashes(start, _fold_from_stored(frontier_plan, tree_size=start))
+        written = 0
+        while frontier.size < tree_size:
+            page_end = min(frontier.size + _FILL_PAGE_SIZE, tree_size)
+            cursor.execute(
+                "SELECT leaf_index, event_hash FROM backplane_merkleleaf"
+                " WHERE leaf_index >= %s AND leaf_index < %s ORDER BY leaf_index",
+                [frontier.size, page_end],
+            )
+            rows = cursor.fetchall()
+            if len(rows) != page_end - frontier.size:  # the primary key makes the indices distinct
+                raise RuntimeError(f"the leaf table lacks leaves between {frontier.size} and {page_end}")
+            nodes = frontier.extend([merkle.event_leaf_hash(h) for _, h in rows], level_multiple=MERKLE_TILE_HEIGHT)
+            _copy_nodes(cursor, nodes)
+            written += len(nodes)
+    if written:
+        logger.info("stored %d Merkle node(s) of leaves %d to %d", written, start, tree_size - 1)
+    return written
+
+
 # --- reading: heads and proofs ---------------------------------------------------------------
+
+
+def _nothing_sealed_yet() -> NotFound:
+    return NotFound("nothing has been sealed yet", {})
+
+
+def _no_head_of_size(tree_size: int) -> NotFound:
+    return NotFound(f"no signed tree head of size {tree_size}", {"tree_size": tree_size})
 
 
 def latest_head() -> SignedTreeHead:
     head = SignedTreeHead.objects.order_by("-tree_size").first()
     if head is None:
-        raise NotFound("nothing has been sealed yet", {})
+        raise _nothing_sealed_yet()
     return head
 
 
 def head_of_size(tree_size: int) -> SignedTreeHead:
     head = SignedTreeHead.objects.filter(tree_size=tree_size).first()
     if head is None:
-        raise NotFound(f"no signed tree head of size {tree_size}", {"tree_size": tree_size})
+        raise _no_head_of_size(tree_size)
     return head
 
 
-def _leaf_hashes(tree_size: int) -> list[bytes]:
-    hashes = [
-        merkle.event_leaf_hash(h)
-        for h in MerkleLeaf.objects.filter(leaf_index__lt=tree_size).order_by("leaf_index")
-        .values_list("event_hash", flat=True).iterator(chunk_size=20_000)
-    ]
-    if len(hashes) != tree_size:
-        raise NotFound(f"the tree has fewer than {tree_size} leaves", {"tree_size": tree_size})
-    return hashes
+# The stored hashes a proof needs, in one statement: index ranges of stored nodes, and of leaves
+# (level 0, whose hash is taken from the event hash in Python, as the sealer takes it). Each range
+# is a scan of a primary key; the arrays keep the statement's text the same for every proof.
+_STORED_HASHES_SQL = """
+SELECT n.level, n.index, n.hash, NULL::text
+FROM unnest(%(levels)s::smallint[], %(node_los)s::bigint[], %(node_his)s::bigint[]) AS r(level, lo, hi)
+JOIN backplane_merklenode n ON n.level = r.level AND n.index >= r.lo AND n.index < r.hi
+UNION ALL
+SELECT 0, l.leaf_index, NULL::bytea, l.event_hash
+FROM unnest(%(leaf_los)s::bigint[], %(leaf_his)s::bigint[]) AS r(lo, hi)
+JOIN backplane_merkleleaf l ON l.leaf_index >= r.lo AND l.leaf_index < r.hi
+"""
+
+_LEAVES_SQL = """
+SELECT l.leaf_index, l.event_hash
+FROM unnest(%(leaf_los)s::bigint[], %(leaf_his)s::bigint[]) AS r(lo, hi)
+JOIN backplane_merkleleaf l ON l.leaf_index >= r.lo AND l.leaf_index < r.hi
+"""
+
+
+def _fewer_leaves(tree_size: int) -> NotFound:
+    return NotFound(f"the tree has fewer than {tree_size} leaves", {"tree_size": tree_size})
+
+
+def _stored_hashes(keys: list[merkle.NodeKey], *, tree_size: int) -> dict[merkle.NodeKey, bytes]:
+    """The stored hashes ``keys`` name (level 0: leaf hashes), in one query. Ranges a tile apart
+    or less are read as one: a few rows more, one index descent less."""
+    ranges = merkle.stored_ranges(keys, gap=1 << MERKLE_TILE_HEIGHT)
+    node_ranges = [(level, lo, hi) for level, runs in ranges.items() if level for lo, hi in runs]
+    leaf_ranges = ranges.get(0, [])
+    with connection.cursor() as cursor:
+        cursor.execute(_STORED_HASHES_SQL, {
+            "levels": [level for level, _, _ in node_ranges], "node_los": [lo for _, lo, _ in node_ranges],
+            "node_his": [hi for _, _, hi in node_ranges],
+            "leaf_los": [lo for lo, _ in leaf_ranges], "leaf_his": [hi for _, hi in leaf_ranges],
+        })
+        rows = cursor.fetchall()
+    found = {(level, index): node if level else merkle.event_leaf_hash(event_hash)
+             for level, index, node, event_hash in rows}
+    missing = [key for key in keys if key not in found]
+    if missing:
+        found.update(_missing_nodes_from_leaves(missing, tree_size=tree_size))
+    return found
+
+
+def _missing_nodes_from_leaves(missing: list[merkle.NodeKey], *, tree_size: int) -> dict[merkle.NodeKey, bytes]:
+    """Nodes not stored, computed from their leaves: only between an older release's sealer
+    appending leaves and the next run of this one (``merkle_nodes_fill_missing``)."""
+    if any(level == 0 for level, _ in missing):
+        raise _fewer_leaves(tree_size)
+    logger.warning("%d Merkle node(s) are not stored yet: computing them from their leaves", len(missing))
+    spans = [(index << level, (index + 1) << level) for level, index in missing]
+    with connection.cursor() as cursor:
+        cursor.execute(_LEAVES_SQL, {"leaf_los": [lo for lo, _ in spans], "leaf_his": [hi for _, hi in spans]})
+        leaves = dict(cursor.fetchall())
+    computed = {}
+    for key, (lo, hi) in zip(missing, spans, strict=True):
+        if any(i not in leaves for i in range(lo, hi)):
+            raise _fewer_leaves(tree_size)
+        computed[key] = merkle.root_from_leaf_hashes([merkle.event_leaf_hash(leaves[i]) for i in range(lo, hi)])
+    return computed
+
+
+def _fold_from_stored(plan: list[list[merkle.NodeKey]], *, tree_size: int) -> list[bytes]:
+    """The hashes a plan (``merkle.inclusion_plan`` and the like) describes, from the stored nodes."""
+    if not plan:
+        return []
+    keys = merkle.stored_keys(plan, tile_height=MERKLE_TILE_HEIGHT)
+    return merkle.fold_plan(plan, _stored_hashes(keys, tree_size=tree_size), tile_height=MERKLE_TILE_HEIGHT)
+
+
+# An event's leaf index and a signed tree size (NULL: not sealed, no such head), in one round trip.
+_LEAF_SQL = "SELECT l.leaf_index FROM backplane_merkleleaf l WHERE l.event_id = %(position)s"
+_HEAD_OF_SIZE_SQL = "SELECT h.tree_size FROM backplane_signedtreehead h WHERE h.tree_size = %(tree_size)s"
+_LATEST_HEAD_SQL = "SELECT max(h.tree_size) FROM backplane_signedtreehead h"
 
 
 def inclusion_proof_for_event(*, position: int, tree_size: int | None) -> tuple[int, int, list[str]]:
-    """(leaf_index, tree_size, audit path as hex) for an event, against a signed head."""
-    leaf = MerkleLeaf.objects.filter(event_id=position).first()
-    if leaf is None:
+    """(leaf_index, tree_size, audit path as hex) for an event, against a signed head (the latest
+    by default). Two queries: the leaf and the head, then the O(log n) stored hashes of the path."""
+    with connection.cursor() as cursor:
+        head_sql = _LATEST_HEAD_SQL if tree_size is None else _HEAD_OF_SIZE_SQL
+        cursor.execute(f"SELECT ({_LEAF_SQL}), ({head_sql})", {"position": position, "tree_size": tree_size})
+        leaf_index, size = cursor.fetchone()
+    if leaf_index is None:
         raise NotFound("this event is not sealed yet", {"position": position})
-    size = head_of_size(tree_size).tree_size if tree_size is not None else latest_head().tree_size
-    if leaf.leaf_index >= size:
-        raise InvalidInput("the event was sealed after that tree size", {"tree_size": f"must be > {leaf.leaf_index}"})
-    proof = merkle.inclusion_proof(_leaf_hashes(size), leaf.leaf_index, size)
-    return leaf.leaf_index, size, [p.hex() for p in proof]
+    if size is None:
+        raise _nothing_sealed_yet() if tree_size is None else _no_head_of_size(tree_size)
+    if leaf_index >= size:
+        raise InvalidInput("the event was sealed after that tree size", {"tree_size": f"must be > {leaf_index}"})
+    proof = _fold_from_stored(merkle.inclusion_plan(leaf_index, size), tree_size=size)
+    return leaf_index, size, merkle.hashes_to_hex(proof)
 
 
 def consistency_proof_between(*, first: int, second: int) -> list[str]:
+    """The consistency proof between two signed tree sizes, as hex. Two queries: the heads, then
+    the O(log n) stored hashes of the proof."""
     if not 0 < first <= second:
         raise InvalidInput("need 0 < first <= second", {"first": first, "second": second})
-    head_of_size(first)
-    head_of_size(second)
-    return [p.hex() for p in merkle.consistency_proof(_leaf_hashes(second), first, second)]
+    signed = set(SignedTreeHead.objects.filter(tree_size__in=[first, second]).values_list("tree_size", flat=True))
+    for size in (first, second):
+        if size not in signed:
+            raise _no_head_of_size(size)
+    return merkle.hashes_to_hex(_fold_from_stored(merkle.consistency_plan(first, second), tree_size=second))
 
 
 # --- verification against the signed head ----------------------------------------------------
