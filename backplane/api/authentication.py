@@ -95,11 +95,14 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
         return f'{self.keyword} realm="api"'
 
 
+_BEARER_SCHEME = b"bearer"
+
+
 def bearer_token(request: Request | HttpRequest) -> str | None:
     """The token of ``Authorization: Bearer <token>``; None without one; AuthenticationFailed
     for a malformed header."""
     header = authentication.get_authorization_header(request).split()
-    if not header or header[0].lower() != AgentTokenAuthentication.keyword.lower().encode():
+    if not header or header[0].lower() != _BEARER_SCHEME:
         return None
     if len(header) != 2:
         raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
