@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv browser screenshots bench wrk crash-report fuzz lint mutants clean-db
+.PHONY: run test venv browser screenshots bench profile wrk crash-report fuzz lint mutants clean-db
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -74,6 +74,11 @@ $(BENCH_STAMP): requirements-bench.txt requirements.txt
 
 bench: $(STAMP) $(BENCH_STAMP) wrk
 	$(PY) bench/http_bench.py --peers-python $(BENCH_VENV)/bin/python --out var/bench
+
+# Where each hot route's time goes in the web process under wrk's load: py-spy's samples, summed
+# by part of the request (bench/profile_http.py; collapsed stacks in var/bench/profile-*.txt).
+profile: $(STAMP) $(BENCH_STAMP) wrk
+	$(PY) bench/profile_http.py --out var/bench
 
 # The HTTP load generator for `make bench`: Debian's wrk, from apt (as root, else with sudo).
 wrk:

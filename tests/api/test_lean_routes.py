@@ -140,3 +140,10 @@ def test_claim_heartbeat_and_tool_calls_answer_on_the_lean_path(alice: AgentClie
 
 def test_a_staff_session_cannot_claim_on_any_path() -> None:
     assert_error(staff_client().post("/api/v1/leases/", {}, format="json"), 403, "permission_denied")
+
+
+def test_the_rate_limit_counters_write_no_wal() -> None:
+    """Each request's count commits without waiting for a WAL flush (recovery migration 0007)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relpersistence FROM pg_class WHERE relname = 'backplane_cache'")
+        assert cursor.fetchone() == ("u",)
