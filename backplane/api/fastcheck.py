@@ -109,6 +109,13 @@ def _object_check(field: JSONObjectField) -> Check:
     return check
 
 
+def _list_within(value: Any, allow_empty: bool, min_length: int | None, max_length: int | None) -> bool:
+    """A JSON array the list's emptiness and length bounds allow."""
+    if type(value) is not list or (not value and not allow_empty):
+        return False
+    return (max_length is None or len(value) <= max_length) and (min_length is None or len(value) >= min_length)
+
+
 def _list_check(field: serializers.ListSerializer) -> Check:
     assert isinstance(field.child, StrictSerializer)
     child = _serializer_check(type(field.child))
@@ -119,9 +126,7 @@ def _list_check(field: serializers.ListSerializer) -> Check:
     def check(value: Any) -> Any:
         if value is None:
             return None if allow_null else _DOUBT
-        if type(value) is not list or (not value and not allow_empty):
-            return _DOUBT
-        if (max_length is not None and len(value) > max_length) or (min_length is not None and len(value) < min_length):
+        if not _list_within(value, allow_empty, min_length, max_length):
             return _DOUBT
         items = []
         for item in value:
@@ -158,9 +163,7 @@ def _string_list_check(field: serializers.ListField) -> Check:
     def check(value: Any) -> Any:
         if value is None:
             return None if allow_null else _DOUBT
-        if type(value) is not list or (not value and not allow_empty):
-            return _DOUBT
-        if (max_length is not None and len(value) > max_length) or (min_length is not None and len(value) < min_length):
+        if not _list_within(value, allow_empty, min_length, max_length):
             return _DOUBT
         items = [child(item) for item in value]
         return _DOUBT if any(item is _DOUBT for item in items) else items

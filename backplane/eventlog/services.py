@@ -217,13 +217,7 @@ def event_append_batch(
         if replay is not None:
             replay_count(task_id=task.pk, kind="event", now=timezone.now())
             return AppendOutcome(events=replay, replayed=True)
-        if task.is_closed:
-            raise TaskClosed(f"task is {task.status}", {"status": task.status})
-        if expected_seq is not None and expected_seq != task.last_seq:
-            raise SeqConflict(
-                f"expected_seq {expected_seq} but the task is at {task.last_seq}",
-                {"last_seq": task.last_seq, "expected_seq": expected_seq},
-            )
+        check_open_at(task, expected_seq)
         events = write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
     return AppendOutcome(events=events, replayed=False)
 
@@ -266,6 +260,16 @@ def _append_quiet_unlocked(
     check_lease(task, lease_epoch)
     if row[-1]:
         return None
+    check_open_at(task, expected_seq)
+    try:
+        return write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=digests)
+    except IntegrityError:
+        # The same idempotency key, committed by a concurrent request since our read.
+        return None
+
+
+def check_open_at(task: Task, expected_seq: int | None) -> None:
+    """409 for a closed task, then for an ``expected_seq`` that is not the task's ``last_seq``."""
     if task.is_closed:
         raise TaskClosed(f"task is {task.status}", {"status": task.status})
     if expected_seq is not None and expected_seq != task.last_seq:
@@ -273,11 +277,6 @@ def _append_quiet_unlocked(
             f"expected_seq {expected_seq} but the task is at {task.last_seq}",
             {"last_seq": task.last_seq, "expected_seq": expected_seq},
         )
-    try:
-        return write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=digests)
-    except IntegrityError:
-        # The same idempotency key, committed by a concurrent request since our read.
-        return None
 
 
 def replay_count(*, task_id: uuid.UUID, kind: str, now: datetime) -> None:
