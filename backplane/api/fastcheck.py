@@ -109,7 +109,7 @@ def _object_check(field: JSONObjectField) -> Check:
     return check
 
 
-def _list_within(value: Any, allow_empty: bool, min_length: int | None, max_length: int | None) -> bool:
+def _list_within(value: Any, allow_empty: bool | None, min_length: int | None, max_length: int | None) -> bool:
     """A JSON array the list's emptiness and length bounds allow."""
     if type(value) is not list or (not value and not allow_empty):
         return False
