@@ -61,9 +61,9 @@ fuzz: $(STAMP)
 # started as `make run` starts it, wrk against it, pgbench's plain-SQL append on its PostgreSQL,
 # bench/append.py (its report printed as before), bench/api_cpu.py, bench/proof.py when present,
 # and two durable-execution peers (bench/peers.py: DBOS, LangGraph) from requirements-bench.txt,
-# which live in a venv of their own (.venv-bench): langsmith would add a pytest plugin to .venv.
+# which live in a venv of their own (.venv/bench): langsmith would add a pytest plugin to .venv.
 # The table goes to var/bench/summary.md (and summary.json).
-BENCH_VENV := .venv-bench
+BENCH_VENV := .venv/bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 $(BENCH_STAMP): requirements-bench.txt requirements.txt
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)

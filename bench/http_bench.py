@@ -56,7 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 BASELINES = BENCH / "baselines"
-BENCH_VENV_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+BENCH_VENV_PYTHON = ROOT / ".venv" / "bench" / "bin" / "python"
 READY_SECONDS = 240.0
 STOP_SECONDS = 90.0
 CHILD_GRACE_SECONDS = 20.0
@@ -517,7 +517,7 @@ class Bench:
         check = subprocess.run([python, "-c", "import dbos, langgraph.checkpoint.postgres"], capture_output=True,
                                text=True, timeout=120)
         if check.returncode != 0:
-            raise RuntimeError(f"{python} lacks requirements-bench.txt (make bench installs it into .venv-bench)")
+            raise RuntimeError(f"{python} lacks requirements-bench.txt (make bench installs it into .venv/bench)")
         admin = with_database(self.product.database_url(), "postgres")
         result = self.raw / "peers.json"
         result.unlink(missing_ok=True)
@@ -627,7 +627,7 @@ def main() -> int:
     parser.add_argument("--proof-proofs", type=int, help="bench/proof.py --proofs")
     parser.add_argument("--peers-python", default=str(BENCH_VENV_PYTHON if BENCH_VENV_PYTHON.exists()
                                                       else sys.executable),
-                        help="a Python with requirements-bench.txt (default: .venv-bench's if present)")
+                        help="a Python with requirements-bench.txt (default: .venv/bench's if present)")
     parser.add_argument("--skip-peers", action="store_true", help="leave the DBOS and LangGraph rows unmeasured")
     parser.add_argument("--langgraph-durability", choices=("sync", "async", "exit"), default="sync",
                         help="bench/peers.py's LangGraph durability mode (sync: each step's checkpoint is written "

@@ -1,9 +1,9 @@
 """Two durable-execution peers on the same PostgreSQL server, 1 worker: what one durable step costs.
 
-    .venv-bench/bin/python bench/peers.py --database-url postgresql://postgres@/postgres?host=SOCKDIR&port=PORT
+    .venv/bench/bin/python bench/peers.py --database-url postgresql://postgres@/postgres?host=SOCKDIR&port=PORT
         [--duration 15] [--only dbos|langgraph] [--langgraph-durability sync] [--json PATH]
 
-Needs requirements-bench.txt (``make bench`` installs it into .venv-bench; bench/http_bench.py
+Needs requirements-bench.txt (``make bench`` installs it into .venv/bench; bench/http_bench.py
 runs this file with that venv's Python). ``--database-url`` is a superuser URL of the server:
 each peer gets a scratch database of its own there (dropped and created again).
 

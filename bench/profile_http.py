@@ -9,7 +9,7 @@ meanwhile, ``py-spy record --format raw`` on the uvicorn process (all its thread
 left out). It prints the share of samples spent in each part of the request (inclusive), the
 functions that took most samples themselves, and writes the collapsed stacks to var/bench/ (load
 them into speedscope or flamegraph.pl for a picture). py-spy comes from requirements-bench.txt
-(.venv-bench).
+(.venv/bench).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main() -> int:
     parser.add_argument("--route", choices=["append", "batch", "task", "healthz", "all"], default="all")
     parser.add_argument("--duration", type=int, default=20)
     parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--py-spy", default=str(ROOT / ".venv-bench" / "bin" / "py-spy"))
+    parser.add_argument("--py-spy", default=str(ROOT / ".venv" / "bench" / "bin" / "py-spy"))
     parser.add_argument("--out", default=str(ROOT / "var" / "bench"))
     args = parser.parse_args()
     out = Path(args.out)
