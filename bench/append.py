@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/append.py [--events 3000] [--threads 1]
 
+Then the same single-event append with tracing off and on (an in-memory exporter), in
+alternating rounds: what OpenTelemetry costs the hot path (docs/observability.md).
+
 Baseline ("raw"): the least any append must do in PostgreSQL — one transaction that
 locks a row, inserts a JSONB row and updates the locked row — written with psycopg
 directly, no Django, no hashing. The ratio says what the append path (checks,
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -63,11 +67,17 @@ def run_threads(worker, events: int, threads: int) -> float:  # type: ignore[no-
     return per_thread * threads / (time.perf_counter() - started)
 
 
-def service_appends(events: int, threads: int, batch: int) -> tuple[float, list[float]]:
+def service_appends(events: int, threads: int, batch: int, *, traced: bool = False) -> tuple[float, list[float]]:
+    """``traced``: each append runs inside a server span, as a request's does with tracing on."""
+    from contextlib import nullcontext
+
     from django.db import connection
+    from opentelemetry import trace
 
     from backplane.eventlog import services
     from backplane.eventlog.writer import EventDraft
+
+    tracer = trace.get_tracer("bench")
 
     tasks = [
         services.task_create(namespace="bench", kind="bench", input={}, agent="bench").task for _ in range(threads)
@@ -84,7 +94,9 @@ def service_appends(events: int, threads: int, batch: int) -> tuple[float, list[
                 for i in range(batch)
             ]
             started = time.perf_counter()
-            services.event_append_batch(namespace="bench", task_id=task.pk, drafts=drafts, agent="bench")
+            span = tracer.start_as_current_span("POST events", kind=trace.SpanKind.SERVER) if traced else nullcontext()
+            with span:
+                services.event_append_batch(namespace="bench", task_id=task.pk, drafts=drafts, agent="bench")
             local.append((time.perf_counter() - started) * 1000)
         connection.close()
         with lock:
@@ -93,11 +105,38 @@ def service_appends(events: int, threads: int, batch: int) -> tuple[float, list[
     return run_threads(worker, events, threads), latencies
 
 
+def tracing_off_and_on(events: int, threads: int, *, rounds: int) -> tuple[list[float], list[float]]:
+    """The single-event append rate with tracing off and on, in alternating rounds (so a drift of
+    the machine's speed hits both alike). On: the SDK with every instrumentation the product
+    installs (psycopg's spans included) and a batch processor, as with OTEL_EXPORTER_OTLP_ENDPOINT
+    set, but exporting to memory; each append runs in a server span, as a request's does."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from backplane.telemetry import tracing
+
+    exporter = InMemorySpanExporter()
+    off: list[float] = []
+    on: list[float] = []
+    for _ in range(rounds):
+        off.append(service_appends(events, threads, 1)[0])
+        tracing.tracing_install(exporter, service_name="bench", batch=True)
+        try:
+            on.append(service_appends(events, threads, 1, traced=True)[0])
+        finally:
+            tracing.tracing_uninstall()
+        if not exporter.get_finished_spans():
+            raise SystemExit("tracing on recorded no span: the bench measured nothing")
+        exporter.clear()
+    return off, on
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--tracing-rounds", type=int, default=3,
+                        help="rounds of the tracing off/on comparison (each: --events appends off, then on)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (bench/http_bench.py reads it)")
     args = parser.parse_args()
 
@@ -105,12 +144,19 @@ def main() -> None:
         raw_rate, raw_lat = raw_baseline(url, args.events, args.threads)
         single_rate, single_lat = service_appends(args.events, args.threads, 1)
         batch_rate, batch_lat = service_appends(args.events * 5, args.threads, args.batch)
+        untraced, traced = tracing_off_and_on(args.events, args.threads, rounds=args.tracing_rounds)
     print(f"append bench: {args.events} events, {args.threads} thread(s), same PostgreSQL server")
     print(f"  raw psycopg lock+insert+update: {raw_rate:9.0f} events/s  ({describe(raw_lat)})")
     print(f"  event_append (1 per txn):       {single_rate:9.0f} events/s  ({describe(single_lat)})"
           f"  ratio to raw {single_rate / raw_rate:.2f}")
     print(f"  event_append_batch ({args.batch}/txn):   {batch_rate:9.0f} events/s  ({describe(batch_lat)} per batch)"
           f"  ratio to raw {batch_rate / raw_rate:.2f}")
+    off, on = statistics.median(untraced), statistics.median(traced)
+    print(f"  event_append, tracing off:      {off:9.0f} events/s  (median of {len(untraced)} rounds:"
+          f" {', '.join(f'{r:.0f}' for r in untraced)})")
+    print(f"  event_append, tracing on:       {on:9.0f} events/s  (median of {len(traced)} rounds:"
+          f" {', '.join(f'{r:.0f}' for r in traced)}; spans to an in-memory exporter)")
+    print(f"  tracing costs {100 * (1 - on / off):.1f} % of the append rate (target: at most 15 %)")
     if args.json:
         def figures(rate: float, latencies: list[float]) -> dict[str, float]:
             return {"per_s": rate, "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
@@ -120,6 +166,8 @@ def main() -> None:
             "raw": figures(raw_rate, raw_lat), "event_append": figures(single_rate, single_lat),
             "event_append_batch": figures(batch_rate, batch_lat),
             "ratio_single_to_raw": single_rate / raw_rate, "ratio_batch_to_raw": batch_rate / raw_rate,
+            "tracing": {"off_per_s": off, "on_per_s": on, "rounds_off": untraced, "rounds_on": traced,
+                        "cost": 1 - on / off},
         }, indent=2) + "\n")
 
 

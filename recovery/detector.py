@@ -19,7 +19,9 @@ from backplane.delivery.models import DeadLetter, DeadLetterSource
 from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Task, TaskStatus
+from backplane.eventlog.selectors import task_head_traces
 from backplane.eventlog.writer import EventDraft, TaskWrite, write_events_many
+from backplane.telemetry.tracing import TaskSpan, task_span_start
 from recovery.breakers import breaker_record_failures
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,20 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
     4. the holders' circuit breakers: every agent locked (in id order) and updated once.
     """
     now = now or timezone.now()
+    # The stalls' spans end once the batch has committed, or failed with it.
+    spans: list[TaskSpan] = []
+    error: str | None = None
+    try:
+        return _lease_expire_stalled(now=now, batch_size=batch_size, spans=spans)
+    except BaseException as exc:
+        error = f"{exc.__class__.__name__}: {exc}"
+        raise
+    finally:
+        for span in spans:
+            span.end(error=error)
+
+
+def _lease_expire_stalled(*, now: datetime, batch_size: int, spans: list[TaskSpan]) -> StallSweep:
     with transaction.atomic(durable=True):
         silent_since = now - timedelta(seconds=settings.BACKPLANE_NO_PROGRESS_STALL_SECONDS)
         stalled = list(
@@ -63,6 +79,9 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
         )
         if not stalled:
             return StallSweep(expired=0, requeued=0, dead_lettered=0)
+        # Each task's stall continues the task's trace: a child of the span that wrote its last
+        # event (an agent's request, usually the crashed one's), linked to this sweep's run.
+        traces = task_head_traces(stalled)
         writes: list[TaskWrite] = []
         # Read before the events release the lease: why each task stalled and who held it.
         stalls: list[tuple[Task, str, str | None, bool]] = []
@@ -72,6 +91,17 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
             reason = "lease expired" if task.lease_expires_at < now else "no progress"
             exhausted = task.attempts + 1 >= task.max_attempts
             quiet_for = (now - (task.last_event_at or task.created_at)).total_seconds()
+            trace_id, parent_span_id = traces.get(task.pk, (None, None))
+            span = task_span_start("stall task", trace_id=trace_id, span_id=parent_span_id, attributes={
+                "backplane.task_id": str(task.pk), "backplane.task.kind": task.kind,
+                "backplane.agent": task.lease_holder or "", "backplane.lease_epoch": task.lease_epoch,
+                "backplane.stall.reason": reason, "backplane.attempt": task.attempts + 1,
+            })
+            if span is not None:
+                spans.append(span)
+                trace_id, span_id = span.trace_id, span.span_id
+            else:
+                span_id = None
             drafts = [
                 EventDraft(
                     type=et.TASK_STALLED,
@@ -84,11 +114,14 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
                         "attempt": task.attempts + 1,
                         "max_attempts": task.max_attempts,
                     },
+                    trace_id=trace_id,
+                    span_id=span_id,
                 )
             ]
             if exhausted:
                 drafts.append(
-                    EventDraft(type=et.TASK_DEAD_LETTERED, payload={"reason": "attempts exhausted"})
+                    EventDraft(type=et.TASK_DEAD_LETTERED, payload={"reason": "attempts exhausted"},
+                               trace_id=trace_id, span_id=span_id)
                 )
             # The events drive the projection: TaskStalled fences the holder off (epoch + 1),
             # counts the attempt and frees the task; TaskDeadLettered parks it for review.

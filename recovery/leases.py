@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -15,7 +16,9 @@ from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import InvalidInput, StaleLease
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.reducer import lease_extended, task_state_apply, task_state_of
+from backplane.eventlog.selectors import task_head_traces
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+from backplane.telemetry.tracing import task_span, tracing_enabled
 from recovery.breakers import breaker_gate_claim, breaker_trial_unused
 
 logger = logging.getLogger(__name__)
@@ -68,25 +71,27 @@ def _claim_oldest_pending(*, agent: Agent, kinds: list[str], lease_seconds: int)
             task.lease_epoch > 0
             and Event.objects.filter(task_id=task.pk, type=et.DEAD_LETTER_REQUEUED).exists()
         )
+        recovery_span = _recovery_span(task=task, agent=agent) if recovered else nullcontext()
         # The event is the claim: the reducer gives the task its new lease from it.
-        write_events(
-            task,
-            [
-                EventDraft(
-                    type=et.TASK_CLAIMED,
-                    payload={
-                        "agent": agent.name,
-                        "lease_epoch": task.lease_epoch + 1,
-                        "lease_seconds": lease_seconds,
-                        "expires_at": (now + timedelta(seconds=lease_seconds)).isoformat(),
-                        "attempt": task.attempts + 1,
-                        "recovered": recovered,
-                    },
-                )
-            ],
-            agent=agent.name,
-            now=now,
-        )
+        with recovery_span:
+            write_events(
+                task,
+                [
+                    EventDraft(
+                        type=et.TASK_CLAIMED,
+                        payload={
+                            "agent": agent.name,
+                            "lease_epoch": task.lease_epoch + 1,
+                            "lease_seconds": lease_seconds,
+                            "expires_at": (now + timedelta(seconds=lease_seconds)).isoformat(),
+                            "attempt": task.attempts + 1,
+                            "recovered": recovered,
+                        },
+                    )
+                ],
+                agent=agent.name,
+                now=now,
+            )
         if task.parent_id is not None and task.lease_epoch == 1:
             parent = Task.objects.select_for_update().get(pk=task.parent_id)
             write_events(
@@ -102,6 +107,17 @@ def _claim_oldest_pending(*, agent: Agent, kinds: list[str], lease_seconds: int)
                 allow_closed=True,
             )
     return Claim(task=task, lease_epoch=task.lease_epoch, expires_at=task.lease_expires_at, recovered=recovered)
+
+
+def _recovery_span(*, task: Task, agent: Agent) -> AbstractContextManager[None]:
+    """A recovery continues the task's trace from its last event (the stall), linked to the
+    claiming request's: one trace shows the crashed work, the stall, the recovery and the
+    resumed work (telemetry/tracing.py). Nothing is read while tracing is off."""
+    trace_id, span_id = task_head_traces([task]).get(task.pk, (None, None)) if tracing_enabled() else (None, None)
+    return task_span("recover task", trace_id=trace_id, span_id=span_id, attributes={
+        "backplane.task_id": str(task.pk), "backplane.task.kind": task.kind, "backplane.agent": agent.name,
+        "backplane.lease_epoch": task.lease_epoch + 1, "backplane.attempt": task.attempts + 1,
+    })
 
 
 def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:

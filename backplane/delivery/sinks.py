@@ -26,6 +26,14 @@ def webhook_signature(secret: str, body: bytes, timestamp: int) -> str:
     return f"t={timestamp},v1={digest}"
 
 
+def _transport_headers(body: dict[str, Any], headers: dict[str, str]) -> dict[str, str]:
+    """The transport's own headers plus the envelope's W3C ``traceparent``, where consumers'
+    instrumentations look for it (a broker message's headers, an HTTP request's). While tracing
+    is on, httpx's instrumentation replaces the webhook's with its client span's, the child."""
+    traceparent = body.get("headers", {}).get("traceparent")
+    return {**headers, "traceparent": traceparent} if traceparent else headers
+
+
 class KombuSink:
     """Publishes to a topic exchange, routing key = topic, persistent messages.
 
@@ -75,7 +83,7 @@ class KombuSink:
                 routing_key=message.topic,
                 delivery_mode=2,
                 message_id=str(message.message_id),
-                headers={"backplane-message-id": str(message.message_id)},
+                headers=_transport_headers(body, {"backplane-message-id": str(message.message_id)}),
                 retry=False,
             )
         except Exception as exc:  # noqa: BLE001 - kombu raises many transport-specific errors
@@ -118,6 +126,7 @@ class WebhookSink:
             "Backplane-Message-Id": str(message.message_id),
             "User-Agent": "agent-backplane-relay/1",
         }
+        headers = _transport_headers(body, headers)
         timeout = float(max(1, subscription.timeout_seconds))
         deadline = time.monotonic() + timeout
         try:

@@ -201,6 +201,10 @@ class Event(models.Model):
     causation_id = models.CharField(max_length=255, null=True, blank=True)
     correlation_id = models.CharField(max_length=255, null=True, blank=True)
     trace_id = models.CharField(max_length=255, null=True, blank=True)
+    # The span that wrote the event (W3C, 16 hex), when it was written in a trace: what the
+    # backplane's later work on the task (a stall, a recovery) is parented to. Not part of the
+    # API or the hash: an id of our own instrumentation, not of what the agent recorded.
+    span_id = models.CharField(max_length=16, null=True, blank=True)
     recorded_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)

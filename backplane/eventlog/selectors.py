@@ -304,3 +304,18 @@ def event_list(*, task: Task, after_seq: int, limit: int) -> EventPage:
     more = len(events) > limit
     events = events[:limit]
     return EventPage(events=events, next_after_seq=events[-1].seq if more and events else None)
+
+
+def task_head_traces(tasks: Sequence[Task]) -> dict[uuid.UUID, tuple[str | None, str | None]]:
+    """The trace and span that wrote each task's last event (``Event.trace_id``/``span_id``), by
+    task id: what the backplane's own later work on the task continues (telemetry/tracing.py).
+    One index lookup per task, in one statement."""
+    if not tasks:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.task_id, e.trace_id, e.span_id FROM backplane_event e"
+            " JOIN unnest(%s::uuid[], %s::int[]) AS head(task_id, seq) USING (task_id, seq)",
+            [[task.pk for task in tasks], [task.last_seq for task in tasks]],
+        )
+        return {task_id: (trace_id, span_id) for task_id, trace_id, span_id in cursor.fetchall()}

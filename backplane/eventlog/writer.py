@@ -35,6 +35,7 @@ from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_messa
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.reducer import REDUCED_FIELDS, TaskState, task_reduce, task_state_apply, task_state_of
 from backplane.lib.sql_rows import RowLoader, recordset
+from backplane.telemetry.tracing import current_trace_ids, span_annotate_write, traceparent
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ class EventDraft:
     correlation_id: str | None = None
     trace_id: str | None = None
     outbox: tuple[OutboxDraft, ...] = ()
+    # The span the backplane wrote the event in, when that is not the current one (the stall
+    # detector writes many tasks' events at once, each in its own task's trace). Not part of the
+    # request: never in the digest, never sent by a client.
+    span_id: str | None = None
 
     def request_digest(self) -> str:
         # The parts that make a request "the same" for idempotency. The lease epoch,
@@ -154,6 +159,8 @@ def write_events(
         events.append(_number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None))
     task.updated_at = now
     _insert_events_and_update_projections([task], [events])
+    span_annotate_write(task_id=str(task.pk), kind=task.kind, seq=task.last_seq, events=events,
+                        agent=agent, lease_epoch=task.lease_epoch)
     # The events' own messages, then the lifecycle announcement: one INSERT for the whole write.
     messages = [
         Message(
@@ -266,6 +273,8 @@ def write_events_if_unmoved(
         event.position = positions[event.seq]
         event._state.adding = False
         event._state.db = "default"
+    span_annotate_write(task_id=str(task.pk), kind=task.kind, seq=task.last_seq, events=events,
+                        agent=agent, lease_epoch=task.lease_epoch)
     # Committed: the observers of quiet writes (follow-ups registered ``on_quiet_writes``).
     _follow_up(WrittenEvents(task=task, events=events, previous_status=before.status, status=task.status,
                              was_open=True, now=now), quiet=True)
@@ -325,8 +334,9 @@ def outbox_headers(task: Task, event: Event, now: datetime) -> dict[str, Any]:
         "created_at": format_timestamp(now),
     }
     if event.trace_id and len(event.trace_id) == 32:
-        # W3C trace context; the parent span is not known here, so a fresh one is minted.
-        headers["traceparent"] = f"00-{event.trace_id}-{secrets.token_hex(8)}-01"
+        # W3C trace context naming the span that wrote the event: the relay's publish span is its
+        # child. An event written outside any span (a client's own trace id) gets a fresh one.
+        headers["traceparent"] = traceparent(event.trace_id, event.span_id or secrets.token_hex(8))
     return headers
 
 
@@ -387,6 +397,11 @@ def _number_event(
     """Place, clock and hash one event on ``task`` and apply it to the in-memory projection."""
     seq = task.last_seq + 1
     lamport = max(task.lamport, draft.lamport or 0) + 1
+    # The trace the write runs in (telemetry/tracing.py): an event the client gave no trace id
+    # gets the request's, and the current span is kept only when it belongs to the event's trace.
+    ambient_trace_id, ambient_span_id = current_trace_ids()
+    trace_id = draft.trace_id or ambient_trace_id
+    span_id = draft.span_id or (ambient_span_id if trace_id == ambient_trace_id else None)
     event = Event(
         task=task,
         seq=seq,
@@ -398,7 +413,8 @@ def _number_event(
         lamport=lamport,
         causation_id=draft.causation_id,
         correlation_id=draft.correlation_id,
-        trace_id=draft.trace_id,
+        trace_id=trace_id,
+        span_id=span_id,
         recorded_at=now,
         prev_hash=task.head_hash,
     )
@@ -415,7 +431,7 @@ def _number_event(
 # The columns come from the models (``recordset``); the projection's are the reducer's fields.
 _EVENT_COLUMNS = (
     "task", "seq", "type", "payload", "agent", "idempotency_key", "request_digest", "lamport", "causation_id",
-    "correlation_id", "trace_id", "recorded_at", "prev_hash", "hash",
+    "correlation_id", "trace_id", "span_id", "recorded_at", "prev_hash", "hash",
 )
 _PROJECTION_COLUMNS = ("id", *REDUCED_FIELDS, "updated_at")
 
