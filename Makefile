@@ -6,13 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv browser screenshots bench profile wrk crash-report fuzz lint mutants clean-db
+.PHONY: run test venv browser promtool screenshots bench profile wrk crash-report fuzz lint mutants clean-db
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
 	$(PY) -m backplane.runtime.launcher
 
-test: $(STAMP) browser
+test: $(STAMP) browser promtool
 	$(PY) -m pytest
 
 venv: $(STAMP)
@@ -41,6 +41,27 @@ browser:
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium || \
 			{ echo "could not install chromium with apt-get" >&2; exit 1; }; \
 		command -v chromium >/dev/null 2>&1 || { echo "chromium is still missing after apt-get install" >&2; exit 1; }; \
+	fi
+
+# The alert rules (docs/prometheus/alerts.yml) are checked with `promtool check rules` by the test
+# suite (tests/telemetry/test_metrics_docs.py), which fails without it. promtool comes from Debian's
+# prometheus package, fetched with apt (the package lists updated as root, else with sudo); only
+# its promtool is unpacked, into the venv: installing the package would also set up and start a
+# Prometheus server as a service.
+promtool: $(STAMP)
+	@if ! command -v promtool >/dev/null 2>&1 && ! test -x $(VENV)/bin/promtool; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; \
+		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+		else echo "promtool is missing, and fetching it needs root or sudo" >&2; exit 1; fi; \
+		echo "fetching promtool from Debian's prometheus package (the alert rules' check)"; \
+		tmp=$$(mktemp -d) && \
+		$$sudo apt-get update && \
+		(cd $$tmp && apt-get download prometheus) && \
+		dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/package && \
+		cp $$tmp/package/usr/bin/promtool $(VENV)/bin/promtool; \
+		status=$$?; rm -rf $$tmp; \
+		test $$status = 0 && $(VENV)/bin/promtool --version >/dev/null 2>&1 || \
+			{ echo "could not fetch promtool with apt-get" >&2; exit 1; }; \
 	fi
 
 # The README's images: the browser tests that fill and visit the overview and a task's page save

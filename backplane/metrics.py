@@ -1,10 +1,14 @@
-"""GET /metrics: Prometheus text format, computed from the database at scrape time.
+"""GET /metrics: Prometheus text format, the same figures whichever web process answers.
 
-Collected per scrape (a custom collector) rather than with process-local counters, so
-every web process reports the same figures whatever handled the writes. Parts above the core
-add their own collectors with ``register_collector`` (recovery does in its ``AppConfig.ready``).
-Every figure is an aggregate computed by the database (a count or a group-by), never a list
-fetched and counted here, so a scrape costs the same number of queries at any size.
+Two kinds of figures, both the same in every process:
+- states, read from the database at scrape time (a custom collector): outbox, dead letters,
+  tasks, duties, integrity, sealing. Parts above the core add their own collectors with
+  ``register_collector`` (recovery does in its ``AppConfig.ready``). Every figure is an
+  aggregate computed by the database (a count, a group-by, a min), never a list fetched and
+  counted here, so a scrape costs the same number of queries at any size;
+- counters and histograms of what happened (events appended, deliveries, HTTP requests, ...),
+  counted by every process into its own files (``backplane/telemetry/counters.py``,
+  django-prometheus) and summed here from ``settings.PROMETHEUS_MULTIPROC_DIR``.
 
 ``BACKPLANE_METRICS_TOKEN``: when set, a scrape must send ``Authorization: Bearer <token>``
 (Prometheus' ``authorization`` scrape setting); when empty the page is open, as it was.
@@ -13,19 +17,34 @@ fetched and counted here, so a scrape costs the same number of queries at any si
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from backplane.delivery import selectors as delivery_selectors
-from backplane.eventlog.models import Task
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
+from backplane.eventlog.models import Event, Task
 from backplane.integrity import verification as integrity
+from backplane.integrity.models import MerkleLeaf, SignedTreeHead, VerificationRun
 from backplane.runtime.duties import duties_state
+
+_SEALING_SQL = f"""
+SELECT (SELECT signed_at FROM {SignedTreeHead._meta.db_table} ORDER BY tree_size DESC LIMIT 1),
+       (SELECT recorded_at FROM {Event._meta.db_table}
+        WHERE position > (SELECT coalesce(max(event_id), 0) FROM {MerkleLeaf._meta.db_table})
+        ORDER BY position LIMIT 1),
+       now()
+"""
 
 
 class BackplaneCollector:
@@ -48,10 +67,68 @@ class BackplaneCollector:
         for status, count in Task.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"):
             tasks.add_metric([status], count)
         yield tasks
+        summary = integrity.integrity_summary(alert_limit=0)
         yield GaugeMetricFamily("backplane_integrity_alerts_unacknowledged",
                                 "Broken hash chains found by the verifier that nobody has acknowledged yet",
-                                value=integrity.integrity_summary(alert_limit=0).open_alert_count)
+                                value=summary.open_alert_count)
+        yield from self.collect_dead_letter_decisions()
+        yield from self.collect_verification_runs(summary.last_incremental, summary.last_full)
+        yield from self.collect_sealing()
         yield from self.collect_duties()
+
+    @staticmethod
+    def collect_dead_letter_decisions() -> Iterator[Metric]:
+        """Counters read from the table, which keeps every dead letter ever made with its decision
+        (none is deleted): exact across processes and restarts, whichever part made them."""
+        created = CounterMetricFamily("backplane_dead_letters_created", "Dead letters made, by source",
+                                      labels=["source"])
+        decided = CounterMetricFamily("backplane_dead_letters_decided", "Dead letters a reviewer decided, by decision",
+                                      labels=["decision"])
+        # Every source and decision, at 0 until one is made: rate() sees the first one.
+        by_source: dict[str, int] = dict.fromkeys(DeadLetterSource.values, 0)
+        by_decision: dict[str, int] = {DeadLetterStatus.REQUEUED.value: 0, DeadLetterStatus.DISCARDED.value: 0}
+        for source, status, count in DeadLetter.objects.values_list("source", "status").annotate(
+                n=Count("id")).values_list("source", "status", "n").order_by():
+            by_source[source] = by_source.get(source, 0) + count
+            if status != DeadLetterStatus.PENDING:
+                by_decision[status] = by_decision.get(status, 0) + count
+        for source, count in sorted(by_source.items()):
+            created.add_metric([source], count)
+        for decision, count in sorted(by_decision.items()):
+            decided.add_metric([decision], count)
+        yield from (created, decided)
+
+    @staticmethod
+    def collect_verification_runs(*last_runs: VerificationRun | None) -> Iterator[Metric]:
+        """The last finished chain verification of each mode: how long ago, and what it found."""
+        now = timezone.now()
+        age = GaugeMetricFamily("backplane_verification_last_run_age_seconds",
+                                "Seconds since the last finished chain verification of each mode", labels=["mode"])
+        failures = GaugeMetricFamily("backplane_verification_last_run_failures",
+                                     "Broken chains or rows found by the last finished verification of each mode",
+                                     labels=["mode"])
+        for run in last_runs:
+            if run is not None and run.finished_at is not None:
+                age.add_metric([run.mode], (now - run.finished_at).total_seconds())
+                failures.add_metric([run.mode], run.failures)
+        yield from (age, failures)
+
+    @staticmethod
+    def collect_sealing() -> Iterator[Metric]:
+        """How far sealing is behind: the events past the highest sealed one, oldest first (by
+        position, the primary key). The sealer runs every few seconds, so a growing age means it
+        has stopped. One statement."""
+        with connection.cursor() as cursor:
+            cursor.execute(_SEALING_SQL)
+            signed_at, oldest_unsealed, now = cursor.fetchone()
+        last_signed = GaugeMetricFamily("backplane_seal_last_signed_age_seconds",
+                                        "Seconds since the last signed tree head (none is signed while nothing is new)")
+        if signed_at is not None:
+            last_signed.add_metric([], (now - datetime.fromisoformat(signed_at)).total_seconds())
+        yield last_signed
+        yield GaugeMetricFamily("backplane_seal_oldest_unsealed_age_seconds",
+                                "Age of the oldest event not yet sealed into the Merkle tree (0 when none waits)",
+                                value=(now - oldest_unsealed).total_seconds() if oldest_unsealed is not None else 0.0)
 
     @staticmethod
     def collect_duties() -> Iterator[Metric]:
@@ -75,8 +152,19 @@ class BackplaneCollector:
         yield from (age, overdue, interval, runs, failures)
 
 
+class SummedAcrossProcesses:
+    """The counters and histograms every process wrote to its files, summed (prometheus_client's
+    multiprocess mode). The directory is read at each scrape, so files of processes that started
+    or died since are counted; a dead process's counts stay in the sums."""
+
+    def collect(self) -> Iterable[Metric]:
+        files = [str(path) for path in Path(settings.PROMETHEUS_MULTIPROC_DIR).glob("*.db")]
+        return MultiProcessCollector.merge(files, accumulate=True)
+
+
 _registry = CollectorRegistry(auto_describe=False)
 _registry.register(BackplaneCollector())  # type: ignore[arg-type]
+_registry.register(SummedAcrossProcesses())
 
 
 def register_collector(collector: object) -> None:

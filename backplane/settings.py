@@ -8,8 +8,10 @@ two may generate a secret key under ``var/`` or find the embedded database there
 from __future__ import annotations
 
 import importlib.util
+import os
 import secrets
 import sys
+import tempfile
 from pathlib import Path
 
 from backplane.runtime.env import (
@@ -93,6 +95,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # HTTP requests by view and status on /metrics, under django-prometheus' names at a tenth of
+    # its middlewares' cost (backplane/telemetry/http.py). First: its latency covers the rest.
+    "backplane.telemetry.http.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "backplane.api.middleware.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -436,6 +441,28 @@ BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_TOOL_BREAKER_COOLDO
 BACKPLANE_RATE_LIMIT = env_str("BACKPLANE_RATE_LIMIT", "600/s")
 # /metrics asks for "Authorization: Bearer <token>" when set; open when empty (backplane/metrics.py).
 BACKPLANE_METRICS_TOKEN = env_str("BACKPLANE_METRICS_TOKEN", "")
+# --- Counters and histograms summed across processes (backplane/telemetry/counters.py) ------------
+# prometheus_client's multiprocess mode: each process writes its values to files of its own in
+# one directory and /metrics sums them. prometheus_client takes the directory from the
+# environment when a metric is first made, which is after settings (nothing imports it before).
+# Set here from BACKPLANE_METRICS_DIR, never inherited: a child started with another var dir (a
+# second `make run`, a test's product) must not write into its parent's directory, which the
+# launcher empties when it starts. Production defaults to a temporary directory of the user the
+# processes run as: the image is built as root, and a directory the build made would not be
+# writable by the user that runs it.
+BACKPLANE_METRICS_DIR = Path(env_str(
+    "BACKPLANE_METRICS_DIR",
+    str(VAR_DIR / "metrics") if IS_LOCAL else str(Path(tempfile.gettempdir()) / f"backplane-metrics-{os.getuid()}")))
+BACKPLANE_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+PROMETHEUS_MULTIPROC_DIR = os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(BACKPLANE_METRICS_DIR)
+# django-prometheus' setting, for the HTTP latency histogram (backplane/telemetry/http.py): its
+# default starts at 10 ms, which every request here takes less than.
+PROMETHEUS_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                              float("inf"))
+_prometheus_values = sys.modules.get("prometheus_client.values")
+if _prometheus_values is not None and not getattr(_prometheus_values.ValueClass, "_multiprocess", False):
+    raise ImproperlyConfiguredEnv("prometheus_client was imported before the settings: its counters would stay in "
+                                  "one process, unseen by /metrics")
 # Django refuses bodies above this before any view runs; keep it in step with the payload limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = BACKPLANE_PAYLOAD_LIMIT_BYTES
 

@@ -11,8 +11,10 @@ class RecoveryConfig(AppConfig):
         from backplane.eventlog.writer import register_follow_up
         from backplane.metrics import register_collector
         from recovery import handlers
-        from recovery.metrics import RecoveryCollector
+        from recovery.metrics import RecoveryCollector, count_committed_events
 
         for follow_up in handlers.FOLLOW_UPS:
             register_follow_up(follow_up)
         register_collector(RecoveryCollector())
+        # Only observes (it counts after commit), so it sees quiet writes too: every event is counted.
+        register_follow_up(count_committed_events, on_quiet_writes=True)

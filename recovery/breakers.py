@@ -44,6 +44,7 @@ from django.utils import timezone
 from backplane.eventlog.errors import CircuitOpen
 from backplane.eventlog.models import Agent, BreakerTransition
 from backplane.lib.sql_rows import RowLoader, recordset
+from backplane.telemetry import counters
 from recovery.models import Tool
 
 logger = logging.getLogger(__name__)
@@ -264,6 +265,7 @@ def _save(store: BreakerStore[M], changes: Sequence[tuple[M, Step, uuid.UUID | N
 
 def _log_transitions(kind: str, lines: list[tuple[str, Transition]]) -> None:
     for label, t in lines:
+        counters.breaker_transition_count(kind=kind, to_state=t.to_state)
         level = logging.WARNING if t.to_state == OPEN else logging.INFO
         suffix = f" (by {t.decided_by})" if t.decided_by else ""
         logger.log(level, "%s %s: breaker %s -> %s: %s%s", kind, label, t.from_state, t.to_state, t.reason, suffix)

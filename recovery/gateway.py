@@ -49,6 +49,7 @@ from backplane.eventlog.errors import (
 from backplane.eventlog.selectors import task_visible
 from backplane.eventlog.services import ensure_storable_json
 from backplane.eventlog.writer import check_lease
+from backplane.telemetry import counters
 from recovery import breakers
 from recovery.models import Tool, ToolCall, ToolCallStatus
 from recovery.tool_calls import ToolCallOutcome, tool_call_dispatch, tool_call_key, tool_call_record_result
@@ -144,7 +145,8 @@ def tool_invoke(
             permit = _admit(tool, now=timezone.now())
         sent = True
         try:
-            answer = _send(tool=tool, key=key, input=input)
+            with counters.tool_gateway_call_timed(tool=tool.name):
+                answer = _send(tool=tool, key=key, input=input)
         except ToolUnavailable as exc:
             tool_breaker_record_failure(tool_id=tool.pk, reason=exc.message)
             raise

@@ -1,18 +1,58 @@
-"""Recovery's figures on /metrics, added through ``backplane.metrics.register_collector``.
+"""Recovery's figures on /metrics: states read at scrape time, and the events counted as they commit.
 
-Each figure is one ``COUNT(*)`` in the database, whatever the number of rows it counts."""
+``RecoveryCollector`` is added through ``backplane.metrics.register_collector``: each figure is one
+aggregate in the database (a count, a min, percentiles), whatever the number of rows behind it.
+
+``count_committed_events`` is a follow-up of the event log's writer (``RecoveryConfig.ready``
+registers it, for quiet writes too): most of what an operator counts is an event type (a claim,
+a stall, a compensation, a tool call), so one look at every write counts them all, after commit.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import timedelta
+import functools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from backplane.eventlog.models import Task
-from recovery.models import ToolCall, ToolCallStatus
+from backplane.eventlog import event_types as et
+from backplane.eventlog.models import Agent, Task, TaskStatus
+from backplane.eventlog.writer import WrittenEvents
+from backplane.telemetry import counters
+from recovery.models import BreakerState, Tool, ToolCall, ToolCallStatus
+
+# The window of the step latency figures, and how much of it is read: the most recently active
+# running tasks and, of each, its last events (a sample that keeps the query bounded at any size).
+STEP_WINDOW_SECONDS = 300
+STEP_TASKS = 2000
+STEP_TAIL_EVENTS = 16
+
+_STEP_LATENCY_SQL = """
+WITH active AS (
+    SELECT id, last_seq FROM backplane_task
+    WHERE status = %(running)s AND last_event_at >= %(since)s
+    ORDER BY last_event_at DESC
+    LIMIT %(tasks)s
+), steps AS (
+    SELECT e.recorded_at,
+           extract(epoch FROM e.recorded_at - lag(e.recorded_at) OVER (PARTITION BY e.task_id ORDER BY e.seq)) AS gap
+    FROM active a JOIN backplane_event e ON e.task_id = a.id AND e.seq > a.last_seq - %(tail)s
+)
+SELECT count(gap), percentile_cont(0.5) WITHIN GROUP (ORDER BY gap), percentile_cont(0.99) WITHIN GROUP (ORDER BY gap)
+FROM steps WHERE gap IS NOT NULL AND recorded_at >= %(since)s
+"""
+
+_OPEN_BREAKERS_SQL = f"""
+SELECT 'agent', count(*) FROM {Agent._meta.db_table} WHERE breaker_state <> %(closed)s
+UNION ALL
+SELECT 'tool', count(*) FROM {Tool._meta.db_table} WHERE breaker_state <> %(closed)s
+"""
 
 
 class RecoveryCollector:
@@ -24,9 +64,95 @@ class RecoveryCollector:
         without_progress = Task.objects.filter(status="running", lease_holder__isnull=False,
                                                last_event_at__lt=silent_since).count()
         overdue_since = now - timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS)
-        overdue = ToolCall.objects.filter(status=ToolCallStatus.DISPATCHED, dispatched_at__lt=overdue_since).count()
+        # One aggregate, from the partial index on in-flight calls (toolcall_in_flight_idx).
+        in_flight = ToolCall.objects.filter(status=ToolCallStatus.DISPATCHED).aggregate(
+            overdue=Count("pk", filter=Q(dispatched_at__lt=overdue_since)), oldest=Min("dispatched_at"))
         yield GaugeMetricFamily("backplane_tasks_without_progress",
                                 "Running tasks that heartbeat but have written no event for too long",
                                 value=without_progress)
         yield GaugeMetricFamily("backplane_tool_calls_overdue", "Tool calls in flight longer than their timeout",
-                                value=overdue)
+                                value=in_flight["overdue"])
+        oldest = in_flight["oldest"]
+        yield GaugeMetricFamily("backplane_tool_call_oldest_in_flight_age_seconds",
+                                "Age of the oldest tool call dispatched and not answered (0 when none is in flight)",
+                                value=(now - oldest).total_seconds() if oldest is not None else 0.0)
+        yield from self.collect_step_latency(now=now)
+        yield self.collect_open_breakers()
+
+    @staticmethod
+    def collect_step_latency(*, now: datetime) -> Iterator[Metric]:
+        """Time between consecutive events of running tasks that ended in the last minutes."""
+        with connection.cursor() as cursor:
+            cursor.execute(_STEP_LATENCY_SQL, {"running": TaskStatus.RUNNING, "tasks": STEP_TASKS,
+                                               "tail": STEP_TAIL_EVENTS,
+                                               "since": now - timedelta(seconds=STEP_WINDOW_SECONDS)})
+            steps, p50, p99 = cursor.fetchone()
+        latency = GaugeMetricFamily(
+            "backplane_step_latency_seconds",
+            f"Time between consecutive events of running tasks over the last {STEP_WINDOW_SECONDS} s, by quantile",
+            labels=["quantile"])
+        if steps:
+            latency.add_metric(["0.5"], float(p50))
+            latency.add_metric(["0.99"], float(p99))
+        yield latency
+        yield GaugeMetricFamily("backplane_step_latency_samples",
+                                "Steps (gaps between consecutive events) behind backplane_step_latency_seconds",
+                                value=steps)
+
+    @staticmethod
+    def collect_open_breakers() -> Metric:
+        """Breakers not closed (open, or half-open with a trial out), by kind."""
+        breakers = GaugeMetricFamily("backplane_breakers_open", "Circuit breakers open or half-open, by kind",
+                                     labels=["kind"])
+        with connection.cursor() as cursor:
+            cursor.execute(_OPEN_BREAKERS_SQL, {"closed": BreakerState.CLOSED.value})
+            for kind, count in cursor.fetchall():
+                breakers.add_metric([kind], count)
+        return breakers
+
+
+# --- counted from the events written ---------------------------------------------------------------
+
+# Every type event_types.py names (its upper-case string constants). Any other type is a client's
+# own, unbounded in number: counted as "custom".
+BUILT_IN_EVENT_TYPES = frozenset(
+    value for name, value in vars(et).items() if name.isupper() and isinstance(value, str))
+_STALL_REASONS = {"lease expired": "lease_expired", "no progress": "no_progress"}
+_RECOVERY_OUTCOMES = {TaskStatus.PENDING.value: "requeued", TaskStatus.DEAD_LETTERED.value: "dead_lettered"}
+
+
+def event_type_label(event_type: str) -> str:
+    return event_type if event_type in BUILT_IN_EVENT_TYPES else "custom"
+
+
+def count_committed_events(written: WrittenEvents) -> None:
+    """Count a write's events once its transaction commits; a write rolled back is not counted.
+
+    Runs inside the writer's transaction (``transaction.on_commit`` defers the counting), or,
+    for a quiet write on the unlocked path, after its statement committed (then it counts at once).
+    The figures are taken now, from the events as written."""
+    tallies: list[Callable[[], None]] = [
+        functools.partial(counters.events_appended_count, type_label=label, count=count)
+        for label, count in Counter(event_type_label(event.type) for event in written.events).items()
+    ]
+    for event in written.events:
+        if event.type == et.TASK_CLAIMED:
+            tallies.append(functools.partial(counters.claim_count, recovered=bool(event.payload.get("recovered"))))
+        elif event.type == et.TASK_STALLED:
+            tallies.append(functools.partial(
+                counters.stall_count, reason=_STALL_REASONS.get(str(event.payload.get("reason")), "other"),
+                # What the write left the task in: pending again, or parked as a dead letter.
+                outcome=_RECOVERY_OUTCOMES.get(written.status, "other")))
+        elif event.type == et.COMPENSATION_COMPLETED:
+            status = str(event.payload.get("status"))
+            tallies.append(functools.partial(counters.compensation_count,
+                                             outcome=status if status in ToolCallStatus.values else "other"))
+        elif event.type == et.TOOL_CALL_DISPATCHED:
+            tallies.append(functools.partial(counters.tool_call_dispatched_count, tool=str(event.payload.get("tool"))))
+    transaction.on_commit(functools.partial(_count, tallies))
+
+
+def _count(tallies: list[Callable[[], None]]) -> None:
+    for tally in tallies:
+        tally()
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import uuid
@@ -17,6 +18,7 @@ from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, TaskClosed
 from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+from backplane.telemetry import counters
 from recovery.models import ToolCall, ToolCallStatus
 from recovery.sagas import saga_record_compensation_result
 from recovery.selectors import tool_call_visible
@@ -140,6 +142,8 @@ def tool_call_record_result(
         call.result = result
         call.completed_at = now
         call.save(update_fields=["status", "result", "completed_at"])
+        transaction.on_commit(functools.partial(counters.tool_call_result_count, tool=call.tool, status=status,
+                                                seconds=(now - call.dispatched_at).total_seconds()))
         if call.compensation_of is not None:
             saga_record_compensation_result(task, call, agent=agent, now=now)
             return ToolCallOutcome(call=call, replayed=False)

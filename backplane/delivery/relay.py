@@ -43,6 +43,7 @@ from django.utils import timezone
 from backplane.delivery.announcements import announce_dead_letters
 from backplane.delivery.models import DeadLetter, DeadLetterSource, OutboxMessage, OutboxStatus, WebhookSubscription
 from backplane.delivery.policy import BROKER_LANE, Lane, LanePolicy, broker_policy, webhook_policy
+from backplane.telemetry import counters
 
 logger = logging.getLogger(__name__)
 
@@ -306,6 +307,7 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
     each outcome. Stops early (giving the rest back untried) when ``should_stop()`` says so,
     when the monotonic ``deadline`` passes, or when the destination stops answering."""
     step = RelayStep(claimed=len(claim.messages))
+    destination = "broker" if policy.lane is BROKER_LANE else "webhook"  # a label: never the URL
     ours = {m.pk for m in claim.messages}
     pending_marks: list[int] = []
     marked_at = time.monotonic()
@@ -314,6 +316,7 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
         nonlocal pending_marks, marked_at
         done = outbox_mark_delivered(claim=claim, ids=pending_marks)
         step.delivered += done
+        counters.deliveries_count(destination=destination, count=done)
         step.lost += len(pending_marks) - done
         pending_marks = []
         marked_at = time.monotonic()
@@ -335,6 +338,7 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
             if not isinstance(exc, PublishError):
                 logger.exception("publishing outbox message %s failed unexpectedly", message.message_id)
             outcome = outbox_record_failure(message=message, claim=claim, error=_describe(exc), policy=policy)
+            counters.delivery_failure_count(destination=destination, outcome=outcome)
             step.failed += outcome == FAILED
             step.dead += outcome == DEAD
             step.lost += outcome == LOST

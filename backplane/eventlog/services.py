@@ -10,6 +10,7 @@ The append path (DESIGN.md), from the request to the writer (``backplane.eventlo
 
 from __future__ import annotations
 
+import functools
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from backplane.eventlog.writer import (
     write_events_if_unmoved,
 )
 from backplane.lib.sql_rows import RowLoader
+from backplane.telemetry import counters
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ def event_append(
     )
 
 
+@counters.observe_append_duration
 def event_append_batch(
     *,
     namespace: str | None,
@@ -280,7 +283,8 @@ def check_open_at(task: Task, expected_seq: int | None) -> None:
 
 
 def replay_count(*, task_id: uuid.UUID, kind: str, now: datetime) -> None:
-    """Count a request answered from what was already recorded (``IdempotentReplay``).
+    """Count a request answered from what was already recorded (``IdempotentReplay``; on
+    /metrics too, once the transaction commits).
 
     Runs inside the caller's transaction, so a replay is counted exactly when its answer is
     given. Rows are per task and minute, so concurrent replays of different tasks never wait
@@ -295,6 +299,7 @@ def replay_count(*, task_id: uuid.UUID, kind: str, now: datetime) -> None:
             """,
             [task_id, kind, now],
         )
+    transaction.on_commit(functools.partial(counters.idempotent_replay_count, kind=kind))
 
 
 def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:

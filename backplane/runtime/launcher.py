@@ -16,6 +16,9 @@
 4. Watches the duties (``DutyWatchdog``): a worker can wedge with its process alive; when
    periodic duties are overdue although the worker and beat had the time to run them, both
    are restarted.
+   Every child counts into the same metrics directory (``BACKPLANE_METRICS_DIR``, by default
+   ``var/metrics``), which ``/metrics`` sums: emptied before the first child starts, and a dead
+   child's pid is given to prometheus_client's ``mark_process_dead`` once the supervisor reaped it.
 5. Ctrl-C or SIGTERM stops the demo, web, beat, worker, then the database, each within a grace
    period and then SIGKILLed.
 
@@ -106,6 +109,11 @@ class Launcher:
         self.env["BACKPLANE_VAR_DIR"] = str(var_dir)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.embedded_database = not self.env.get("DATABASE_URL")
+        # Where every child writes its counters (settings.py reads BACKPLANE_METRICS_DIR): given
+        # to them explicitly, so a child in production mode agrees with the directory emptied here.
+        self.metrics_dir = Path(self.env.get("BACKPLANE_METRICS_DIR") or var_dir / "metrics")
+        self.env["BACKPLANE_METRICS_DIR"] = str(self.metrics_dir)
+        self.child_pids: dict[str, int] = {}
         self.supervisor = Supervisor(env=self.env, cwd=BASE_DIR, on_spawn=self._record_children,
                                      before_backoff=self._last_look)
         self.watchdog: DutyWatchdog | None = None
@@ -185,6 +193,12 @@ class Launcher:
 
     def _record_children(self, program: Program | None = None) -> None:
         """Keep ``launcher.json`` current: us and every child, by pid and start time."""
+        if program is not None and program.pid is not None:
+            previous = self.child_pids.get(program.name)
+            if previous is not None and previous != program.pid:
+                # A restart: the supervisor reaped the previous one, whatever stopped it.
+                self.mark_metrics_dead(previous)
+            self.child_pids[program.name] = program.pid
         me = ProcessRecord.of(os.getpid())
         write_json_atomically(self.state_file, {
             "launcher": me.as_json() if me else {"pid": os.getpid()},
@@ -192,6 +206,23 @@ class Launcher:
             "var_dir": str(self.var_dir),
             "children": {name: record.as_json() for name, record in self.supervisor.records().items()},
         })
+
+    # --- the children's counters ---------------------------------------------------------------
+
+    def empty_metrics_dir(self) -> None:
+        """A run counts from zero: what a previous run's processes wrote goes before any child
+        starts (Prometheus takes the drop for a counter reset, as after any restart)."""
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        for path in self.metrics_dir.glob("*.db"):
+            path.unlink(missing_ok=True)
+
+    def mark_metrics_dead(self, pid: int) -> None:
+        """prometheus_client's bookkeeping for a process that died: its live gauges leave the sums
+        (its counters stay in them, as they must). Imported here: the launcher never counts, and
+        a process that imports it before Django's settings must not fix prometheus_client's mode."""
+        from prometheus_client.multiprocess import mark_process_dead
+
+        mark_process_dead(pid, str(self.metrics_dir))
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -306,6 +337,8 @@ class Launcher:
             sys.stdout.flush()
 
     def _last_look(self, program: Program) -> None:
+        if program.pid is not None:
+            self.mark_metrics_dead(program.pid)
         if program.name in ("worker", "beat") and self.watchdog is not None:
             self.watchdog.look()
 
@@ -330,6 +363,7 @@ class Launcher:
             return 1
         try:
             self.clean_leftovers()
+            self.empty_metrics_dir()
             problem = self.port_problem()
             if problem:
                 logger.error("%s", problem)

@@ -1,0 +1,191 @@
+"""Counters and histograms, summed across processes: prometheus_client's multiprocess mode.
+
+Every process (web, Celery worker, beat, ``manage.py relay``) writes its values to memory-mapped
+files of its own in ``settings.PROMETHEUS_MULTIPROC_DIR`` (named by its pid) and ``/metrics``
+(``backplane/metrics.py``) sums the files of the directory at scrape time, so a figure is the
+same whichever web process answers the scrape, and a process that died still counts. The mode
+is chosen when ``prometheus_client.values`` is first imported, from ``PROMETHEUS_MULTIPROC_DIR``
+in the environment: settings sets it before anything imports prometheus_client.
+
+The call sites use the small functions below, never the metric objects, and call them once what
+they count has committed (``transaction.on_commit`` inside a transaction): a write that rolls
+back is not counted. Labels are bounded: kinds, outcomes, destination kinds and event types the
+backplane defines; the two open-ended ones are folded (``event_type_label`` in the follow-up
+that counts events, ``tool_label`` here). No task id, agent name, URL or key is ever a label.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from typing import ParamSpec, TypeVar
+
+from prometheus_client import Counter, Histogram
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Seconds, from a fast quiet append (~0.5 ms) to a request stuck behind a lock.
+_APPEND_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Tool calls take what the tool takes: from a cache-like answer to minutes of work.
+_TOOL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+
+EVENTS_APPENDED = Counter(
+    "backplane_events_appended", "Events committed to the log, by type (types a client defined are counted as custom)",
+    ["type"])
+APPEND_DURATION = Histogram(
+    "backplane_append_duration_seconds", "Time the event-append service took for one append or batch that it answered",
+    buckets=_APPEND_BUCKETS)
+IDEMPOTENT_REPLAYS = Counter(
+    "backplane_idempotent_replays", "Requests answered from what was already recorded instead of being applied again",
+    ["kind"])
+CLAIMS = Counter(
+    "backplane_claims", "Tasks claimed under a lease; recovered=true: work an earlier holder left unfinished",
+    ["recovered"])
+STALLS = Counter("backplane_stalls", "Leases the stall detector took back, by why the task stalled", ["reason"])
+RECOVERIES = Counter(
+    "backplane_recoveries", "What the stall detector did with a stalled task: requeued it, or dead-lettered it",
+    ["outcome"])
+COMPENSATIONS = Counter("backplane_compensations", "Compensations (saga steps) reported, by outcome", ["outcome"])
+DELIVERIES = Counter("backplane_deliveries", "Outbox messages delivered, by kind of destination", ["destination"])
+DELIVERY_FAILURES = Counter(
+    "backplane_delivery_failures",
+    "Failed delivery attempts, by kind of destination and what became of the message: failed (retried "
+    "later), dead (a dead letter), lost (another relay had claimed it since)",
+    ["destination", "outcome"])
+TOOL_CALLS_DISPATCHED = Counter("backplane_tool_calls_dispatched", "Tool calls recorded before they were made",
+                                ["tool"])
+TOOL_CALLS = Counter("backplane_tool_calls", "Tool-call results recorded, by tool and status", ["tool", "status"])
+TOOL_CALL_DURATION = Histogram(
+    "backplane_tool_call_duration_seconds", "From a tool call's dispatch to its recorded result", ["tool"],
+    buckets=_TOOL_BUCKETS)
+TOOL_GATEWAY_DURATION = Histogram(
+    "backplane_tool_gateway_duration_seconds",
+    "The gateway's HTTP call to a registered tool; outcome answered, or unavailable (no usable answer)",
+    ["tool", "outcome"], buckets=_TOOL_BUCKETS)
+BREAKER_TRANSITIONS = Counter(
+    "backplane_breaker_transitions", "Circuit-breaker transitions, by kind of breaker and the state entered",
+    ["kind", "to_state"])
+
+
+def _initialise_known_series() -> None:
+    """Known label values start at 0 in every process, so ``rate()`` and the alerts see the first
+    increase instead of a series that appears out of nowhere (Prometheus' advice)."""
+    for recovered in ("true", "false"):
+        CLAIMS.labels(recovered=recovered)
+    for reason in ("lease_expired", "no_progress"):
+        STALLS.labels(reason=reason)
+    for outcome in ("requeued", "dead_lettered"):
+        RECOVERIES.labels(outcome=outcome)
+    for outcome in ("succeeded", "failed"):
+        COMPENSATIONS.labels(outcome=outcome)
+    for destination in ("broker", "webhook"):
+        DELIVERIES.labels(destination=destination)
+        for outcome in ("failed", "dead"):
+            DELIVERY_FAILURES.labels(destination=destination, outcome=outcome)
+    for kind in ("agent", "tool"):
+        for state in ("open", "half_open", "closed"):
+            BREAKER_TRANSITIONS.labels(kind=kind, to_state=state)
+
+
+_initialise_known_series()
+
+
+# --- labels that would otherwise be open-ended ----------------------------------------------------
+
+# Tool names are registered by administrators for the gateway, but an agent that calls a tool
+# itself names it in its dispatch: at most this many distinct names get a label of their own in
+# a process (the first seen), the rest are counted as "other".
+MAX_TOOL_LABELS = 100
+_TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+_tools_seen: set[str] = set()
+_tools_lock = threading.Lock()
+
+
+def tool_label(name: str) -> str:
+    if name in _tools_seen:
+        return name
+    with _tools_lock:
+        if len(_tools_seen) < MAX_TOOL_LABELS and _TOOL_NAME.fullmatch(name):
+            _tools_seen.add(name)
+            return name
+    return "other"
+
+
+# --- what the call sites count ----------------------------------------------------------------------
+
+
+def events_appended_count(*, type_label: str, count: int) -> None:
+    EVENTS_APPENDED.labels(type=type_label).inc(count)
+
+
+def observe_append_duration(service: Callable[P, R]) -> Callable[P, R]:
+    """Decorates the append service: the time of each call that returns an answer (an append, a
+    batch or a replay); a refusal (an exception) is not an append and is not observed."""
+
+    @wraps(service)
+    def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.perf_counter()
+        outcome = service(*args, **kwargs)
+        APPEND_DURATION.observe(time.perf_counter() - started)
+        return outcome
+
+    return timed
+
+
+def idempotent_replay_count(*, kind: str) -> None:
+    IDEMPOTENT_REPLAYS.labels(kind=kind).inc()
+
+
+def claim_count(*, recovered: bool) -> None:
+    CLAIMS.labels(recovered="true" if recovered else "false").inc()
+
+
+def stall_count(*, reason: str, outcome: str) -> None:
+    """A stalled task (``reason``: lease_expired, no_progress) and what recovery did (``outcome``)."""
+    STALLS.labels(reason=reason).inc()
+    RECOVERIES.labels(outcome=outcome).inc()
+
+
+def compensation_count(*, outcome: str) -> None:
+    COMPENSATIONS.labels(outcome=outcome).inc()
+
+
+def deliveries_count(*, destination: str, count: int) -> None:
+    if count:
+        DELIVERIES.labels(destination=destination).inc(count)
+
+
+def delivery_failure_count(*, destination: str, outcome: str) -> None:
+    DELIVERY_FAILURES.labels(destination=destination, outcome=outcome).inc()
+
+
+def tool_call_dispatched_count(*, tool: str) -> None:
+    TOOL_CALLS_DISPATCHED.labels(tool=tool_label(tool)).inc()
+
+
+def tool_call_result_count(*, tool: str, status: str, seconds: float) -> None:
+    """A result recorded ``seconds`` after its call was dispatched."""
+    label = tool_label(tool)
+    TOOL_CALLS.labels(tool=label, status=status).inc()
+    TOOL_CALL_DURATION.labels(tool=label).observe(max(0.0, seconds))
+
+
+@contextmanager
+def tool_gateway_call_timed(*, tool: str) -> Iterator[None]:
+    """Times the gateway's call to a tool: an exception means no usable answer came."""
+    started = time.perf_counter()
+    outcome = "unavailable"
+    try:
+        yield
+        outcome = "answered"
+    finally:
+        TOOL_GATEWAY_DURATION.labels(tool=tool_label(tool), outcome=outcome).observe(time.perf_counter() - started)
+
+
+def breaker_transition_count(*, kind: str, to_state: str) -> None:
+    BREAKER_TRANSITIONS.labels(kind=kind, to_state=to_state).inc()
