@@ -12,9 +12,12 @@ class BackplaneConfig(AppConfig):
 
         from backplane.integrity.checks import check_signing_key
         from backplane.runtime.db_roles import on_post_migrate
+        from backplane.telemetry.tracing import tracing_configure_from_environment
 
         checks.register(check_signing_key)
         _install_pool_check()
+        # Before Django builds its request handler: the instrumentation adds a middleware.
+        tracing_configure_from_environment(service_name="agent-backplane")
         # After every migrate as the owner: the application's role can log in (settings.py).
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="backplane.db_roles")
 

@@ -99,6 +99,8 @@ MIDDLEWARE = [
     # its middlewares' cost (backplane/telemetry/http.py). First: its latency covers the rest.
     "backplane.telemetry.http.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # An agent's traceparent, for the events it writes while tracing is off (telemetry/tracing.py).
+    "backplane.telemetry.tracing.TraceContextMiddleware",
     "backplane.api.middleware.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # While the database is known to be down, answer 503 at once instead of waiting for the pool.
@@ -293,6 +295,9 @@ BACKPLANE_OUTBOX_BROKER_URL = env_str("BACKPLANE_OUTBOX_BROKER_URL", "") or CELE
 CELERY_WORKER_POOL = env_str("BACKPLANE_WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("BACKPLANE_WORKER_CONCURRENCY", 6, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True
+# The worker logs through LOGGING like every other process (LOG_FORMAT=json included), instead
+# of replacing the root logger's handlers with Celery's own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -466,11 +471,20 @@ if _prometheus_values is not None and not getattr(_prometheus_values.ValueClass,
 # Django refuses bodies above this before any view runs; keep it in step with the payload limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = BACKPLANE_PAYLOAD_LIMIT_BYTES
 
+# plain: the line people read in a terminal; json: one object a line with the trace and span
+# ids, for a log pipeline (backplane/telemetry/logs.py).
+LOG_FORMAT = env_str("LOG_FORMAT", "plain")
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfiguredEnv(f"LOG_FORMAT={LOG_FORMAT!r} must be plain or json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "backplane.telemetry.logs.json_formatter"},
+    },
+    "filters": {"trace_ids": {"()": "backplane.telemetry.logs.TraceIdsFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["trace_ids"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     # channels_postgres warns on every group_send to a group nobody has joined, which is
     # every live notice while no dashboard page is open.

@@ -44,20 +44,24 @@ from backplane.delivery.announcements import announce_dead_letters
 from backplane.delivery.models import DeadLetter, DeadLetterSource, OutboxMessage, OutboxStatus, WebhookSubscription
 from backplane.delivery.policy import BROKER_LANE, Lane, LanePolicy, broker_policy, webhook_policy
 from backplane.telemetry import counters
+from backplane.telemetry.tracing import publish_span
 
 logger = logging.getLogger(__name__)
 
 
-def envelope(message: OutboxMessage) -> dict[str, Any]:
+def envelope(message: OutboxMessage, *, traceparent: str | None = None) -> dict[str, Any]:
     """What every sink delivers: stable id, topic, key, payload, and headers with the attempt
     number (counted when the row was claimed: 1 the first time, more after failures and after
-    deliveries a relay never finished)."""
+    deliveries a relay never finished) and, while tracing, the publish span's ``traceparent``."""
+    headers = {**message.headers, "attempt": max(1, message.attempts)}
+    if traceparent:
+        headers["traceparent"] = traceparent
     return {
         "message_id": str(message.message_id),
         "topic": message.topic,
         "key": message.key,
         "payload": message.payload,
-        "headers": {**message.headers, "attempt": max(1, message.attempts)},
+        "headers": headers,
     }
 
 
@@ -333,7 +337,11 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
             step.lost += 1
             continue
         try:
-            publish(message, envelope(message))
+            # The publish span is the child of the span that wrote the event (telemetry/tracing.py).
+            with publish_span(topic=message.topic, message_id=str(message.message_id),
+                              destination=message.destination, headers=message.headers,
+                              attempt=max(1, message.attempts)) as sent_traceparent:
+                publish(message, envelope(message, traceparent=sent_traceparent))
         except Exception as exc:  # noqa: BLE001 - any failure is recorded on the row, never lost in a log
             if not isinstance(exc, PublishError):
                 logger.exception("publishing outbox message %s failed unexpectedly", message.message_id)
