@@ -19,6 +19,10 @@ class Scrape:
         """A sample's value; 0 for a series not (yet) there, as a counter that never moved."""
         return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
+    def moved_since(self, earlier: Scrape, name: str, **labels: str) -> float:
+        """How far a series moved between an earlier scrape and this one."""
+        return self.value(name, **labels) - earlier.value(name, **labels)
+
     def total(self, name: str, **labels: str) -> float:
         """The sum over the series of ``name`` whose labels include ``labels``."""
         wanted = set(labels.items())

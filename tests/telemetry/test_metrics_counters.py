@@ -69,10 +69,8 @@ def test_it_counts_an_append_once_it_commits_and_never_a_write_that_rolled_back(
     step(task, 1)  # the quiet append: one statement, no transaction, follow-ups after it
     step(task, 2)
     after = scrape(client)
-    assert after.value(APPENDED, type=et.REASONING_STEP_COMPLETED) - \
-        before.value(APPENDED, type=et.REASONING_STEP_COMPLETED) == 2
-    assert after.value("backplane_append_duration_seconds_count") - \
-        before.value("backplane_append_duration_seconds_count") == 2
+    assert after.moved_since(before, APPENDED, type=et.REASONING_STEP_COMPLETED) == 2
+    assert after.moved_since(before, "backplane_append_duration_seconds_count") == 2
 
 
 def test_a_type_the_client_made_up_is_counted_as_custom(committed_db: None, client: Client) -> None:
@@ -82,7 +80,7 @@ def test_a_type_the_client_made_up_is_counted_as_custom(committed_db: None, clie
         step(task, n, event_type="LeadScored")
     after = scrape(client)
 
-    assert after.value(APPENDED, type="custom") - before.value(APPENDED, type="custom") == 3
+    assert after.moved_since(before, APPENDED, type="custom") == 3
     assert after.label_values(APPENDED, "type") <= BUILT_IN_EVENT_TYPES | {"custom"}
     assert "LeadScored" not in after.label_values(APPENDED, "type")
 
@@ -100,9 +98,8 @@ def test_idempotent_replays_are_counted_by_kind(committed_db: None, client: Clie
     for _ in range(3):
         services.event_append(namespace="acme", task_id=task.pk, agent="alice", draft=draft)
     after = scrape(client)
-    assert after.value("backplane_idempotent_replays_total", kind="event") - \
-        before.value("backplane_idempotent_replays_total", kind="event") == 2
-    assert after.value(APPENDED, type="custom") - before.value(APPENDED, type="custom") == 1
+    assert after.moved_since(before, "backplane_idempotent_replays_total", kind="event") == 2
+    assert after.moved_since(before, APPENDED, type="custom") == 1
 
 
 def test_claims_stalls_and_what_recovery_made_of_them(alice: Agent, client: Client) -> None:
@@ -121,21 +118,17 @@ def test_claims_stalls_and_what_recovery_made_of_them(alice: Agent, client: Clie
     stall()  # attempt 2 of 2: a dead letter
     after = scrape(client)
 
-    def moved(name: str, **labels: str) -> float:
-        return after.value(name, **labels) - before.value(name, **labels)
-
-    assert moved("backplane_claims_total", recovered="false") == 1
-    assert moved("backplane_claims_total", recovered="true") == 1
-    assert moved("backplane_stalls_total", reason="lease_expired") == 2
-    assert moved("backplane_recoveries_total", outcome="requeued") == 1
-    assert moved("backplane_recoveries_total", outcome="dead_lettered") == 1
-    assert moved("backplane_dead_letters_created_total", source="task") == 1
+    assert after.moved_since(before, "backplane_claims_total", recovered="false") == 1
+    assert after.moved_since(before, "backplane_claims_total", recovered="true") == 1
+    assert after.moved_since(before, "backplane_stalls_total", reason="lease_expired") == 2
+    assert after.moved_since(before, "backplane_recoveries_total", outcome="requeued") == 1
+    assert after.moved_since(before, "backplane_recoveries_total", outcome="dead_lettered") == 1
+    assert after.moved_since(before, "backplane_dead_letters_created_total", source="task") == 1
 
     dead_letter = DeadLetter.objects.get(source="task")
     dead_letter_discard(dead_letter_id=dead_letter.pk, decided_by="olivia", reason="the lead went cold")
     decided = scrape(client)
-    assert decided.value("backplane_dead_letters_decided_total", decision="discarded") - \
-        after.value("backplane_dead_letters_decided_total", decision="discarded") == 1
+    assert decided.moved_since(after, "backplane_dead_letters_decided_total", decision="discarded") == 1
 
 
 def test_tool_calls_are_counted_per_tool_with_their_latency(committed_db: None, client: Client) -> None:
@@ -155,14 +148,11 @@ def test_tool_calls_are_counted_per_tool_with_their_latency(committed_db: None, 
                                   input={}, agent="alice", lease_epoch=None)
     after = scrape(client)
 
-    def moved(name: str, **labels: str) -> float:
-        return after.value(name, **labels) - before.value(name, **labels)
-
-    assert moved("backplane_tool_calls_dispatched_total", tool="send-email") == 1
-    assert moved("backplane_tool_calls_dispatched_total", tool="other") == 1
-    assert moved("backplane_idempotent_replays_total", kind="tool_call") == 1
-    assert moved("backplane_tool_calls_total", tool="send-email", status="succeeded") == 1
-    assert moved("backplane_tool_call_duration_seconds_count", tool="send-email") == 1
+    assert after.moved_since(before, "backplane_tool_calls_dispatched_total", tool="send-email") == 1
+    assert after.moved_since(before, "backplane_tool_calls_dispatched_total", tool="other") == 1
+    assert after.moved_since(before, "backplane_idempotent_replays_total", kind="tool_call") == 1
+    assert after.moved_since(before, "backplane_tool_calls_total", tool="send-email", status="succeeded") == 1
+    assert after.moved_since(before, "backplane_tool_call_duration_seconds_count", tool="send-email") == 1
     assert "send email to bob?" not in after.label_values("backplane_tool_calls_dispatched_total", "tool")
 
 
@@ -184,10 +174,8 @@ def test_deliveries_and_failures_are_counted_per_kind_of_destination(committed_d
 
     assert relay.outbox_relay_once(publish=broken).failed >= 1
     after = scrape(client)
-    assert after.value("backplane_deliveries_total", destination="broker") - \
-        before.value("backplane_deliveries_total", destination="broker") == delivered
-    assert after.value("backplane_delivery_failures_total", destination="broker", outcome="failed") - \
-        before.value("backplane_delivery_failures_total", destination="broker", outcome="failed") >= 1
+    assert after.moved_since(before, "backplane_deliveries_total", destination="broker") == delivered
+    assert after.moved_since(before, "backplane_delivery_failures_total", destination="broker", outcome="failed") >= 1
 
 
 def test_a_breaker_that_opens_is_a_transition_and_an_open_breaker(alice: Agent, client: Client) -> None:
@@ -199,8 +187,7 @@ def test_a_breaker_that_opens_is_a_transition_and_an_open_breaker(alice: Agent, 
         services.event_append(namespace="acme", task_id=claim.task.pk, agent="alice", lease_epoch=claim.lease_epoch,
                               draft=EventDraft(type=et.TASK_FAILED, payload={"error": "boom", "retryable": False}))
     after = scrape(client)
-    assert after.value("backplane_breaker_transitions_total", kind="agent", to_state="open") - \
-        before.value("backplane_breaker_transitions_total", kind="agent", to_state="open") == 1
+    assert after.moved_since(before, "backplane_breaker_transitions_total", kind="agent", to_state="open") == 1
     assert after.value("backplane_breakers_open", kind="agent") == 1
 
 
@@ -210,6 +197,5 @@ def test_http_requests_are_counted_by_view_and_status(committed_db: None, client
     client.get("/healthz")
     client.get("/no-such-page")
     after = scrape(client)
-    assert after.value(name, status="200", view="healthz", method="GET") - \
-        before.value(name, status="200", view="healthz", method="GET") == 1
+    assert after.moved_since(before, name, status="200", view="healthz", method="GET") == 1
     assert after.total(name, status="404", method="GET") - before.total(name, status="404", method="GET") == 1

@@ -14,13 +14,10 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from django.test import Client
 
@@ -29,6 +26,7 @@ from backplane.eventlog import services
 from backplane.eventlog.writer import EventDraft
 from recovery import gateway, leases, tool_calls
 from recovery.models import Tool
+from tests.telemetry.conftest import LocalTool
 from tests.telemetry.metrics_scrape import scrape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,32 +74,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
             for target in panel.get("targets", [])]
 
 
-@pytest.fixture
-def tool_url() -> Iterator[str]:
-    """A tool on 127.0.0.1 that answers every call with 200 and a JSON object."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = b'{"sent": true}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/send"
-    server.shutdown()
-    server.server_close()
-
-
-def some_of_everything(tool_url: str) -> None:
+def some_of_everything(tool: LocalTool) -> None:
     """What an hour of a small fleet does: tasks, claims, steps, a custom event, a replay, tool
     calls by hand and through the gateway, a compensation declared, deliveries, HTTP requests."""
     agent = services.agent_create(name="alice", namespace="acme").agent
@@ -118,15 +91,15 @@ def some_of_everything(tool_url: str) -> None:
                                          compensation={"tool": "crm-revert", "input": {}})
     tool_calls.tool_call_record_result(namespace="acme", key=call.call.pk, status="succeeded", result={},
                                        agent="alice", lease_epoch=claim.lease_epoch)
-    Tool.objects.create(name="send-email", url=tool_url, timeout_seconds=5)
+    Tool.objects.create(name="send-email", url=tool.url, timeout_seconds=5)
     gateway.tool_invoke(namespace="acme", task_id=task.pk, step=3, tool_name="send-email", input={"to": "bob"},
                         agent="alice", lease_epoch=claim.lease_epoch)
     relay.outbox_relay_once(publish=lambda message, envelope: None)
 
 
 def test_every_dashboard_query_names_a_metric_on_a_live_scrape(committed_db: None, client: Client,
-                                                               tool_url: str) -> None:
-    some_of_everything(tool_url)
+                                                               local_tool: LocalTool) -> None:
+    some_of_everything(local_tool)
     client.get("/healthz")
     names = scrape(client).names
     queries = dashboard_queries()
@@ -138,8 +111,8 @@ def test_every_dashboard_query_names_a_metric_on_a_live_scrape(committed_db: Non
         assert not missing, f"panel {title!r}: {missing} not on /metrics"
 
 
-def test_every_alert_names_a_metric_on_a_live_scrape(committed_db: None, client: Client, tool_url: str) -> None:
-    some_of_everything(tool_url)
+def test_every_alert_names_a_metric_on_a_live_scrape(committed_db: None, client: Client, local_tool: LocalTool) -> None:
+    some_of_everything(local_tool)
     names = scrape(client).names
     for rule in alert_rules():
         missing = sorted(set(METRIC_NAME.findall(rule["expr"])) - names)

@@ -11,10 +11,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from backplane.telemetry import tracing
 from recovery.detector import lease_expire_stalled
 from recovery.models import Tool
 from tests.api.conftest import AgentClient, create_task
+from tests.telemetry.conftest import LocalTool
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -69,7 +68,12 @@ def agent(name: str) -> AgentClient:
 
 def hexes(span: ReadableSpan) -> tuple[str, str]:
     context = span.get_span_context()
+    assert context is not None
     return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
+def attributes(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
 
 
 def parent_of(span: ReadableSpan) -> str | None:
@@ -103,12 +107,12 @@ def test_an_append_with_a_traceparent_is_one_trace_from_request_to_the_message_s
     assert response.status_code == 201, response.content
 
     server = server_span(spans, TRACE, "events")
-    assert parent_of(server) == PARENT and server.attributes["http.response.status_code"] == 201
+    assert parent_of(server) == PARENT and attributes(server)["http.response.status_code"] == 201
     _, server_id = hexes(server)
     database = [s for s in in_trace(spans, TRACE) if s.kind == SpanKind.CLIENT
-                and s.attributes.get("db.system.name") == "postgresql"]
+                and attributes(s).get("db.system.name") == "postgresql"]
     assert database and {parent_of(s) for s in database} == {server_id}
-    assert any("INSERT INTO backplane_event" in str(s.attributes.get("db.query.text")) for s in database)
+    assert any("INSERT INTO backplane_event" in str(attributes(s).get("db.query.text")) for s in database)
 
     # The event carries the agent's trace and the span that wrote it; its message names that span.
     event = Event.objects.get(task_id=task["task_id"], seq=response.json()["seq"])
@@ -130,58 +134,28 @@ def test_an_append_with_a_traceparent_is_one_trace_from_request_to_the_message_s
         sinks.close()
     (publish_span,) = [s for s in in_trace(spans, TRACE) if s.name == "publish leads.scored"]
     assert publish_span.kind == SpanKind.PRODUCER and parent_of(publish_span) == server_id
-    assert publish_span.attributes["messaging.destination.name"] == "leads.scored"
-    assert publish_span.attributes["messaging.message.id"] == str(message.message_id)
-    assert publish_span.attributes["backplane.task_id"] == task["task_id"]
+    assert attributes(publish_span)["messaging.destination.name"] == "leads.scored"
+    assert attributes(publish_span)["messaging.message.id"] == str(message.message_id)
+    assert attributes(publish_span)["backplane.task_id"] == task["task_id"]
     # The message goes out naming the publish span, not the stored context, not a random id.
     (body,) = [b for b in sent if b["topic"] == "leads.scored"]
     assert body["headers"]["traceparent"] == f"00-{TRACE}-{hexes(publish_span)[1]}-01"
 
 
-@pytest.fixture
-def tool_url() -> Iterator[tuple[str, list[str | None]]]:
-    """A tool on 127.0.0.1 that answers every POST with a JSON object and keeps the
-    ``traceparent`` each request came with."""
-    seen: list[str | None] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server API
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            seen.append(self.headers.get("traceparent"))
-            body = b'{"sent": true}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/send", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_the_gateways_call_to_a_tool_is_a_client_span_in_the_agents_trace(
-        spans: InMemorySpanExporter, tool_url: tuple[str, list[str | None]]) -> None:
-    url, seen = tool_url
-    Tool.objects.create(name="send-email", url=url, timeout_seconds=5)
+        spans: InMemorySpanExporter, local_tool: LocalTool) -> None:
+    Tool.objects.create(name="send-email", url=local_tool.url, timeout_seconds=5)
     alice = agent("alice")
     task = create_task(alice)
     response = alice.post("/api/v1/tools/send-email/invoke/", {"task_id": task["task_id"], "step": 1, "input": {}},
                           format="json", HTTP_TRACEPARENT=f"00-{TRACE}-{PARENT}-01")
     assert response.status_code == 200, response.content
     server = server_span(spans, TRACE, "invoke")
-    (call,) = [s for s in in_trace(spans, TRACE) if s.kind == SpanKind.CLIENT and "http.request.method" in s.attributes]
-    assert parent_of(call) == hexes(server)[1] and call.attributes["http.request.method"] == "POST"
+    (call,) = [s for s in in_trace(spans, TRACE)
+               if s.kind == SpanKind.CLIENT and "http.request.method" in attributes(s)]
+    assert parent_of(call) == hexes(server)[1] and attributes(call)["http.request.method"] == "POST"
     # The tool is told the trace: its side of the call can join it.
-    assert seen == [f"00-{TRACE}-{hexes(call)[1]}-01"]
+    assert local_tool.header("traceparent") == [f"00-{TRACE}-{hexes(call)[1]}-01"]
     dispatched, answered = Event.objects.filter(task_id=task["task_id"], type__startswith="ToolCall").order_by("seq")
     assert dispatched.trace_id == answered.trace_id == TRACE
 
@@ -226,8 +200,8 @@ def test_a_stall_and_its_recovery_continue_the_crashed_agents_trace(
     assert sweep.expired == 1
     (stall,) = [s for s in spans.get_finished_spans() if s.name == "stall task"]
     assert hexes(stall)[0] == TRACE and parent_of(stall) == hexes(crashed_claim)[1]
-    assert stall.attributes["backplane.task_id"] == task["task_id"]
-    assert stall.attributes["backplane.lease_epoch"] == claimed["lease_epoch"]
+    assert attributes(stall)["backplane.task_id"] == task["task_id"]
+    assert attributes(stall)["backplane.lease_epoch"] == claimed["lease_epoch"]
     stalled = Event.objects.get(task_id=task["task_id"], type="TaskStalled")
     assert (stalled.trace_id, stalled.span_id) == hexes(stall)
 
