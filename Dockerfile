@@ -29,15 +29,16 @@ RUN DATABASE_URL=postgresql://build@localhost/build \
     python manage.py collectstatic --noinput
 
 # The code and collected static files stay owned by root: the app can read but not change them.
-# The var directory itself (BACKPLANE_VAR_DIR, /app/var) and its audit/ belong to the app user: the
-# audit export writes there and beat keeps its schedule there. docker-compose.yml mounts a named
-# volume on var/audit, which Docker creates with this ownership; the static files are not on a
+# The var directory itself (BACKPLANE_VAR_DIR, /app/var), its audit/ and metrics/ belong to the app
+# user: the audit export writes there, beat keeps its schedule there and every process its
+# counters. docker-compose.yml mounts named volumes on var/audit and var/metrics, which Docker
+# creates with this ownership; the static files are not on a
 # volume, so a new image always serves its own.
 RUN groupadd --system --gid 10001 backplane \
     && useradd --system --uid 10001 --gid backplane --create-home --home-dir /home/backplane \
        --shell /usr/sbin/nologin backplane \
-    && mkdir -p /app/var/audit \
-    && chown 10001:10001 /app/var /app/var/audit
+    && mkdir -p /app/var/audit /app/var/metrics \
+    && chown 10001:10001 /app/var /app/var/audit /app/var/metrics
 USER 10001:10001
 
 EXPOSE 8000

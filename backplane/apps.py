@@ -8,16 +8,17 @@ class BackplaneConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
         from django.core import checks
 
         from backplane.integrity.checks import check_signing_key
         from backplane.runtime.db_roles import on_post_migrate
-        from backplane.telemetry.tracing import tracing_configure_from_environment
+        from backplane.telemetry.tracing import tracing_configure
 
         checks.register(check_signing_key)
         _install_pool_check()
         # Before Django builds its request handler: the instrumentation adds a middleware.
-        tracing_configure_from_environment(service_name="agent-backplane")
+        tracing_configure(endpoint=settings.OTEL_EXPORTER_OTLP_ENDPOINT, service_name=settings.OTEL_SERVICE_NAME)
         # After every migrate as the owner: the application's role can log in (settings.py).
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="backplane.db_roles")
 

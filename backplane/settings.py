@@ -23,6 +23,7 @@ from backplane.runtime.env import (
     env_list,
     env_str,
 )
+from backplane.telemetry.process_files import metrics_process_files_install
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -468,8 +469,16 @@ _prometheus_values = sys.modules.get("prometheus_client.values")
 if _prometheus_values is not None and not getattr(_prometheus_values.ValueClass, "_multiprocess", False):
     raise ImproperlyConfiguredEnv("prometheus_client was imported before the settings: its counters would stay in "
                                   "one process, unseen by /metrics")
+# Files named by host and pid, not pid alone: containers sharing the directory repeat pids.
+metrics_process_files_install()
 # Django refuses bodies above this before any view runs; keep it in step with the payload limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = BACKPLANE_PAYLOAD_LIMIT_BYTES
+
+# Traces (backplane/telemetry/tracing.py): on when an OpenTelemetry collector's OTLP/HTTP endpoint
+# is given (http://collector:4318; spans go to <endpoint>/v1/traces), off and free otherwise. The
+# exporter reads the other standard OTEL_EXPORTER_OTLP_* variables (headers, timeout) itself.
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agent-backplane")
 
 # plain: the line people read in a terminal; json: one object a line with the trace and span
 # ids, for a log pipeline (backplane/telemetry/logs.py).

@@ -44,16 +44,17 @@ _CLOSED = sorted(status.value for status in CLOSED_STATUSES)
 # retention index up to the page's LIMIT (the partial index's predicate is written out so that
 # the planner sees the index serves it); the costly check runs above it, on that page only.
 _PAGE_SQL = """
-SELECT c.id, c.last_event_at, backplane_task_prunable(c.id) FROM (
-    SELECT t.id, t.last_event_at FROM backplane_task t
+SELECT c.id, c.finished_last_event_at, backplane_task_prunable(c.id) FROM (
+    SELECT t.id, t.finished_last_event_at FROM backplane_task t
     WHERE t.namespace = %(namespace)s {kind}
-      AND t.status IN (""" + ", ".join(f"'{status}'" for status in _CLOSED) + """) AND t.status = ANY(%(statuses)s)
-      AND t.last_event_at < %(cutoff)s
-      AND t.last_event_at >= %(after_at)s AND (t.last_event_at, t.id) > (%(after_at)s, %(after_id)s)
-    ORDER BY t.last_event_at, t.id
+      AND t.finished_last_event_at IS NOT NULL AND t.status = ANY(%(statuses)s)
+      AND t.finished_last_event_at < %(cutoff)s
+      AND t.finished_last_event_at >= %(after_at)s
+      AND (t.finished_last_event_at, t.id) > (%(after_at)s, %(after_id)s)
+    ORDER BY t.finished_last_event_at, t.id
     LIMIT %(page)s
 ) c
-ORDER BY c.last_event_at, c.id
+ORDER BY c.finished_last_event_at, c.id
 """
 PAGE_SIZE = 500
 

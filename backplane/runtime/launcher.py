@@ -222,7 +222,9 @@ class Launcher:
         a process that imports it before Django's settings must not fix prometheus_client's mode."""
         from prometheus_client.multiprocess import mark_process_dead
 
-        mark_process_dead(pid, str(self.metrics_dir))
+        from backplane.telemetry.process_files import metrics_process_name
+
+        mark_process_dead(metrics_process_name(pid), str(self.metrics_dir))
 
     # --- setup -------------------------------------------------------------------------------
 

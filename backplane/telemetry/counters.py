@@ -1,7 +1,7 @@
 """Counters and histograms, summed across processes: prometheus_client's multiprocess mode.
 
 Every process (web, Celery worker, beat, ``manage.py relay``) writes its values to memory-mapped
-files of its own in ``settings.PROMETHEUS_MULTIPROC_DIR`` (named by its pid) and ``/metrics``
+files of its own in ``settings.PROMETHEUS_MULTIPROC_DIR`` (named by host and pid) and ``/metrics``
 (``backplane/metrics.py``) sums the files of the directory at scrape time, so a figure is the
 same whichever web process answers the scrape, and a process that died still counts. The mode
 is chosen when ``prometheus_client.values`` is first imported, from ``PROMETHEUS_MULTIPROC_DIR``

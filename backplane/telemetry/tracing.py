@@ -53,16 +53,18 @@ def tracing_enabled() -> bool:
     return _enabled
 
 
-def tracing_configure_from_environment(*, service_name: str) -> bool:
-    """Start tracing when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set: spans go out by OTLP over HTTP
-    in batches, from a thread, so no request waits for the collector. The exporter reads the
-    standard ``OTEL_EXPORTER_OTLP_*`` variables itself (headers, timeout, compression)."""
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip():
+def tracing_configure(*, endpoint: str, service_name: str) -> bool:
+    """Start tracing when an OTLP/HTTP endpoint is given (settings.OTEL_EXPORTER_OTLP_ENDPOINT):
+    spans go to ``<endpoint>/v1/traces`` in batches, from a thread, so no request waits for the
+    collector. The exporter reads the other standard ``OTEL_EXPORTER_OTLP_*`` variables itself
+    (headers, timeout, compression)."""
+    if not endpoint:
         return False
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    tracing_install(OTLPSpanExporter(), service_name=os.environ.get("OTEL_SERVICE_NAME") or service_name,
-                    batch=True)
+    # The generic endpoint names the collector; the signal's path goes after it (the OTLP spec).
+    exporter = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces")
+    tracing_install(exporter, service_name=service_name, batch=True)
     return True
 
 

@@ -208,3 +208,38 @@ def test_quiet_writes_run_only_the_observing_follow_ups(committed_db: None) -> N
     finally:
         writer._follow_ups[:] = saved
     assert seen == ["observes:ReasoningStepCompleted", "reacts:TaskCompleted", "observes:TaskCompleted"]
+
+
+def task_row_updates() -> tuple[int, int]:
+    """The task table's updates so far and how many of them were HOT, as PostgreSQL counts them.
+    Counts reach the shared statistics when a backend goes idle, at most once a second unless
+    asked: this session asks, then reads them in a statement of their own."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'backplane_task'")
+        updates, hot = cursor.fetchone()
+    return updates, hot
+
+
+def test_a_step_on_a_running_task_updates_its_row_in_place(committed_db: None) -> None:
+    """No indexed column of the task row moves on a quiet append (retention's indexes are on
+    finished_last_event_at, which only finished tasks have): PostgreSQL can write the new row
+    version on the same page with no new index entry, a HOT update, a third more appends a
+    second (docs/benchmarks.md)."""
+    from backplane.eventlog.models import Agent
+
+    task = new_task()
+    agent = Agent.objects.create(name="worker", namespace="acme", kinds=["k"], token_hash="x" * 64)
+    claim = lease_claim(agent=agent, kinds=["k"], lease_seconds=60)
+    assert claim is not None
+    before = task_row_updates()
+    for n in range(20):
+        services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(n),
+                              lease_epoch=claim.lease_epoch)
+    updates, hot = (after - earlier for after, earlier in zip(task_row_updates(), before, strict=True))
+    assert updates == 20
+    # Pruning makes room on the page between updates; an update that finds none goes elsewhere.
+    assert hot >= 18, (updates, hot)
+    task.refresh_from_db()
+    assert (task.status, task.last_seq, task.finished_last_event_at) == ("running", 22, None)

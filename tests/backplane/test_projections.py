@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from backplane.eventlog import services
 from backplane.eventlog.models import Agent, Event, Task
 from backplane.eventlog.projections import projection_check, projection_rebuild, projection_replay
-from backplane.eventlog.reducer import task_state_of
+from backplane.eventlog.reducer import task_state_as_json, task_state_from_json, task_state_of
 from backplane.eventlog.writer import EventDraft
 from recovery import leases
 
@@ -60,6 +60,9 @@ def test_a_replay_equals_the_row_after_a_few_appends(running_task: Task, worker:
     assert replayed == task_state_of(completed)
     assert (replayed.status, replayed.output, replayed.lease_holder, replayed.last_seq) == (
         "completed", {"ok": 1}, None, 5)
+    # Retention's time: the last event's, once finished; none while the task ran.
+    assert running_task.finished_last_event_at is None
+    assert completed.finished_last_event_at == completed.last_event_at is not None
     # Bounded: the log as it was when the row recorded seq 4.
     assert projection_replay(task_id=running_task.pk, through_seq=4) == task_state_of(running_task)
 
@@ -156,3 +159,16 @@ def test_reconcile_records_the_row_in_the_log_with_who_and_why(make_task: Callab
     assert Task.objects.get(pk=task.pk).status == "compensated"
     assert projection_replay(task_id=task.pk).status == "compensated"
     assert list(projection_check()) == []
+
+
+def test_a_checkpoint_kept_before_finished_last_event_at_existed_reads_as_its_log_would(
+        running_task: Task, worker: Agent) -> None:
+    services.event_append(
+        namespace="acme", task_id=running_task.pk, draft=EventDraft(type="TaskCompleted", payload={"output": {}}),
+        agent=worker.name, lease_epoch=running_task.lease_epoch,
+    )
+    for task in (running_task, Task.objects.get(pk=running_task.pk)):
+        state = task_state_of(task)
+        kept = task_state_as_json(state)
+        del kept["finished_last_event_at"]
+        assert task_state_from_json(kept) == state

@@ -13,10 +13,16 @@ import pytest
 
 @dataclass
 class LocalTool:
-    """A tool on 127.0.0.1: its URL and the headers each request came with, in order."""
+    """A tool on 127.0.0.1: its URL, and each request's path, headers and body, in order."""
 
     url: str
     requests: list[dict[str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.url.removesuffix("/send")
 
     def header(self, name: str) -> list[str | None]:
         return [headers.get(name.lower()) for headers in self.requests]
@@ -30,7 +36,8 @@ def local_tool() -> Iterator[LocalTool]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            tool.bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            tool.paths.append(self.path)
             tool.requests.append({name.lower(): value for name, value in self.headers.items()})
             body = b'{"sent": true}'
             self.send_response(200)

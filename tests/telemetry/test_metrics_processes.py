@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backplane.eventlog.models import Event
 from backplane.runtime.launcher import Launcher
+from backplane.telemetry.process_files import metrics_process_name
 from tests.runtime.product import ProductClient, RunningProduct, new_var_dir, wait_until
 from tests.support.live_server import ROOT, database_url_of_test_db
 from tests.telemetry.metrics_scrape import scrape
@@ -78,8 +79,8 @@ def test_two_processes_counts_are_summed_on_one_scrape(committed_db: None, clien
         pids.add(int(out.split()[-1]))
 
     assert len(pids) == 2
-    # Each process counted into files of its own, named by its pid; both have exited since.
-    assert {int(path.stem.split("_")[-1]) for path in metrics_dir.glob("counter_*.db")} == pids
+    # Each process counted into files of its own, named by host and pid; both have exited since.
+    assert counted_by(metrics_dir) == pids
     metrics = scrape(client)
     assert Event.objects.filter(type="LeadScored").count() == 2 * APPENDS
     assert metrics.value("backplane_events_appended_total", type="custom") == 2 * APPENDS
@@ -94,14 +95,15 @@ def test_the_launcher_empties_its_metrics_directory_and_names_it_to_its_children
     var_dir = tmp_path / "var"
     metrics_dir = var_dir / "metrics"
     metrics_dir.mkdir(parents=True)
-    for name in ("counter_101.db", "histogram_101.db", "gauge_livesum_202.db", "gauge_max_202.db"):
+    alive, dead = metrics_process_name(101), metrics_process_name(202)
+    for name in (f"counter_{alive}.db", f"histogram_{alive}.db", f"gauge_livesum_{dead}.db", f"gauge_max_{dead}.db"):
         (metrics_dir / name).write_bytes(b"left by an earlier run")
     launcher = Launcher(host="127.0.0.1", port=8000, var_dir=var_dir)
     assert launcher.env["BACKPLANE_METRICS_DIR"] == str(metrics_dir)
 
     launcher.mark_metrics_dead(202)  # a live gauge of a dead process leaves the sums; counters stay
-    assert sorted(path.name for path in metrics_dir.iterdir()) == ["counter_101.db", "gauge_max_202.db",
-                                                                   "histogram_101.db"]
+    assert sorted(path.name for path in metrics_dir.iterdir()) == [f"counter_{alive}.db", f"gauge_max_{dead}.db",
+                                                                   f"histogram_{alive}.db"]
     launcher.empty_metrics_dir()
     assert list(metrics_dir.iterdir()) == []
 
@@ -113,7 +115,9 @@ def product_metrics(product: RunningProduct) -> dict[tuple[str, tuple[tuple[str,
 
 
 def counted_by(metrics_dir: Path) -> set[int]:
-    return {int(path.stem.split("_")[-1]) for path in metrics_dir.glob("counter_*.db")}
+    """The pids of the processes of this host that wrote counters into ``metrics_dir``."""
+    host = metrics_process_name(0).removesuffix("-0")
+    return {int(path.stem.removeprefix(f"counter_{host}-")) for path in metrics_dir.glob(f"counter_{host}-*.db")}
 
 
 @pytest.mark.slow

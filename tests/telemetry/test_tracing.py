@@ -20,6 +20,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -253,3 +255,29 @@ def test_json_log_lines_carry_the_trace_and_span_ids() -> None:
     inside = by_message["inside a span"]
     assert (inside["trace_id"], inside["span_id"]) == (trace_id, span_id)
     assert inside["time"].endswith("Z") and {"process", "thread"} <= set(inside)
+
+
+def test_with_an_otlp_endpoint_set_the_spans_go_to_the_collector(local_tool: LocalTool) -> None:
+    """The product as deployed: OTEL_EXPORTER_OTLP_ENDPOINT names a collector (here a local
+    stand-in that keeps what it is sent) and a request's span arrives there by OTLP/HTTP."""
+    script = (
+        "from django.test import Client\n"
+        "from opentelemetry import trace\n"
+        f"assert Client().get('/healthz', HTTP_TRACEPARENT='00-{TRACE}-{PARENT}-01').status_code == 200\n"
+        "assert trace.get_tracer_provider().force_flush(10_000)\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backplane.settings",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": local_tool.base_url, "OTEL_SERVICE_NAME": "backplane-under-test"}
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert set(local_tool.paths) == {"/v1/traces"}
+    assert local_tool.header("content-type")[0] == "application/x-protobuf"
+    spans_sent = []
+    for body in local_tool.bodies:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}["service.name"]
+            spans_sent += [(service, span.trace_id.hex(), span.parent_span_id.hex(), span.kind)
+                           for scope in resource_spans.scope_spans for span in scope.spans]
+    assert ("backplane-under-test", TRACE, PARENT, ProtoSpan.SpanKind.SPAN_KIND_SERVER) in spans_sent
