@@ -32,7 +32,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from backplane.delivery import selectors as delivery_selectors
-from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.eventlog.models import Event, Task
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import MerkleLeaf, SignedTreeHead, VerificationRun
@@ -71,32 +70,9 @@ class BackplaneCollector:
         yield GaugeMetricFamily("backplane_integrity_alerts_unacknowledged",
                                 "Broken hash chains found by the verifier that nobody has acknowledged yet",
                                 value=summary.open_alert_count)
-        yield from self.collect_dead_letter_decisions()
         yield from self.collect_verification_runs(summary.last_incremental, summary.last_full)
         yield from self.collect_sealing()
         yield from self.collect_duties()
-
-    @staticmethod
-    def collect_dead_letter_decisions() -> Iterator[Metric]:
-        """Counters read from the table, which keeps every dead letter ever made with its decision
-        (none is deleted): exact across processes and restarts, whichever part made them."""
-        created = CounterMetricFamily("backplane_dead_letters_created", "Dead letters made, by source",
-                                      labels=["source"])
-        decided = CounterMetricFamily("backplane_dead_letters_decided", "Dead letters a reviewer decided, by decision",
-                                      labels=["decision"])
-        # Every source and decision, at 0 until one is made: rate() sees the first one.
-        by_source: dict[str, int] = dict.fromkeys(DeadLetterSource.values, 0)
-        by_decision: dict[str, int] = {DeadLetterStatus.REQUEUED.value: 0, DeadLetterStatus.DISCARDED.value: 0}
-        for source, status, count in DeadLetter.objects.values_list("source", "status").annotate(
-                n=Count("id")).values_list("source", "status", "n").order_by():
-            by_source[source] = by_source.get(source, 0) + count
-            if status != DeadLetterStatus.PENDING:
-                by_decision[status] = by_decision.get(status, 0) + count
-        for source, count in sorted(by_source.items()):
-            created.add_metric([source], count)
-        for decision, count in sorted(by_decision.items()):
-            decided.add_metric([decision], count)
-        yield from (created, decided)
 
     @staticmethod
     def collect_verification_runs(*last_runs: VerificationRun | None) -> Iterator[Metric]:

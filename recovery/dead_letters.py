@@ -9,6 +9,7 @@ concurrent decision fail instead of acting twice.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from backplane.eventlog.models import Task, TaskStatus
 from backplane.eventlog.services import ensure_storable_json
 from backplane.eventlog.writer import EventDraft, write_events
 from backplane.integrity.tasks import audit_export
+from backplane.telemetry import counters
 from recovery.sagas import saga_retry_compensation, saga_skip_compensation
 
 
@@ -140,6 +142,8 @@ def dead_letter_requeue(
             # The export continues from the last recorded segment, so requeueing is an export run
             # now rather than at the next hourly beat (which would retry it anyway).
             transaction.on_commit(audit_export.delay)
+        transaction.on_commit(
+            functools.partial(counters.dead_letter_decided_count, decision=DeadLetterStatus.REQUEUED.value))
     return dead_letter
 
 
@@ -173,6 +177,8 @@ def dead_letter_discard(*, dead_letter_id: int, decided_by: str, reason: str, co
             # Nobody will undo this step: the saga goes on with the steps before it.
             assert task is not None
             saga_skip_compensation(task, dead_letter.reference, now=dead_letter.decided_at)
+        transaction.on_commit(
+            functools.partial(counters.dead_letter_decided_count, decision=DeadLetterStatus.DISCARDED.value))
     return dead_letter
 
 

@@ -147,7 +147,7 @@ def _lease_expire_stalled(*, now: datetime, batch_size: int, spans: list[TaskSpa
             if exhausted
         ]
         DeadLetter.objects.bulk_create(dead_letters)
-        announce_dead_letters(len(dead_letters))
+        announce_dead_letters(source=DeadLetterSource.TASK, count=len(dead_letters))
         dead_lettered = len(dead_letters)
         requeued = len(stalled) - dead_lettered
         # Breakers last, once per agent, locked in a fixed order: two sweeps running at once

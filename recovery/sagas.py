@@ -156,7 +156,7 @@ def saga_record_compensation_result(task: Task, record: ToolCall, *, agent: str 
             attempts=1,
             created_at=now,
         )
-        announce_dead_letters()
+        announce_dead_letters(source=DeadLetterSource.COMPENSATION)
         return
     _request_next_or_finish(task, now=now)
 

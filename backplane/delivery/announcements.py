@@ -1,7 +1,7 @@
 """Who wants to know that dead letters were made: parts above delivery register a listener
-(the dashboard does, so open review queues update live). Every place that makes dead letters
-calls ``announce_dead_letters`` in its transaction; listeners run once it commits, and never
-for a write that rolled back."""
+(the dashboard does, so open review queues update live), and /metrics counts them. Every place
+that makes dead letters calls ``announce_dead_letters`` in its transaction; the count and the
+listeners run once it commits, and never for a write that rolled back."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable
 
 from django.db import transaction
+
+from backplane.telemetry import counters
 
 logger = logging.getLogger("backplane.delivery")
 
@@ -22,11 +24,13 @@ def register_dead_letter_listener(listener: DeadLetterListener) -> None:
         _listeners.append(listener)
 
 
-def announce_dead_letters(count: int = 1) -> None:
-    if count <= 0 or not _listeners:
+def announce_dead_letters(*, source: str, count: int = 1) -> None:
+    """``count`` dead letters of ``source`` were made in the current transaction."""
+    if count <= 0:
         return
 
     def tell() -> None:
+        counters.dead_letters_created_count(source=source, count=count)
         for listener in _listeners:
             try:
                 listener(count)

@@ -270,7 +270,7 @@ def outbox_record_failure(*, message: OutboxMessage, claim: Claim, error: str, p
                 history=row.failures,
                 created_at=now,
             )
-            announce_dead_letters()
+            announce_dead_letters(source=DeadLetterSource.OUTBOX)
             logger.warning("outbox message %s to %s dead after %d attempts (%s ordering): %s", row.message_id,
                            policy.name, row.attempts, policy.ordering, error)
             return DEAD

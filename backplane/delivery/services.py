@@ -34,5 +34,5 @@ def dead_letter_record_repeating(
             source=source, reference=reference, payload=payload, error=error, attempts=attempts,
             created_at=timezone.now(),
         )
-        announce_dead_letters()
+        announce_dead_letters(source=source)
     return dead_letter, True

@@ -67,6 +67,12 @@ TOOL_GATEWAY_DURATION = Histogram(
     "backplane_tool_gateway_duration_seconds",
     "The gateway's HTTP call to a registered tool; outcome answered, or unavailable (no usable answer)",
     ["tool", "outcome"], buckets=_TOOL_BUCKETS)
+DEAD_LETTERS_CREATED = Counter("backplane_dead_letters_created", "Dead letters made, by source", ["source"])
+DEAD_LETTERS_DECIDED = Counter(
+    "backplane_dead_letters_decided", "Dead letters a reviewer decided, by decision", ["decision"])
+# delivery.models.DeadLetterSource's values (checked by tests/telemetry/test_metrics_counters.py).
+DEAD_LETTER_SOURCES = ("audit_export", "compensation", "outbox", "task", "tool_call")
+DEAD_LETTER_DECISIONS = ("discarded", "requeued")
 BREAKER_TRANSITIONS = Counter(
     "backplane_breaker_transitions", "Circuit-breaker transitions, by kind of breaker and the state entered",
     ["kind", "to_state"])
@@ -87,6 +93,10 @@ def _initialise_known_series() -> None:
         DELIVERIES.labels(destination=destination)
         for outcome in ("failed", "dead"):
             DELIVERY_FAILURES.labels(destination=destination, outcome=outcome)
+    for source in DEAD_LETTER_SOURCES:
+        DEAD_LETTERS_CREATED.labels(source=source)
+    for decision in DEAD_LETTER_DECISIONS:
+        DEAD_LETTERS_DECIDED.labels(decision=decision)
     for kind in ("agent", "tool"):
         for state in ("open", "half_open", "closed"):
             BREAKER_TRANSITIONS.labels(kind=kind, to_state=state)
@@ -185,6 +195,15 @@ def tool_gateway_call_timed(*, tool: str) -> Iterator[None]:
         outcome = "answered"
     finally:
         TOOL_GATEWAY_DURATION.labels(tool=tool_label(tool), outcome=outcome).observe(time.perf_counter() - started)
+
+
+def dead_letters_created_count(*, source: str, count: int) -> None:
+    if count:
+        DEAD_LETTERS_CREATED.labels(source=source).inc(count)
+
+
+def dead_letter_decided_count(*, decision: str) -> None:
+    DEAD_LETTERS_DECIDED.labels(decision=decision).inc()
 
 
 def breaker_transition_count(*, kind: str, to_state: str) -> None:

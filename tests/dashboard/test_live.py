@@ -253,6 +253,6 @@ def test_new_dead_letters_are_announced_once_committed(committed_db: None, recor
     with transaction.atomic():
         DeadLetter.objects.create(source="outbox", reference="m-1", payload={}, error="gone", attempts=5,
                                   created_at=timezone.now())
-        announce_dead_letters()
+        announce_dead_letters(source="outbox")
     assert recorded.arrived.wait(2)
     assert recorded.messages[-1]["dead_letters"] == 1 and recorded.messages[-1]["tasks"] == []

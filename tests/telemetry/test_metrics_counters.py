@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from backplane.delivery import relay
-from backplane.delivery.models import DeadLetter
+from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.eventlog import event_types as et
 from backplane.eventlog import services
 from backplane.eventlog.models import Agent, Task
@@ -129,6 +129,15 @@ def test_claims_stalls_and_what_recovery_made_of_them(alice: Agent, client: Clie
     dead_letter_discard(dead_letter_id=dead_letter.pk, decided_by="olivia", reason="the lead went cold")
     decided = scrape(client)
     assert decided.moved_since(after, "backplane_dead_letters_decided_total", decision="discarded") == 1
+    # Retention takes finished tasks away with their dead letters: what was counted stays counted.
+    DeadLetter.objects.all().delete()
+    assert scrape(client).value("backplane_dead_letters_created_total", source="task") == \
+        decided.value("backplane_dead_letters_created_total", source="task")
+
+
+def test_every_dead_letter_source_and_decision_has_its_series() -> None:
+    assert set(counters.DEAD_LETTER_SOURCES) == set(DeadLetterSource.values)
+    assert set(counters.DEAD_LETTER_DECISIONS) == set(DeadLetterStatus.values) - {DeadLetterStatus.PENDING}
 
 
 def test_tool_calls_are_counted_per_tool_with_their_latency(committed_db: None, client: Client) -> None:
