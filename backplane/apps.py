@@ -18,7 +18,8 @@ class BackplaneConfig(AppConfig):
         checks.register(check_signing_key)
         _install_pool_check()
         # Before Django builds its request handler: the instrumentation adds a middleware.
-        tracing_configure(endpoint=settings.OTEL_EXPORTER_OTLP_ENDPOINT, service_name=settings.OTEL_SERVICE_NAME)
+        tracing_configure(endpoint=settings.OTEL_EXPORTER_OTLP_ENDPOINT, service_name=settings.OTEL_SERVICE_NAME,
+                          disabled=settings.OTEL_PYTHON_DISABLED_INSTRUMENTATIONS)
         # After every migrate as the owner: the application's role can log in (settings.py).
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="backplane.db_roles")
 

@@ -479,6 +479,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = BACKPLANE_PAYLOAD_LIMIT_BYTES
 # exporter reads the other standard OTEL_EXPORTER_OTLP_* variables (headers, timeout) itself.
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
 OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agent-backplane")
+# OpenTelemetry's own variable: instrumentations left off, by name (django, psycopg, celery,
+# httpx). "psycopg" drops the statement spans, most of tracing's cost on an append.
+OTEL_PYTHON_DISABLED_INSTRUMENTATIONS = env_list("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", [])
+if not set(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS) <= {"django", "psycopg", "celery", "httpx"}:
+    raise ImproperlyConfiguredEnv(f"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS={OTEL_PYTHON_DISABLED_INSTRUMENTATIONS!r}: "
+                                  "the names are django, psycopg, celery and httpx")
 
 # plain: the line people read in a terminal; json: one object a line with the trace and span
 # ids, for a log pipeline (backplane/telemetry/logs.py).

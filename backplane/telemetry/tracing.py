@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +53,7 @@ def tracing_enabled() -> bool:
     return _enabled
 
 
-def tracing_configure(*, endpoint: str, service_name: str) -> bool:
+def tracing_configure(*, endpoint: str, service_name: str, disabled: Iterable[str] = ()) -> bool:
     """Start tracing when an OTLP/HTTP endpoint is given (settings.OTEL_EXPORTER_OTLP_ENDPOINT):
     spans go to ``<endpoint>/v1/traces`` in batches, from a thread, so no request waits for the
     collector. The exporter reads the other standard ``OTEL_EXPORTER_OTLP_*`` variables itself
@@ -64,11 +64,15 @@ def tracing_configure(*, endpoint: str, service_name: str) -> bool:
 
     # The generic endpoint names the collector; the signal's path goes after it (the OTLP spec).
     exporter = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces")
-    tracing_install(exporter, service_name=service_name, batch=True)
+    tracing_install(exporter, service_name=service_name, batch=True, disabled=disabled)
     return True
 
 
-def _instrumentors() -> list[Any]:
+# The instrumentations by the names OpenTelemetry gives them (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS).
+INSTRUMENTATIONS = ("django", "psycopg", "celery", "httpx")
+
+
+def _instrumentors() -> dict[str, Any]:
     """The maintained instrumentations of the libraries the product's spans come from (each a
     process-wide singleton): imported only when tracing is turned on."""
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -76,12 +80,15 @@ def _instrumentors() -> list[Any]:
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
-    return [DjangoInstrumentor(), PsycopgInstrumentor(), CeleryInstrumentor(), HTTPXClientInstrumentor()]
+    return {"django": DjangoInstrumentor(), "psycopg": PsycopgInstrumentor(), "celery": CeleryInstrumentor(),
+            "httpx": HTTPXClientInstrumentor()}
 
 
-def tracing_install(exporter: Any, *, service_name: str = "agent-backplane", batch: bool = False) -> None:
-    """Install the SDK with ``exporter`` and instrument Django, psycopg, Celery and httpx, once per
-    process. Tests pass an in-memory exporter (``batch=False``: each span is exported as it ends).
+def tracing_install(exporter: Any, *, service_name: str = "agent-backplane", batch: bool = False,
+                    disabled: Iterable[str] = ()) -> None:
+    """Install the SDK with ``exporter`` and instrument Django, psycopg, Celery and httpx (less
+    the ``disabled`` ones, by their names in ``INSTRUMENTATIONS``), once per process. Tests pass
+    an in-memory exporter (``batch=False``: each span is exported as it ends).
 
     Called before Django builds its request handler (``AppConfig.ready``, or a test before its
     first request): the Django instrumentation adds its middleware to ``settings.MIDDLEWARE``.
@@ -104,8 +111,11 @@ def tracing_install(exporter: Any, *, service_name: str = "agent-backplane", bat
             _processors[id(exporter)] = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
             _provider.add_span_processor(_processors[id(exporter)])
         _tracer = _provider.get_tracer("backplane")
-        for instrumentor in _instrumentors():
-            if not instrumentor.is_instrumented_by_opentelemetry:
+        unknown = set(disabled) - set(INSTRUMENTATIONS)
+        if unknown:
+            raise ValueError(f"no instrumentation named {sorted(unknown)}; the names are {INSTRUMENTATIONS}")
+        for name, instrumentor in _instrumentors().items():
+            if name not in disabled and not instrumentor.is_instrumented_by_opentelemetry:
                 instrumentor.instrument(tracer_provider=_provider)
         _enabled = True
 
@@ -118,7 +128,7 @@ def tracing_uninstall() -> None:
     global _enabled, _tracer
 
     with _lock:
-        for instrumentor in _instrumentors():
+        for instrumentor in _instrumentors().values():
             if instrumentor.is_instrumented_by_opentelemetry:
                 instrumentor.uninstrument()
         for processor in _processors.values():
@@ -269,7 +279,8 @@ def span_annotate_write(*, task_id: str, kind: str, seq: int, events: Sequence[A
                         lease_epoch: int) -> None:
     """Name the task a request wrote to on its span (the ``backplane.*`` attributes of
     docs/observability.md). A request that writes to several tasks (a sub-task's claim reports to
-    its parent) keeps the first; each write is also a span event."""
+    its parent) keeps the first as attributes, and each later write becomes a span event. The
+    common case (one write) costs one ``set_attributes``: this runs on every append."""
     if not _enabled:
         return
     span = trace.get_current_span()
@@ -280,6 +291,7 @@ def span_annotate_write(*, task_id: str, kind: str, seq: int, events: Sequence[A
                                   "backplane.event.count": len(events), "backplane.lease_epoch": lease_epoch}
     if agent:
         attributes["backplane.agent"] = agent
-    span.add_event("backplane.events_written", attributes)
-    if "backplane.task_id" not in (getattr(span, "attributes", None) or {}):
+    if "backplane.task_id" in (getattr(span, "attributes", None) or {}):
+        span.add_event("backplane.events_written", attributes)
+    else:
         span.set_attributes(attributes)

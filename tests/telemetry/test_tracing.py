@@ -281,3 +281,23 @@ def test_with_an_otlp_endpoint_set_the_spans_go_to_the_collector(local_tool: Loc
             spans_sent += [(service, span.trace_id.hex(), span.parent_span_id.hex(), span.kind)
                            for scope in resource_spans.scope_spans for span in scope.spans]
     assert ("backplane-under-test", TRACE, PARENT, ProtoSpan.SpanKind.SPAN_KIND_SERVER) in spans_sent
+
+
+def test_an_instrumentation_left_off_by_name_records_no_spans(committed_db: None) -> None:
+    """OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=psycopg (settings): the requests are traced, the
+    statements are not, and the events still carry the request's trace."""
+    connection.close()
+    tracing.tracing_install(_exporter, service_name="backplane-test", disabled=("psycopg",))
+    _exporter.clear()
+    try:
+        alice: AgentClient = agent("alice")
+        task = alice.post("/api/v1/tasks/", {"kind": "lead-qualification", "input": {}}, format="json",
+                          HTTP_TRACEPARENT=f"00-{TRACE}-{PARENT}-01").json()
+        (server,) = in_trace(_exporter, TRACE)
+        assert server.kind == SpanKind.SERVER
+        assert Event.objects.get(task_id=task["task_id"], seq=1).trace_id == TRACE
+        with pytest.raises(ValueError, match="no instrumentation named"):
+            tracing.tracing_install(_exporter, disabled=("sqlite",))
+    finally:
+        tracing.tracing_uninstall()
+        connection.close()
