@@ -26,6 +26,7 @@ from django.utils import timezone
 from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
 from backplane.eventlog.errors import (
+    BackplaneError,
     IdempotencyMismatch,
     InvalidInput,
     NotFound,
@@ -33,6 +34,7 @@ from backplane.eventlog.errors import (
     TaskClosed,
     TaskExists,
 )
+from backplane.eventlog.known_heads import known_heads
 from backplane.eventlog.lifecycle import enqueue_lifecycle
 from backplane.eventlog.models import Agent, Event, Task, hash_token
 from backplane.eventlog.writer import (
@@ -209,8 +211,11 @@ def event_append_batch(
         )
     digests = _validate_client_drafts(drafts)
     if not connection.in_atomic_block:
-        events = _append_quiet_unlocked(namespace=namespace, task_id=task_id, drafts=drafts, digests=digests,
-                                        agent=agent, expected_seq=expected_seq, lease_epoch=lease_epoch)
+        events = _append_quiet_to_known_head(namespace=namespace, task_id=task_id, drafts=drafts, agent=agent,
+                                             expected_seq=expected_seq, lease_epoch=lease_epoch)
+        if events is None:
+            events = _append_quiet_unlocked(namespace=namespace, task_id=task_id, drafts=drafts, digests=digests,
+                                            agent=agent, expected_seq=expected_seq, lease_epoch=lease_epoch)
         if events is not None:
             return AppendOutcome(events=events, replayed=False)
     with transaction.atomic(durable=True):
@@ -265,10 +270,47 @@ def _append_quiet_unlocked(
         return None
     check_open_at(task, expected_seq)
     try:
-        return write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=digests)
+        events = write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=digests)
     except IntegrityError:
         # The same idempotency key, committed by a concurrent request since our read.
         return None
+    if events is not None:
+        known_heads.remember(task)
+    return events
+
+
+def _append_quiet_to_known_head(
+    *,
+    namespace: str | None,
+    task_id: uuid.UUID,
+    drafts: Sequence[EventDraft],
+    agent: str | None,
+    expected_seq: int | None,
+    lease_epoch: int | None,
+) -> list[Event] | None:
+    """An agent's next step in one statement: the compare-and-set on the head this process last
+    wrote (``known_heads``), without reading the task first.
+
+    None when a fresh read must decide: no known head, a key to look up (a replay is possible),
+    any check the known head fails (it may be behind the row: a heartbeat extended the lease),
+    or a task that moved since (any other write is an event). Nothing is refused from here.
+    """
+    if any(draft.idempotency_key is not None for draft in drafts):
+        return None
+    task = known_heads.take(task_id)
+    if task is None or (namespace is not None and task.namespace != namespace):
+        return None
+    try:
+        check_lease(task, lease_epoch)
+        check_open_at(task, expected_seq)
+    except BackplaneError:
+        return None
+    events = write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=None)
+    if events is None:
+        known_heads.forget(task_id)
+        return None
+    known_heads.remember(task)
+    return events
 
 
 def check_open_at(task: Task, expected_seq: int | None) -> None:

@@ -206,17 +206,20 @@ def write_is_quiet(drafts: Sequence[EventDraft], before: TaskState, after: TaskS
 
 
 # Compare-and-set on the head: the UPDATE matches only if no event was appended since the task
-# was read (last_seq moves with every event, and only the writer moves it), and the INSERT reads
-# the UPDATE's result, so it runs after the row is locked and the transaction has its id, as the
-# sealer's horizon requires (integrity/sealing.py, _Horizon). Only the head columns are set: a
-# heartbeat may have moved the lease's deadline meanwhile, and it stays moved.
+# was read (last_seq moves with every event, and only the writer moves it) and the status and
+# lease epoch are still the ones checked (they too move only with events, unless an operator
+# rebuilt the row: a head this process knew from its last write, known_heads.py, must not
+# outlive that). The INSERT reads the UPDATE's result, so it runs after the row is locked and the
+# transaction has its id, as the sealer's horizon requires (integrity/sealing.py, _Horizon). Only
+# the head columns are set: a heartbeat may have moved the lease's deadline meanwhile, and it
+# stays moved.
 @functools.cache
 def _insert_events_if_unmoved_sql() -> str:
     events = recordset(Event, _EVENT_COLUMNS)
     return f"""
 WITH moved AS (
     UPDATE backplane_task SET last_seq = %s, head_hash = %s, lamport = %s, last_event_at = %s, updated_at = %s
-    WHERE id = %s AND last_seq = %s
+    WHERE id = %s AND last_seq = %s AND status = %s AND lease_epoch = %s
     RETURNING id
 ),
 inserted AS (
@@ -264,7 +267,8 @@ def write_events_if_unmoved(
     with connection.cursor() as cursor:
         cursor.execute(
             _insert_events_if_unmoved_sql(),
-            [task.last_seq, task.head_hash, task.lamport, task.last_event_at, now, task.pk, before.last_seq, rows],
+            [task.last_seq, task.head_hash, task.lamport, task.last_event_at, now, task.pk, before.last_seq,
+             before.status, before.lease_epoch, rows],
         )
         positions = dict(cursor.fetchall())
     if not positions:

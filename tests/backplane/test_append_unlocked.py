@@ -18,7 +18,7 @@ from django.utils import timezone
 from pytest_django.fixtures import Settings
 
 from backplane.eventlog import services
-from backplane.eventlog.errors import StaleLease
+from backplane.eventlog.errors import StaleLease, TaskClosed
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.projections import projection_check
 from backplane.eventlog.selectors import chain_verify
@@ -243,3 +243,77 @@ def test_a_step_on_a_running_task_updates_its_row_in_place(committed_db: None) -
     assert hot >= 18, (updates, hot)
     task.refresh_from_db()
     assert (task.status, task.last_seq, task.finished_last_event_at) == ("running", 22, None)
+
+
+# --- the head this process last wrote (backplane/eventlog/known_heads.py) ---------------------
+
+
+def claimed(task: Task, name: str = "worker") -> int:
+    from backplane.eventlog.models import Agent
+
+    agent = Agent.objects.create(name=name, namespace="acme", kinds=["k"], token_hash=name.ljust(64, "x"))
+    claim = lease_claim(agent=agent, kinds=["k"], lease_seconds=30)
+    assert claim is not None and claim.task.pk == task.pk
+    return claim.lease_epoch
+
+
+def test_the_next_step_through_the_same_process_is_one_statement(committed_db: None) -> None:
+    task = new_task()
+    epoch = claimed(task)
+    services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(1), lease_epoch=epoch)
+    with CaptureQueriesContext(connection) as queries:
+        second = services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(2),
+                                       lease_epoch=epoch).events[0]
+    assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]
+    assert "UPDATE backplane_task" in queries.captured_queries[0]["sql"]
+    task.refresh_from_db()
+    assert (task.last_seq, task.head_hash, second.seq) == (4, second.hash, 4)
+    assert chain_verify(task=task).valid and list(projection_check(task_ids=[task.pk])) == []
+
+
+def test_a_write_from_elsewhere_sends_the_next_step_to_a_fresh_read(committed_db: None) -> None:
+    task = new_task()
+    epoch = claimed(task)
+    services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(1), lease_epoch=epoch)
+    known = services.known_heads.take(task.pk)  # seq 3, as this process wrote it
+    assert known is not None and known.last_seq == 3
+    # Another process, which knows nothing of this task, appends meanwhile.
+    services.known_heads.forget(task.pk)
+    services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(2), lease_epoch=epoch)
+    services.known_heads.remember(known)
+    with CaptureQueriesContext(connection) as queries:
+        third = services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(3),
+                                      lease_epoch=epoch).events[0]
+    # The compare-and-set on the known head found the task moved; a read and a write followed.
+    assert len(queries.captured_queries) == 3
+    assert (third.seq, third.prev_hash) == (5, Event.objects.get(task_id=task.pk, seq=4).hash)
+    task.refresh_from_db()
+    assert chain_verify(task=task).valid and list(projection_check(task_ids=[task.pk])) == []
+
+
+def test_a_lease_a_heartbeat_extended_past_the_known_deadline_is_still_alive(committed_db: None) -> None:
+    task = new_task()
+    epoch = claimed(task)
+    services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(1), lease_epoch=epoch)
+    known = services.known_heads.take(task.pk)
+    assert known is not None and known.lease_expires_at is not None
+    later = known.lease_expires_at - timedelta(seconds=5)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(timezone, "now", lambda: later)
+        lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch)  # a deadline 30 s on
+        # Past the deadline this process knows, within the one the heartbeat set.
+        patch.setattr(timezone, "now", lambda: known.lease_expires_at + timedelta(seconds=10))
+        outcome = services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(2),
+                                        lease_epoch=epoch)
+    assert outcome.events[0].seq == 4
+
+
+def test_a_refusal_is_decided_on_a_fresh_read_never_on_a_known_head(committed_db: None) -> None:
+    task = new_task()
+    epoch = claimed(task)
+    services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(1), lease_epoch=epoch)
+    # An operator's rebuild changed the row without an event: the known head is behind it.
+    Task.objects.filter(pk=task.pk).update(status="completed", lease_holder=None)
+    with pytest.raises(TaskClosed):
+        services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(2))
+    assert Event.objects.filter(task_id=task.pk).count() == 3
