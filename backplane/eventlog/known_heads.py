@@ -24,6 +24,9 @@ from backplane.eventlog.models import Task
 
 # Tasks being worked on at once through one process; the least recently written go first.
 KNOWN_HEADS_MAX = 1024
+# Not kept: a task's input and metadata may be as large as the payload limit, and the append
+# path never reads them (were something to, Django would load the deferred field).
+_NOT_KEPT = ("input", "metadata")
 
 
 class KnownHeads:
@@ -40,8 +43,11 @@ class KnownHeads:
             return None if row is None else copy.copy(row)
 
     def remember(self, task: Task) -> None:
+        row = copy.copy(task)
+        for name in _NOT_KEPT:
+            row.__dict__.pop(name, None)
         with self._lock:
-            self._rows[task.pk] = task
+            self._rows[task.pk] = row
             self._rows.move_to_end(task.pk)
             while len(self._rows) > self._size:
                 self._rows.popitem(last=False)

@@ -266,6 +266,9 @@ def test_the_next_step_through_the_same_process_is_one_statement(committed_db: N
                                        lease_epoch=epoch).events[0]
     assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]
     assert "UPDATE backplane_task" in queries.captured_queries[0]["sql"]
+    # A known head keeps no input (up to the payload limit, for each of up to 1,024 tasks).
+    known = services.known_heads.take(task.pk)
+    assert known is not None and {"input", "metadata"}.isdisjoint(known.__dict__)
     task.refresh_from_db()
     assert (task.last_seq, task.head_hash, second.seq) == (4, second.hash, 4)
     assert chain_verify(task=task).valid and list(projection_check(task_ids=[task.pk])) == []
