@@ -24,6 +24,7 @@ from backplane.runtime.env import (
     env_str,
 )
 from backplane.telemetry.process_files import metrics_process_files_install
+from backplane.telemetry.tracing import INSTRUMENTATIONS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -482,9 +483,9 @@ OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agent-backplane")
 # OpenTelemetry's own variable: instrumentations left off, by name (django, psycopg, celery,
 # httpx). "psycopg" drops the statement spans, most of tracing's cost on an append.
 OTEL_PYTHON_DISABLED_INSTRUMENTATIONS = env_list("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", [])
-if not set(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS) <= {"django", "psycopg", "celery", "httpx"}:
+if not set(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS) <= set(INSTRUMENTATIONS):
     raise ImproperlyConfiguredEnv(f"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS={OTEL_PYTHON_DISABLED_INSTRUMENTATIONS!r}: "
-                                  "the names are django, psycopg, celery and httpx")
+                                  f"the names are {', '.join(INSTRUMENTATIONS)}")
 
 # plain: the line people read in a terminal; json: one object a line with the trace and span
 # ids, for a log pipeline (backplane/telemetry/logs.py).

@@ -56,8 +56,5 @@ class KnownHeads:
         with self._lock:
             self._rows.pop(task_id, None)
 
-    def __len__(self) -> int:
-        return len(self._rows)
-
 
 known_heads = KnownHeads()
