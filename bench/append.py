@@ -3,7 +3,8 @@
     .venv/bin/python bench/append.py [--events 3000] [--threads 1]
 
 Then the same single-event append with tracing off and on (an in-memory exporter), in
-alternating rounds: what OpenTelemetry costs the hot path (docs/observability.md).
+alternating rounds: what OpenTelemetry costs the hot path, called in process and as a request
+through Django's handler (docs/observability.md).
 
 Baseline ("raw"): the least any append must do in PostgreSQL — one transaction that
 locks a row, inserts a JSONB row and updates the locked row — written with psycopg
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -68,18 +70,12 @@ def run_threads(worker, events: int, threads: int) -> float:  # type: ignore[no-
     return per_thread * threads / (time.perf_counter() - started)
 
 
-def service_appends(events: int, threads: int, batch: int, *, traced: bool = False,
+def service_appends(events: int, threads: int, batch: int,
                     cpu: list[float] | None = None) -> tuple[float, list[float]]:
-    """``traced``: each append runs inside a server span, as a request's does with tracing on."""
-    from contextlib import nullcontext
-
     from django.db import connection
-    from opentelemetry import trace
 
     from backplane.eventlog import services
     from backplane.eventlog.writer import EventDraft
-
-    tracer = trace.get_tracer("bench")
 
     tasks = [
         services.task_create(namespace="bench", kind="bench", input={}, agent="bench").task for _ in range(threads)
@@ -97,9 +93,7 @@ def service_appends(events: int, threads: int, batch: int, *, traced: bool = Fal
                 for i in range(batch)
             ]
             started = time.perf_counter()
-            span = tracer.start_as_current_span("POST events", kind=trace.SpanKind.SERVER) if traced else nullcontext()
-            with span:
-                services.event_append_batch(namespace="bench", task_id=task.pk, drafts=drafts, agent="bench")
+            services.event_append_batch(namespace="bench", task_id=task.pk, drafts=drafts, agent="bench")
             local.append((time.perf_counter() - started) * 1000)
         if cpu is not None:  # this thread's CPU per append, in ms (other threads' work is not in it)
             cpu.append((time.thread_time() - cpu_started) * 1000 / count)
@@ -110,26 +104,68 @@ def service_appends(events: int, threads: int, batch: int, *, traced: bool = Fal
     return run_threads(worker, events, threads), latencies
 
 
+def request_appends(events: int, cpu: list[float]) -> float:
+    """Single-event appends as the product serves them, through Django's request handler in this
+    process (its middleware, authentication, the append view): the test client, no socket, one
+    thread. With tracing on, each is a request with Django's server span around the append."""
+    from django.db import connection
+    from django.test import Client
+
+    from backplane.eventlog import services
+
+    agent = services.agent_create(name=f"bench-{time.monotonic_ns()}", namespace="bench", kinds=())
+    task = services.task_create(namespace="bench", kind="bench", input={}, agent="bench").task
+    # A new client loads the middleware as it is now: with Django's instrumentation when it is on.
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {agent.token}")
+    cpu_started = time.thread_time()
+    started = time.perf_counter()
+    for n in range(events):
+        response = client.post(f"/api/v1/tasks/{task.pk}/events/", {"type": "ReasoningStepCompleted",
+                               "payload": {"step": n, "thought": "bench"}}, content_type="application/json")
+        if response.status_code != 201:
+            raise SystemExit(f"append request answered {response.status_code}: {response.content!r}")
+    rate = events / (time.perf_counter() - started)
+    cpu.append((time.thread_time() - cpu_started) * 1000 / events)
+    connection.close()
+    return rate
+
+
 @dataclass
-class TracingRounds:
+class Measured:
     """Appends per second and the appending thread's CPU per append (ms), round by round."""
 
-    off: list[float] = field(default_factory=list)
-    on: list[float] = field(default_factory=list)
-    on_without_statements: list[float] = field(default_factory=list)
-    cpu_off: list[float] = field(default_factory=list)
-    cpu_on: list[float] = field(default_factory=list)
-    cpu_on_without_statements: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def cpu_ms(self) -> float:
+        return statistics.median(self.cpu)
+
+    def as_json(self) -> dict[str, object]:
+        return {"per_s": self.rate, "cpu_ms": self.cpu_ms, "rounds": self.rates, "cpu_rounds": self.cpu}
 
 
-def tracing_off_and_on(events: int, threads: int, *, rounds: int) -> TracingRounds:
+@dataclass
+class TracingRounds:
+    off: Measured = field(default_factory=Measured)
+    on: Measured = field(default_factory=Measured)
+    requests_off: Measured = field(default_factory=Measured)
+    requests_on: Measured = field(default_factory=Measured)
+
+
+def tracing_off_and_on(events: int, *, rounds: int) -> TracingRounds:
     """The single-event append rate with tracing off and on, in alternating rounds (so a drift of
     the machine's speed hits both alike). On: the SDK with every instrumentation the product
-    installs (psycopg's spans included) and a batch processor, as with OTEL_EXPORTER_OTLP_ENDPOINT
-    set, but exporting to memory; each append runs in a server span, as a request's does. The
-    rate includes the database's time (fsync mostly), which moves by ±20 % between rounds here;
-    the CPU per append is what tracing adds, without that noise. A third configuration leaves the
-    statements untraced (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=psycopg)."""
+    installs and a batch processor, as with OTEL_EXPORTER_OTLP_ENDPOINT set, but exporting to
+    memory. Measured twice: ``event_append`` called in process (what tracing costs the append:
+    its statement's span), and the append request through Django's handler (what it costs a
+    request: Django's server span and its attributes too). The rate includes the database's time
+    (fsync mostly), which moves by ±20 % between rounds here; the CPU per append is what tracing
+    adds, without that noise."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from backplane.telemetry import tracing
@@ -137,19 +173,28 @@ def tracing_off_and_on(events: int, threads: int, *, rounds: int) -> TracingRoun
     exporter = InMemorySpanExporter()
     measured = TracingRounds()
     for _ in range(rounds):
-        measured.off.append(service_appends(events, threads, 1, cpu=measured.cpu_off)[0])
-        for disabled, rates, cpu in (((), measured.on, measured.cpu_on),
-                                     (("psycopg",), measured.on_without_statements,
-                                      measured.cpu_on_without_statements)):
-            tracing.tracing_install(exporter, service_name="bench", batch=True, disabled=disabled)
-            try:
-                rates.append(service_appends(events, threads, 1, traced=True, cpu=cpu)[0])
-            finally:
-                tracing.tracing_uninstall()
-            if not exporter.get_finished_spans():
-                raise SystemExit("tracing on recorded no span: the bench measured nothing")
-            exporter.clear()
+        measured.off.rates.append(service_appends(events, 1, 1, cpu=measured.off.cpu)[0])
+        measured.requests_off.rates.append(request_appends(events // 3, measured.requests_off.cpu))
+        tracing.tracing_install(exporter, service_name="bench", batch=True)
+        try:
+            measured.on.rates.append(service_appends(events, 1, 1, cpu=measured.on.cpu)[0])
+            measured.requests_on.rates.append(request_appends(events // 3, measured.requests_on.cpu))
+        finally:
+            tracing.tracing_uninstall()
+        if not exporter.get_finished_spans():
+            raise SystemExit("tracing on recorded no span: the bench measured nothing")
+        exporter.clear()
     return measured
+
+
+def report_tracing(label: str, off: Measured, on: Measured, *, target: bool) -> None:
+    print(f"  {label}, tracing off: {off.rate:7.0f}/s  (median of {len(off.rates)} rounds:"
+          f" {', '.join(f'{r:.0f}' for r in off.rates)})")
+    print(f"  {label}, tracing on:  {on.rate:7.0f}/s  (median of {len(on.rates)} rounds:"
+          f" {', '.join(f'{r:.0f}' for r in on.rates)}; spans to an in-memory exporter)")
+    print(f"    tracing costs {100 * (1 - on.rate / off.rate):.1f} % of the rate"
+          f"{' (target: at most 15 %)' if target else ''}; CPU per append {off.cpu_ms:.2f} ms off,"
+          f" {on.cpu_ms:.2f} ms on (+{on.cpu_ms - off.cpu_ms:.2f} ms, +{100 * (on.cpu_ms / off.cpu_ms - 1):.0f} %)")
 
 
 def main() -> None:
@@ -158,37 +203,27 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--tracing-rounds", type=int, default=3,
-                        help="rounds of the tracing off/on comparison (each: --events appends off, then on)")
+                        help="rounds of the tracing off/on comparison (each: --events appends in process and a"
+                             " third as many requests, off, then on)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (bench/http_bench.py reads it)")
     args = parser.parse_args()
 
+    # The request rounds send as fast as one thread can; the per-token limit is not what they measure.
+    os.environ.setdefault("BACKPLANE_RATE_LIMIT", "1000000/s")
     with bench_database() as url:
         raw_rate, raw_lat = raw_baseline(url, args.events, args.threads)
         single_rate, single_lat = service_appends(args.events, args.threads, 1)
         batch_rate, batch_lat = service_appends(args.events * 5, args.threads, args.batch)
-        tracing_rounds = tracing_off_and_on(args.events, args.threads, rounds=args.tracing_rounds)
-    untraced, traced = tracing_rounds.off, tracing_rounds.on
-    cpu_off, cpu_on = statistics.median(tracing_rounds.cpu_off), statistics.median(tracing_rounds.cpu_on)
+        tracing_rounds = tracing_off_and_on(args.events, rounds=args.tracing_rounds)
     print(f"append bench: {args.events} events, {args.threads} thread(s), same PostgreSQL server")
     print(f"  raw psycopg lock+insert+update: {raw_rate:9.0f} events/s  ({describe(raw_lat)})")
     print(f"  event_append (1 per txn):       {single_rate:9.0f} events/s  ({describe(single_lat)})"
           f"  ratio to raw {single_rate / raw_rate:.2f}")
     print(f"  event_append_batch ({args.batch}/txn):   {batch_rate:9.0f} events/s  ({describe(batch_lat)} per batch)"
           f"  ratio to raw {batch_rate / raw_rate:.2f}")
-    off, on = statistics.median(untraced), statistics.median(traced)
-    print(f"  event_append, tracing off:      {off:9.0f} events/s  (median of {len(untraced)} rounds:"
-          f" {', '.join(f'{r:.0f}' for r in untraced)})")
-    print(f"  event_append, tracing on:       {on:9.0f} events/s  (median of {len(traced)} rounds:"
-          f" {', '.join(f'{r:.0f}' for r in traced)}; spans to an in-memory exporter)")
-    print(f"  tracing costs {100 * (1 - on / off):.1f} % of the append rate (target: at most 15 %)")
-    print(f"  CPU per append, appending thread: {cpu_off:.2f} ms off, {cpu_on:.2f} ms on"
-          f" (+{cpu_on - cpu_off:.2f} ms, +{100 * (cpu_on / cpu_off - 1):.0f} %)")
-    bare = statistics.median(tracing_rounds.on_without_statements)
-    cpu_bare = statistics.median(tracing_rounds.cpu_on_without_statements)
-    print(f"  tracing on, statements untraced: {bare:8.0f} events/s  (median of"
-          f" {len(tracing_rounds.on_without_statements)} rounds:"
-          f" {', '.join(f'{r:.0f}' for r in tracing_rounds.on_without_statements)}),"
-          f" costs {100 * (1 - bare / off):.1f} %; CPU per append {cpu_bare:.2f} ms")
+    report_tracing("event_append in process", tracing_rounds.off, tracing_rounds.on, target=True)
+    report_tracing("append request through Django", tracing_rounds.requests_off, tracing_rounds.requests_on,
+                   target=False)
     if args.json:
         def figures(rate: float, latencies: list[float]) -> dict[str, float]:
             return {"per_s": rate, "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
@@ -198,13 +233,11 @@ def main() -> None:
             "raw": figures(raw_rate, raw_lat), "event_append": figures(single_rate, single_lat),
             "event_append_batch": figures(batch_rate, batch_lat),
             "ratio_single_to_raw": single_rate / raw_rate, "ratio_batch_to_raw": batch_rate / raw_rate,
-            "tracing": {"off_per_s": off, "on_per_s": on, "rounds_off": untraced, "rounds_on": traced,
-                        "cost": 1 - on / off, "cpu_ms_off": cpu_off, "cpu_ms_on": cpu_on,
-                        "cpu_rounds_off": tracing_rounds.cpu_off, "cpu_rounds_on": tracing_rounds.cpu_on,
-                        "without_statements": {
-                            "per_s": bare, "cost": 1 - bare / off, "cpu_ms": cpu_bare,
-                            "rounds": tracing_rounds.on_without_statements,
-                            "cpu_rounds": tracing_rounds.cpu_on_without_statements}},
+            "tracing": {"off": tracing_rounds.off.as_json(), "on": tracing_rounds.on.as_json(),
+                        "cost": 1 - tracing_rounds.on.rate / tracing_rounds.off.rate,
+                        "requests_off": tracing_rounds.requests_off.as_json(),
+                        "requests_on": tracing_rounds.requests_on.as_json(),
+                        "requests_cost": 1 - tracing_rounds.requests_on.rate / tracing_rounds.requests_off.rate},
         }, indent=2) + "\n")
 
 

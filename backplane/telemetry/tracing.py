@@ -7,9 +7,10 @@ line, so tracing costs nothing (``bench/append.py`` measures both ways in one ru
 its trace id either way.
 
 On, the maintained instrumentations make the spans of each process: Django (the server span of
-every request, its parent taken from the request's ``traceparent``), psycopg (one span per
-statement), Celery (the worker's runs) and httpx (the gateway's calls to tools and the webhook
-POSTs, each carrying a ``traceparent`` to the far side). The backplane adds what no library
+every request, its parent taken from the request's ``traceparent``), Celery (the worker's runs)
+and httpx (the gateway's calls to tools and the webhook POSTs, each carrying a ``traceparent`` to
+the far side); one span per SQL statement comes from telemetry/statements.py, at half the cost of
+psycopg's instrumentation. The backplane adds what no library
 knows about, with the ``backplane.*`` attributes of docs/observability.md:
 
 - the writer stores, with every event, the trace and span that wrote it (``Event.trace_id``,
@@ -73,14 +74,17 @@ INSTRUMENTATIONS = ("django", "psycopg", "celery", "httpx")
 
 
 def _instrumentors() -> dict[str, Any]:
-    """The maintained instrumentations of the libraries the product's spans come from (each a
-    process-wide singleton): imported only when tracing is turned on."""
+    """The instrumentations of the libraries the product's spans come from (each a process-wide
+    singleton): imported only when tracing is turned on."""
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
-    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
-    return {"django": DjangoInstrumentor(), "psycopg": PsycopgInstrumentor(), "celery": CeleryInstrumentor(),
+    from backplane.telemetry.statements import statement_spans
+
+    # The statements' spans are the backplane's own, for their cost (telemetry/statements.py), under
+    # the name operators know them by.
+    return {"django": DjangoInstrumentor(), "psycopg": statement_spans, "celery": CeleryInstrumentor(),
             "httpx": HTTPXClientInstrumentor()}
 
 

@@ -9,6 +9,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from django.db import connection
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from backplane.telemetry import tracing
+
+# One exporter for the whole run: OpenTelemetry sets the global provider once per process.
+span_exporter = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans(committed_db: None) -> Iterator[InMemorySpanExporter]:
+    """Tracing on, as with OTEL_EXPORTER_OTLP_ENDPOINT set, exporting to memory. The connection
+    is closed first, as it would be in a process that starts traced."""
+    connection.close()
+    tracing.tracing_install(span_exporter, service_name="backplane-test")
+    span_exporter.clear()
+    try:
+        yield span_exporter
+    finally:
+        tracing.tracing_uninstall()
+        connection.close()
+        span_exporter.clear()
 
 
 @dataclass

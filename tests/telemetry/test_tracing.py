@@ -35,31 +35,12 @@ from backplane.telemetry import tracing
 from recovery.detector import lease_expire_stalled
 from recovery.models import Tool
 from tests.api.conftest import AgentClient, create_task
-from tests.telemetry.conftest import LocalTool
+from tests.telemetry.conftest import LocalTool, span_exporter
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 OTHER_TRACE = "0af7651916cd43dd8448eb211c80319c"
-
-# One exporter for the whole run: OpenTelemetry sets the global provider once per process.
-_exporter = InMemorySpanExporter()
-
-
-@pytest.fixture
-def spans(committed_db: None) -> Iterator[InMemorySpanExporter]:
-    """Tracing on, as with OTEL_EXPORTER_OTLP_ENDPOINT set, exporting to memory. The connection
-    is closed first: psycopg's instrumentation traces the connections opened after it."""
-    connection.close()
-    tracing.tracing_install(_exporter, service_name="backplane-test")
-    _exporter.clear()
-    try:
-        yield _exporter
-    finally:
-        tracing.tracing_uninstall()
-        connection.close()
-        _exporter.clear()
-
 
 def agent(name: str) -> AgentClient:
     created = services.agent_create(name=name, namespace="acme", kinds=())
@@ -223,14 +204,14 @@ def test_with_tracing_off_nothing_is_instrumented_and_the_agents_trace_id_is_sti
         committed_db: None) -> None:
     assert not tracing.tracing_enabled()
     assert not any("opentelemetry" in name for name in django_settings.MIDDLEWARE)
-    _exporter.clear()
+    span_exporter.clear()
     alice: AgentClient = agent("alice")
     task = alice.post("/api/v1/tasks/", {"kind": "lead-qualification", "input": {}}, format="json",
                       HTTP_TRACEPARENT=f"00-{TRACE}-{PARENT}-01").json()
     untraced = create_task(alice)
     assert Event.objects.get(task_id=task["task_id"], seq=1).trace_id == TRACE
     assert Event.objects.get(task_id=untraced["task_id"], seq=1).trace_id is None
-    assert _exporter.get_finished_spans() == ()
+    assert span_exporter.get_finished_spans() == ()
 
 
 def test_json_log_lines_carry_the_trace_and_span_ids() -> None:
@@ -287,17 +268,17 @@ def test_an_instrumentation_left_off_by_name_records_no_spans(committed_db: None
     """OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=psycopg (settings): the requests are traced, the
     statements are not, and the events still carry the request's trace."""
     connection.close()
-    tracing.tracing_install(_exporter, service_name="backplane-test", disabled=("psycopg",))
-    _exporter.clear()
+    tracing.tracing_install(span_exporter, service_name="backplane-test", disabled=("psycopg",))
+    span_exporter.clear()
     try:
         alice: AgentClient = agent("alice")
         task = alice.post("/api/v1/tasks/", {"kind": "lead-qualification", "input": {}}, format="json",
                           HTTP_TRACEPARENT=f"00-{TRACE}-{PARENT}-01").json()
-        (server,) = in_trace(_exporter, TRACE)
+        (server,) = in_trace(span_exporter, TRACE)
         assert server.kind == SpanKind.SERVER
         assert Event.objects.get(task_id=task["task_id"], seq=1).trace_id == TRACE
         with pytest.raises(ValueError, match="no instrumentation named"):
-            tracing.tracing_install(_exporter, disabled=("sqlite",))
+            tracing.tracing_install(span_exporter, disabled=("sqlite",))
     finally:
         tracing.tracing_uninstall()
         connection.close()
