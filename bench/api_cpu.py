@@ -7,8 +7,9 @@ a2wsgi) with real agent tokens against a throw-away PostgreSQL, one request afte
 and reports wall time and this process's CPU time (``time.process_time``: the server-side
 Python cost, without the database's own work) per request for:
   - GET /healthz (the baseline: Django's handler and middleware, no DRF, no database),
-  - GET /api/v1/tasks/{id}/ (DRF, authentication, one SELECT),
+  - GET /api/v1/tasks/{id}/ (authentication, one SELECT),
   - POST /api/v1/tasks/{id}/events/ (a single-event append),
+  - GET /api/v1/tasks/{id}/events/ (a page of 100 events, per event too),
   - POST /api/v1/tasks/{id}/events/batch/ with 100 events (per event too).
 On a shared 2-core machine this is the figure that bounds ``bench/api_append.py``: two cores
 serve at most 2000 / (CPU ms per request) requests a second, before PostgreSQL and the clients
@@ -46,8 +47,9 @@ def main() -> None:
 
         def call(method: str, path: str, body: object = None) -> tuple[str, bytes]:
             data = b"" if body is None else json.dumps(body).encode()
+            path, _, query = path.partition("?")
             environ = {
-                "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1",
+                "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "SERVER_NAME": "127.0.0.1",
                 "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
                 "wsgi.input": io.BytesIO(data), "wsgi.errors": sys.stderr, "CONTENT_LENGTH": str(len(data)),
                 "CONTENT_TYPE": "application/json", "HTTP_AUTHORIZATION": f"Bearer {token}",
@@ -70,6 +72,9 @@ def main() -> None:
 
         def task_detail() -> None:
             expect("200", call("GET", f"/api/v1/tasks/{task_id}/"))
+
+        def events_page() -> None:
+            expect("200", call("GET", f"/api/v1/tasks/{task_id}/events/?limit=100"))
 
         def append() -> None:
             body = {"type": "ReasoningStepCompleted", "payload": {"step": next(counter), "thought": "bench"}}
@@ -96,6 +101,8 @@ def main() -> None:
         for key, name, run, count, per in (
             ("task_detail", "GET /api/v1/tasks/{id}/", task_detail, args.requests, 1),
             ("append", "POST .../events/ (1 event)", append, args.requests, 1),
+            # After the appends, so the page is full.
+            ("events_page", "GET .../events/ (a page of 100)", events_page, max(20, args.requests // 10), 100),
             ("batch", "POST .../events/batch/ (100 events)", batch, max(20, args.requests // 20), 100),
         ):
             wall, cpu = measure(run, count)

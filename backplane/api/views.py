@@ -68,9 +68,9 @@ def task_read(principal: Principal, query: Mapping[str, str], *, task_id: uuid.U
 
 
 def events_page(principal: Principal, query: Mapping[str, str], *, task_id: uuid.UUID) -> Answer:
-    task = selectors.task_visible(namespace=principal.namespace, task_id=task_id)
-    page = selectors.event_list(
-        task=task,
+    page = selectors.event_page_visible(
+        namespace=principal.namespace,
+        task_id=task_id,
         after_seq=query_int(query, "after_seq", default=0, minimum=0),
         limit=query_int(query, "limit", default=100, minimum=1, maximum=1000),
     )

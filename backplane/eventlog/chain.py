@@ -17,6 +17,7 @@ from backplane.eventlog.canonical import canonical_sha256
 
 if TYPE_CHECKING:
     from backplane.eventlog.models import Event
+    from backplane.eventlog.selectors import EventRow
 
 GENESIS_HASH = "0" * 64
 
@@ -31,6 +32,14 @@ def format_timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def api_time_sql(column: str) -> str:
+    """SQL rendering a ``timestamptz`` column as ``format_timestamp`` does (NULL stays NULL): read
+    paths that answer with many times let PostgreSQL print them, instead of loading each into a
+    ``datetime`` and formatting it again, which was a quarter of an events page's CPU. A test
+    compares the two side by side."""
+    return f"""to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+
+
 def hashed_fields(
     *,
     task_id: str,
@@ -43,9 +52,11 @@ def hashed_fields(
     causation_id: str | None,
     correlation_id: str | None,
     trace_id: str | None,
-    recorded_at: datetime,
+    recorded_at: datetime | str,
     prev_hash: str,
 ) -> dict[str, Any]:
+    """The hashed fields of API.md's Event object. ``recorded_at`` as a string is already in the
+    API's form (``api_time_sql``)."""
     return {
         "task_id": task_id,
         "seq": seq,
@@ -57,12 +68,12 @@ def hashed_fields(
         "causation_id": causation_id,
         "correlation_id": correlation_id,
         "trace_id": trace_id,
-        "recorded_at": format_timestamp(recorded_at),
+        "recorded_at": recorded_at if isinstance(recorded_at, str) else format_timestamp(recorded_at),
         "prev_hash": prev_hash,
     }
 
 
-def event_hashed_fields(event: Event) -> dict[str, Any]:
+def event_hashed_fields(event: Event | EventRow) -> dict[str, Any]:
     return hashed_fields(
         task_id=str(event.task_id),
         seq=event.seq,
@@ -79,7 +90,7 @@ def event_hashed_fields(event: Event) -> dict[str, Any]:
     )
 
 
-def event_as_api_dict(event: Event) -> dict[str, Any]:
+def event_as_api_dict(event: Event | EventRow) -> dict[str, Any]:
     """The Event object of API.md, field order as documented."""
     body = event_hashed_fields(event)
     return {

@@ -16,9 +16,9 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from psycopg.postgres import types as psycopg_types
 
-from backplane.eventlog.chain import GENESIS_HASH, stored_row_hash
+from backplane.eventlog.chain import GENESIS_HASH, api_time_sql, stored_row_hash
 from backplane.eventlog.errors import InvalidInput, NotFound
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.models import Task
 from backplane.eventlog.reducer import TRANSITION_TYPES, TaskState, task_reduce
 
 # A task's log for chain_verify_range: the columns the hash covers, in seq order (an index
@@ -223,18 +223,20 @@ class TaskRow(NamedTuple):
     max_attempts: int
     lease_holder: str | None
     lease_epoch: int
-    lease_expires_at: datetime | None
+    # The times already in the API's form (api_time_sql).
+    lease_expires_at: str | None
     last_seq: int
     head_hash: str
-    created_at: datetime
-    updated_at: datetime
-    last_event_at: datetime | None
+    created_at: str
+    updated_at: str
+    last_event_at: str | None
 
 
 # JSON columns as text (decoded once below, as the model's field would); a primary-key lookup.
-_TASK_ROW_SQL = """
+_TASK_ROW_SQL = f"""
 SELECT id, namespace, kind, status, input::text, output::text, error, parent_id, attempts, max_attempts,
-       lease_holder, lease_epoch, lease_expires_at, last_seq, head_hash, created_at, updated_at, last_event_at
+       lease_holder, lease_epoch, {api_time_sql("lease_expires_at")}, last_seq, head_hash,
+       {api_time_sql("created_at")}, {api_time_sql("updated_at")}, {api_time_sql("last_event_at")}
 FROM backplane_task WHERE id = %s
 """
 
@@ -293,14 +295,58 @@ def task_list(
     return TaskPage(tasks=page, next_cursor=_encode_cursor(page[-1]) if more and page else None)
 
 
+class EventRow(NamedTuple):
+    """The columns of an event the API shows, named as on ``Event`` (``event_as_api_dict`` reads
+    either): the events page builds its answer from rows without model instances."""
+
+    task_id: uuid.UUID
+    seq: int
+    position: int
+    type: str
+    payload: Any
+    agent: str | None
+    idempotency_key: str | None
+    lamport: int
+    causation_id: str | None
+    correlation_id: str | None
+    trace_id: str | None
+    recorded_at: str  # already in the API's form (api_time_sql)
+    prev_hash: str
+    hash: str
+
+
 @dataclass(frozen=True)
 class EventPage:
-    events: list[Event]
+    events: list[EventRow]
     next_after_seq: int | None
 
 
-def event_list(*, task: Task, after_seq: int, limit: int) -> EventPage:
-    events = list(Event.objects.filter(task=task, seq__gt=after_seq).order_by("seq")[: limit + 1])
+# The task's namespace and a page of its events in one statement: the LEFT JOIN keeps the task's
+# row when the page is empty (an unknown task has none: 404). The page is a range of the
+# (task_id, seq) unique index, read in order and cut at the limit (the plan is in
+# docs/benchmarks.md, "Reads without model instances").
+_EVENT_PAGE_SQL = f"""
+SELECT t.namespace, e.seq, e.position, e.type, e.payload::text, e.agent, e.idempotency_key, e.lamport,
+       e.causation_id, e.correlation_id, e.trace_id, {api_time_sql("e.recorded_at")}, e.prev_hash, e.hash
+FROM backplane_task t
+LEFT JOIN LATERAL (
+    SELECT * FROM backplane_event WHERE task_id = t.id AND seq > %s ORDER BY seq LIMIT %s
+) e ON true
+WHERE t.id = %s
+ORDER BY e.seq
+"""
+
+
+def event_page_visible(*, namespace: str | None, task_id: uuid.UUID, after_seq: int, limit: int) -> EventPage:
+    """The events of a task visible in ``namespace`` (None: every namespace) after ``after_seq``,
+    at most ``limit``, oldest first; ``next_after_seq`` when there are more."""
+    with connection.cursor() as cursor:
+        cursor.execute(_EVENT_PAGE_SQL, [after_seq, limit + 1, task_id])
+        rows = cursor.fetchall()
+    if not rows or (namespace is not None and rows[0][0] != namespace):
+        raise NotFound("task not found", {"task_id": str(task_id)})
+    events = [EventRow(task_id, seq, position, type_, json.loads(payload), *rest)
+              for _, seq, position, type_, payload, *rest in rows if seq is not None]
     more = len(events) > limit
     events = events[:limit]
     return EventPage(events=events, next_after_seq=events[-1].seq if more and events else None)
