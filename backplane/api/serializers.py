@@ -112,11 +112,8 @@ class TaskOut(serializers.Serializer):
 
 
 def optional_timestamp(value: Any) -> str | None:
-    """RFC 3339 as the API prints times, or None; a string is already in that form (read with
-    ``api_time_sql``)."""
-    if value is None or isinstance(value, str):
-        return value
-    return format_timestamp(value)
+    """RFC 3339 as the API prints times, or None."""
+    return format_timestamp(value) if value is not None else None
 
 
 def task_as_api_dict(task: Task | TaskRow) -> dict[str, Any]:

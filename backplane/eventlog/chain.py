@@ -25,8 +25,11 @@ GENESIS_HASH = "0" * 64
 UNHASHED_FIELDS = ("hash", "position")
 
 
-def format_timestamp(moment: datetime) -> str:
-    """RFC 3339 UTC with exactly six fractional digits, as the API prints every time."""
+def format_timestamp(moment: datetime | str) -> str:
+    """RFC 3339 UTC with exactly six fractional digits, as the API prints every time. A string
+    is a time PostgreSQL already printed in that form (``api_time_sql``) and is returned as is."""
+    if isinstance(moment, str):
+        return moment
     if moment.tzinfo is None:
         raise ValueError("naive datetimes are not allowed; times are timezone-aware UTC")
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -55,8 +58,7 @@ def hashed_fields(
     recorded_at: datetime | str,
     prev_hash: str,
 ) -> dict[str, Any]:
-    """The hashed fields of API.md's Event object. ``recorded_at`` as a string is already in the
-    API's form (``api_time_sql``)."""
+    """The hashed fields of API.md's Event object (``recorded_at``: see ``format_timestamp``)."""
     return {
         "task_id": task_id,
         "seq": seq,
@@ -68,7 +70,7 @@ def hashed_fields(
         "causation_id": causation_id,
         "correlation_id": correlation_id,
         "trace_id": trace_id,
-        "recorded_at": recorded_at if isinstance(recorded_at, str) else format_timestamp(recorded_at),
+        "recorded_at": format_timestamp(recorded_at),
         "prev_hash": prev_hash,
     }
 

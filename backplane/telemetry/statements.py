@@ -86,9 +86,9 @@ class StatementSpans:
         keyword = _FIRST_KEYWORD.match(sql) if isinstance(sql, str) else None
         attributes: dict[str, Any] = {"db.system.name": "postgresql", "db.namespace": settings["NAME"] or "",
                                       "db.query.text": str(sql), "server.address": settings["HOST"] or "localhost"}
-        if settings["PORT"] and int(settings["PORT"]) != 5432:
-            # The conventions ask for the port only when it is not PostgreSQL's own.
-            attributes["server.port"] = int(settings["PORT"])
+        port = int(settings["PORT"] or 5432)
+        if port != 5432:  # the conventions ask for the port only when it is not PostgreSQL's own
+            attributes["server.port"] = port
         span = tracer.start_span(keyword[1].upper() if keyword else "postgresql", kind=SpanKind.CLIENT,
                                  attributes=attributes)
         try:
