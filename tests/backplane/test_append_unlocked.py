@@ -274,6 +274,20 @@ def test_the_next_step_through_the_same_process_is_one_statement(committed_db: N
     assert chain_verify(task=task).valid and list(projection_check(task_ids=[task.pk])) == []
 
 
+def test_a_known_head_is_a_copy_that_the_writer_may_change(committed_db: None) -> None:
+    task = new_task()
+    services.event_append(namespace="acme", task_id=task.pk, agent="worker", draft=step(1))
+    first, second = services.known_heads.take(task.pk), services.known_heads.take(task.pk)
+    assert first is not None and second is not None and first is not second
+    task.refresh_from_db()
+    assert (first.pk, first.last_seq, first.head_hash, first.status) == (task.pk, 2, task.head_hash, "pending")
+    assert (first._state.db, first._state.adding) == ("default", False)
+    # Numbering an event changes the taken copy in memory; the known head stays as committed.
+    first.last_seq, first.head_hash = 3, "f" * 64
+    assert first._state is not second._state
+    assert (second.last_seq, second.head_hash) == (2, task.head_hash)
+
+
 def test_a_write_from_elsewhere_sends_the_next_step_to_a_fresh_read(committed_db: None) -> None:
     task = new_task()
     epoch = claimed(task)
