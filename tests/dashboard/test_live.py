@@ -74,6 +74,16 @@ def test_it_coalesces_a_burst_into_one_message_with_the_latest_seq_per_task(publ
     assert sent.messages[0]["resync"] is False
 
 
+def test_a_notice_after_a_flush_goes_out_in_the_next_one(publishers: Any) -> None:
+    sent = Sent()
+    publisher = make_publisher(publishers, sent)
+    for round_ in range(1, 4):
+        sent.arrived.clear()
+        publisher.publish(notice("a", round_))
+        assert sent.arrived.wait(2), f"round {round_}: nothing sent"
+    assert [[n["seq"] for n in m["tasks"]] for m in sent.messages] == [[1], [2], [3]]
+
+
 def test_a_failed_send_is_retried_and_says_resync(publishers: Any) -> None:
     sent = Sent(fail_times=2)
     publisher = make_publisher(publishers, sent)
