@@ -4,7 +4,8 @@
 
 Then the same single-event append with tracing off and on (an in-memory exporter), in
 alternating rounds: what OpenTelemetry costs the hot path, called in process and as a request
-through Django's handler (docs/observability.md).
+through Django's handler (docs/observability.md), and what tracing leaves on an append's path
+while it is off.
 
 Baseline ("raw"): the least any append must do in PostgreSQL — one transaction that
 locks a row, inserts a JSONB row and updates the locked row — written with psycopg
@@ -187,6 +188,33 @@ def tracing_off_and_on(events: int, *, rounds: int) -> TracingRounds:
     return measured
 
 
+def tracing_off_hooks(calls: int) -> float:
+    """CPU per append request, in µs, of what tracing leaves on the path while it is off: the
+    ``traceparent`` check (``TraceContextMiddleware``, a request without one), the writer's read
+    of the current trace (``current_trace_ids``) and the span annotation (``span_annotate_write``,
+    which returns at its first line). A loop over fresh requests, so per-request caches start
+    empty as they do in a server: a lower bound of the cost in place, where caches are colder."""
+    import uuid
+
+    from django.test import RequestFactory
+
+    from backplane.telemetry import tracing
+
+    if tracing.tracing_enabled():
+        raise SystemExit("tracing is on: the off-path hooks cannot be measured")
+    factory = RequestFactory()
+    requests = [factory.post("/api/v1/tasks/x/events/", data=b"{}", content_type="application/json",
+                             HTTP_AUTHORIZATION="Bearer bench", HTTP_USER_AGENT="bench/1") for _ in range(calls)]
+    middleware = tracing.TraceContextMiddleware(lambda request: None)
+    task_id = str(uuid.uuid4())
+    started = time.thread_time()
+    for request in requests:
+        middleware(request)
+        tracing.current_trace_ids()
+        tracing.span_annotate_write(task_id=task_id, kind="bench", seq=1, events=(), agent="bench", lease_epoch=0)
+    return (time.thread_time() - started) / calls * 1e6
+
+
 def report_tracing(label: str, off: Measured, on: Measured, *, target: bool) -> None:
     print(f"  {label}, tracing off: {off.rate:7.0f}/s  (median of {len(off.rates)} rounds:"
           f" {', '.join(f'{r:.0f}' for r in off.rates)})")
@@ -215,6 +243,7 @@ def main() -> None:
         single_rate, single_lat = service_appends(args.events, args.threads, 1)
         batch_rate, batch_lat = service_appends(args.events * 5, args.threads, args.batch)
         tracing_rounds = tracing_off_and_on(args.events, rounds=args.tracing_rounds)
+        off_hooks_us = tracing_off_hooks(20_000)
     print(f"append bench: {args.events} events, {args.threads} thread(s), same PostgreSQL server")
     print(f"  raw psycopg lock+insert+update: {raw_rate:9.0f} events/s  ({describe(raw_lat)})")
     print(f"  event_append (1 per txn):       {single_rate:9.0f} events/s  ({describe(single_lat)})"
@@ -224,6 +253,8 @@ def main() -> None:
     report_tracing("event_append in process", tracing_rounds.off, tracing_rounds.on, target=True)
     report_tracing("append request through Django", tracing_rounds.requests_off, tracing_rounds.requests_on,
                    target=False)
+    print(f"  tracing off: the hooks left on an append's path cost {off_hooks_us:.2f} us of CPU per request"
+          f" ({100 * off_hooks_us / (tracing_rounds.requests_off.cpu_ms * 1000):.2f} % of the request's CPU)")
     if args.json:
         def figures(rate: float, latencies: list[float]) -> dict[str, float]:
             return {"per_s": rate, "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
@@ -237,7 +268,8 @@ def main() -> None:
                         "cost": 1 - tracing_rounds.on.rate / tracing_rounds.off.rate,
                         "requests_off": tracing_rounds.requests_off.as_json(),
                         "requests_on": tracing_rounds.requests_on.as_json(),
-                        "requests_cost": 1 - tracing_rounds.requests_on.rate / tracing_rounds.requests_off.rate},
+                        "requests_cost": 1 - tracing_rounds.requests_on.rate / tracing_rounds.requests_off.rate,
+                        "off_hooks_us_per_request": off_hooks_us},
         }, indent=2) + "\n")
 
 
