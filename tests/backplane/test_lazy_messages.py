@@ -20,8 +20,9 @@ def serve(view: Callable[[HttpRequest], HttpResponse], cookies: dict[str, str]) 
     """One request through the session and message middlewares, as the product stacks them."""
     request = RequestFactory().get("/")
     request.COOKIES.update(cookies)
-    handler = SessionMiddleware(LazyMessageMiddleware(view))
-    return request, handler(request)
+    response = SessionMiddleware(LazyMessageMiddleware(view))(request)
+    assert isinstance(response, HttpResponse)
+    return request, response
 
 
 def test_a_message_added_by_one_request_is_shown_by_a_later_one() -> None:
