@@ -64,9 +64,10 @@ def _copy_row(row: Task) -> Task:
     an agent's next step two such trips (take and remember), about 6 % of its CPU."""
     clone = Task.__new__(Task)
     clone.__dict__.update(row.__dict__)
+    # The state as Model.__getstate__ copies it: its attributes, and a cache of its own of the
+    # related rows Django loaded (the rows themselves shared, as copy.copy shares them).
     state = ModelState()
-    state.db, state.adding = row._state.db, row._state.adding
-    # Related rows Django cached on the row (a parent, a holder), shared as copy.copy shares them.
+    state.__dict__.update(row._state.__dict__)
     state.fields_cache = dict(row._state.fields_cache)
     clone._state = state
     return clone
