@@ -8,6 +8,7 @@ the one place that decides what the API shows of an event; the serializer uses i
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -32,6 +33,14 @@ def format_timestamp(moment: datetime | str) -> str:
         return moment
     if moment.tzinfo is None:
         raise ValueError("naive datetimes are not allowed; times are timezone-aware UTC")
+    return _format_utc(moment)
+
+
+# The events of one write share their time, and each is printed twice (hashed, then answered):
+# a batch of 100 printed the same instant 200 times, 5 % of its CPU. Equal aware datetimes are
+# the same instant, so they print alike whatever their zone.
+@functools.lru_cache(maxsize=64)
+def _format_utc(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

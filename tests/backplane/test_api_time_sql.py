@@ -36,3 +36,15 @@ def test_a_missing_time_stays_missing() -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {api_time_sql('NULL::timestamptz')}")
         assert cursor.fetchone() == (None,)
+
+
+def test_one_instant_prints_alike_in_any_zone_and_another_instant_does_not() -> None:
+    # format_timestamp remembers what it printed last: an instant seen first in another zone, or
+    # a neighbour a microsecond away, must still print as itself.
+    instant = datetime(2026, 12, 1, 10, 0, 0, 1, tzinfo=UTC)
+    elsewhere = instant.astimezone(timezone(timedelta(hours=-7)))
+    assert format_timestamp(elsewhere) == format_timestamp(instant) == "2026-12-01T10:00:00.000001Z"
+    assert format_timestamp(instant + timedelta(microseconds=1)) == "2026-12-01T10:00:00.000002Z"
+    assert format_timestamp(elsewhere.replace(tzinfo=UTC)) == "2026-12-01T03:00:00.000001Z"
+    with pytest.raises(ValueError):
+        format_timestamp(instant.replace(tzinfo=None))
