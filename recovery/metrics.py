@@ -22,7 +22,7 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.models import Agent, Task, TaskStatus
+from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.writer import WrittenEvents
 from backplane.telemetry import counters
 from recovery.models import BreakerState, Tool, ToolCall, ToolCallStatus
@@ -119,8 +119,37 @@ BUILT_IN_EVENT_TYPES = frozenset(
     value for name, value in vars(et).items() if name.isupper() and isinstance(value, str))
 _STALL_REASONS = {"lease expired": "lease_expired", "no progress": "no_progress"}
 _RECOVERY_OUTCOMES = {TaskStatus.PENDING.value: "requeued", TaskStatus.DEAD_LETTERED.value: "dead_lettered"}
-# The types with a counter of their own besides events appended (below).
-_COUNTED_APART = frozenset({et.TASK_CLAIMED, et.TASK_STALLED, et.COMPENSATION_COMPLETED, et.TOOL_CALL_DISPATCHED})
+Tally = Callable[[], None]
+
+
+def _claim_tally(event: Event, written: WrittenEvents) -> Tally:
+    return functools.partial(counters.claim_count, recovered=bool(event.payload.get("recovered")))
+
+
+def _stall_tally(event: Event, written: WrittenEvents) -> Tally:
+    return functools.partial(
+        counters.stall_count, reason=_STALL_REASONS.get(str(event.payload.get("reason")), "other"),
+        # What the write left the task in: pending again, or parked as a dead letter.
+        outcome=_RECOVERY_OUTCOMES.get(written.status, "other"))
+
+
+def _compensation_tally(event: Event, written: WrittenEvents) -> Tally:
+    status = str(event.payload.get("status"))
+    return functools.partial(counters.compensation_count,
+                             outcome=status if status in ToolCallStatus.values else "other")
+
+
+def _tool_call_tally(event: Event, written: WrittenEvents) -> Tally:
+    return functools.partial(counters.tool_call_dispatched_count, tool=str(event.payload.get("tool")))
+
+
+# The types with a counter of their own besides events appended, and how each is counted.
+_COUNTED_APART: dict[str, Callable[[Event, WrittenEvents], Tally]] = {
+    et.TASK_CLAIMED: _claim_tally,
+    et.TASK_STALLED: _stall_tally,
+    et.COMPENSATION_COMPLETED: _compensation_tally,
+    et.TOOL_CALL_DISPATCHED: _tool_call_tally,
+}
 
 
 def event_type_label(event_type: str) -> str:
@@ -139,28 +168,18 @@ def count_committed_events(written: WrittenEvents) -> None:
         transaction.on_commit(functools.partial(counters.events_appended_count,
                                                 type_label=event_type_label(written.events[0].type), count=1))
         return
-    tallies: list[Callable[[], None]] = [
+    tallies: list[Tally] = [
         functools.partial(counters.events_appended_count, type_label=label, count=count)
         for label, count in Counter(event_type_label(event.type) for event in written.events).items()
     ]
     for event in written.events:
-        if event.type == et.TASK_CLAIMED:
-            tallies.append(functools.partial(counters.claim_count, recovered=bool(event.payload.get("recovered"))))
-        elif event.type == et.TASK_STALLED:
-            tallies.append(functools.partial(
-                counters.stall_count, reason=_STALL_REASONS.get(str(event.payload.get("reason")), "other"),
-                # What the write left the task in: pending again, or parked as a dead letter.
-                outcome=_RECOVERY_OUTCOMES.get(written.status, "other")))
-        elif event.type == et.COMPENSATION_COMPLETED:
-            status = str(event.payload.get("status"))
-            tallies.append(functools.partial(counters.compensation_count,
-                                             outcome=status if status in ToolCallStatus.values else "other"))
-        elif event.type == et.TOOL_CALL_DISPATCHED:
-            tallies.append(functools.partial(counters.tool_call_dispatched_count, tool=str(event.payload.get("tool"))))
+        apart = _COUNTED_APART.get(event.type)
+        if apart is not None:
+            tallies.append(apart(event, written))
     transaction.on_commit(functools.partial(_count, tallies))
 
 
-def _count(tallies: list[Callable[[], None]]) -> None:
+def _count(tallies: list[Tally]) -> None:
     for tally in tallies:
         tally()
 
