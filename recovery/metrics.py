@@ -162,12 +162,6 @@ def count_committed_events(written: WrittenEvents) -> None:
     Runs inside the writer's transaction (``transaction.on_commit`` defers the counting), or,
     for a quiet write on the unlocked path, after its statement committed (then it counts at once).
     The figures are taken now, from the events as written."""
-    if len(written.events) == 1 and written.events[0].type not in _COUNTED_APART:
-        # An agent's next step, the commonest write by far: one tally, without the general
-        # case's Counter and partials (a few % of a single append's CPU).
-        transaction.on_commit(functools.partial(counters.events_appended_count,
-                                                type_label=event_type_label(written.events[0].type), count=1))
-        return
     tallies: list[Tally] = [
         functools.partial(counters.events_appended_count, type_label=label, count=count)
         for label, count in Counter(event_type_label(event.type) for event in written.events).items()
@@ -176,7 +170,8 @@ def count_committed_events(written: WrittenEvents) -> None:
         apart = _COUNTED_APART.get(event.type)
         if apart is not None:
             tallies.append(apart(event, written))
-    transaction.on_commit(functools.partial(_count, tallies))
+    # An agent's next step, the commonest write by far, has one tally: registered as it is.
+    transaction.on_commit(tallies[0] if len(tallies) == 1 else functools.partial(_count, tallies))
 
 
 def _count(tallies: list[Tally]) -> None:

@@ -39,7 +39,7 @@ def test_a_missing_time_stays_missing() -> None:
 
 
 def test_one_instant_prints_alike_in_any_zone_and_another_instant_does_not() -> None:
-    # format_timestamp remembers what it printed last: an instant seen first in another zone, or
+    # format_timestamp remembers what it printed: an instant seen first in another zone, or
     # a neighbour a microsecond away, must still print as itself.
     instant = datetime(2026, 12, 1, 10, 0, 0, 1, tzinfo=UTC)
     elsewhere = instant.astimezone(timezone(timedelta(hours=-7)))
