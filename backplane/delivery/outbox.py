@@ -13,7 +13,6 @@ whole picture, ordering modes and retry schedule included: docs/delivery.md.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from typing import Any
 from django.db import connection
 
 from backplane.delivery.models import OutboxDestination, OutboxMessage
-from backplane.lib.sql_rows import recordset
+from backplane.lib.sql_rows import recordset, recordset_json
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ RETURNING id, message_id
 
 def _insert_rows(rows: list[dict[str, Any]], *, now: datetime) -> list[tuple[int, uuid.UUID]]:
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(), [now, now, json.dumps(rows)])
+        cursor.execute(_insert_sql(), [now, now, recordset_json(rows)])
         return sorted(cursor.fetchall())
 
 

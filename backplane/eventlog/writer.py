@@ -16,7 +16,6 @@ runs inside the caller's transaction, on a task row the caller has locked (``loc
 from __future__ import annotations
 
 import functools
-import json
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from backplane.eventlog.errors import NotFound, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.reducer import REDUCED_FIELDS, TaskState, task_reduce, task_state_apply, task_state_of
-from backplane.lib.sql_rows import RowLoader, recordset
+from backplane.lib.sql_rows import RowLoader, recordset, recordset_json
 from backplane.telemetry.tracing import current_trace_ids, span_annotate_write, traceparent
 
 
@@ -263,7 +262,7 @@ def write_events_if_unmoved(
         return None
     task.updated_at = now
     event_columns = recordset(Event, _EVENT_COLUMNS).attnames
-    rows = json.dumps([{name: getattr(e, name) for name in event_columns} for e in events], default=_as_json_value)
+    rows = recordset_json([{name: getattr(e, name) for name in event_columns} for e in events])
     with connection.cursor() as cursor:
         cursor.execute(
             _insert_events_if_unmoved_sql(),
@@ -460,13 +459,6 @@ SELECT task_id, seq, position FROM inserted
 """
 
 
-def _as_json_value(value: Any) -> Any:
-    """UUIDs and times for a JSON record; timestamptz reads the ISO form back to the microsecond."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)
-
-
 def _insert_events_and_update_projections(tasks: list[Task], events_of: list[list[Event]]) -> None:
     if not tasks:
         return
@@ -475,7 +467,7 @@ def _insert_events_and_update_projections(tasks: list[Task], events_of: list[lis
     event_rows = [{name: getattr(e, name) for name in event_columns} for e in events]
     # Tasks without events still get their projection written, as write_events does.
     projection_rows = [{name: getattr(t, name) for name in _PROJECTION_COLUMNS} for t in tasks]
-    params = [json.dumps(event_rows, default=_as_json_value), json.dumps(projection_rows, default=_as_json_value)]
+    params = [recordset_json(event_rows), recordset_json(projection_rows)]
     with connection.cursor() as cursor:
         cursor.execute(_insert_events_of_tasks_sql(), params)
         positions = {(task_id, seq): position for task_id, seq, position in cursor.fetchall()}

@@ -10,10 +10,13 @@ arrive as text and are decoded by the field) before ``Model.from_db``.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+import orjson
 from django.db import connection
 from django.db.models import Model
 
@@ -90,3 +93,25 @@ def recordset(model: type[Model], field_names: tuple[str, ...]) -> Recordset:
         # A foreign key's type is its target's (rel_db_type), e.g. uuid for a task.
         types=tuple(field.db_type(connection) for field in fields),  # type: ignore[union-attr]
     )
+
+
+def _as_json_value(value: Any) -> Any:
+    """What neither encoder writes itself: a time (timestamptz reads the ISO form back to the
+    microsecond) or anything else as its ``str`` (a UUID, a Decimal)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def recordset_json(rows: Sequence[Any]) -> str:
+    """The JSON text of a ``Recordset`` statement's rows, as one parameter.
+
+    orjson writes it: a 100-event batch's rows took the standard library's encoder 1.2 ms, most
+    of it calling back into Python for each UUID and time, which orjson writes itself, in the
+    same ISO form. orjson refuses integers beyond 64 bits (a payload may hold one: JSON has no
+    limit, and PostgreSQL's numeric keeps it exactly); the standard library writes those.
+    """
+    try:
+        return orjson.dumps(rows, default=_as_json_value).decode()
+    except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits
+        return json.dumps(rows, default=_as_json_value)

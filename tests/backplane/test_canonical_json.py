@@ -101,3 +101,12 @@ def test_the_fast_path_refuses_lone_surrogates_in_keys_and_values() -> None:
     for bad in ({"\udfff": 1}, {"a": ["x\ud800"]}):
         with pytest.raises(CanonicalizationError):
             canonical_json(bad)
+
+
+def test_the_fast_path_writes_every_code_point_as_the_reference_does() -> None:
+    """Each character as a key (the Basic Multilingual Plane, where the fast path takes keys) and
+    as a value (all planes): escapes and key order, byte for byte."""
+    keys = {chr(c): c for c in reversed(range(0x10000)) if not 0xD800 <= c <= 0xDFFF}  # to be sorted
+    values = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for value in (keys, {"values": values}):
+        assert canonical_json(value) == rfc8785.dumps(value)

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
+from backplane.delivery.models import OutboxMessage
 from backplane.eventlog import services
 from backplane.eventlog.chain import GENESIS_HASH, api_event_hash, event_as_api_dict
 from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, NotFound, SeqConflict, StaleLease, TaskClosed
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.eventlog.models import Event, Task, TaskStatus
-from backplane.eventlog.writer import EventDraft
+from backplane.eventlog.writer import EventDraft, OutboxDraft
 
 
 def append(task: Task, draft: EventDraft, **kwargs: Any) -> services.AppendOutcome:
@@ -226,3 +227,20 @@ def test_another_namespace_cannot_see_the_task(make_task: Callable[..., Task]) -
         services.event_append(namespace="globex", task_id=task.pk, draft=step(1), agent="x")
     with pytest.raises(NotFound):
         services.event_append(namespace="acme", task_id=uuid.uuid4(), draft=step(1), agent="x")
+
+
+def test_integers_beyond_64_bits_are_stored_exactly_on_every_write_path(make_task: Callable[..., Task]) -> None:
+    """orjson writes the rows' JSON but refuses integers past 64 bits: those rows are written by
+    the standard library's encoder instead (backplane/lib/sql_rows.py, recordset_json)."""
+    task = make_task()
+    big = 2**70 + 1
+    quiet = append(task, EventDraft(type="ReasoningStepCompleted", payload={"step": 1, "n": big, "m": -big}))
+    batch = services.event_append_batch(namespace=task.namespace, task_id=task.pk, agent="qualifier-1", drafts=[
+        EventDraft(type="LeadScored", payload={"n": big}, outbox=(OutboxDraft(topic="t", payload={"n": big}),)),
+    ])
+    stored = {e.seq: e for e in Event.objects.filter(task=task)}
+    assert stored[quiet.events[0].seq].payload == {"step": 1, "n": big, "m": -big}
+    assert stored[batch.events[0].seq].payload == {"n": big}
+    assert OutboxMessage.objects.get(topic="t").payload == {"n": big}
+    for event in stored.values():  # the hash the writer computed is the one the stored row gives
+        assert api_event_hash(event_as_api_dict(event)) == event.hash
