@@ -108,12 +108,15 @@ def _database_count(db_cache: DatabaseCache, key: str, *, window_end: int) -> in
 
 
 def count_upsert_sql(db_cache: DatabaseCache, source: str) -> str:
-    """The counting statement of ``_database_count``; ``source`` gives the (key, '1', expires) row."""
+    """The counting statement of ``_database_count``; ``source`` gives the (key, count, expires)
+    row, its count as text: 1, or more when a web process hands over requests it counted itself
+    (api/confirmations.py)."""
     table = connections[router.db_for_write(db_cache.cache_model_class)].ops.quote_name(db_cache._table)
     return f"""
 INSERT INTO {table} AS c (cache_key, value, expires) {source}
 ON CONFLICT (cache_key) DO UPDATE SET
-    value = CASE WHEN c.expires < EXCLUDED.expires THEN '1' ELSE (c.value::bigint + 1)::text END,
+    value = CASE WHEN c.expires < EXCLUDED.expires THEN EXCLUDED.value
+                 ELSE (c.value::bigint + EXCLUDED.value::bigint)::text END,
     expires = GREATEST(c.expires, EXCLUDED.expires)
 RETURNING value::bigint
 """
