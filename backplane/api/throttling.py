@@ -1,6 +1,7 @@
 """Per-token rate limit (429 with Retry-After through the exception handler), shared by every
 web process through the shared cache (settings.CACHES: Redis with REDIS_URL, else the database's
-cache table)."""
+cache table). The lean routes count into the same counter, from a web process's own count
+between two confirmations (api/confirmations.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ class PrincipalRateThrottle(BaseThrottle):
 
     A counter rather than DRF's list of request times: one small value to write instead of a
     list as long as the limit, counted atomically (one statement on the database cache's table,
-    INCR on Redis), so concurrent requests in several processes never exceed the limit.
+    INCR on Redis), so concurrent requests in several processes never exceed the limit. (On the
+    lean routes, with ``BACKPLANE_AUTH_CONFIRM_SECONDS`` above 0, other processes' requests are
+    seen once per interval: api/confirmations.py gives the bound.)
     """
 
     scope = "principal"
