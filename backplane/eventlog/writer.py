@@ -158,7 +158,7 @@ def write_events(
         events.append(_number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None))
     task.updated_at = now
     _insert_events_and_update_projections([task], [events])
-    span_annotate_write(task_id=str(task.pk), kind=task.kind, seq=task.last_seq, events=events,
+    span_annotate_write(task_id=task.pk, kind=task.kind, seq=task.last_seq, events=events,
                         agent=agent, lease_epoch=task.lease_epoch)
     # The events' own messages, then the lifecycle announcement: one INSERT for the whole write.
     messages = [
@@ -276,7 +276,7 @@ def write_events_if_unmoved(
         event.position = positions[event.seq]
         event._state.adding = False
         event._state.db = "default"
-    span_annotate_write(task_id=str(task.pk), kind=task.kind, seq=task.last_seq, events=events,
+    span_annotate_write(task_id=task.pk, kind=task.kind, seq=task.last_seq, events=events,
                         agent=agent, lease_epoch=task.lease_epoch)
     # Committed: the observers of quiet writes (follow-ups registered ``on_quiet_writes``).
     _follow_up(WrittenEvents(task=task, events=events, previous_status=before.status, status=task.status,

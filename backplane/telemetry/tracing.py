@@ -282,18 +282,19 @@ def task_span(name: str, *, trace_id: str | None, span_id: str | None,
         yield
 
 
-def span_annotate_write(*, task_id: str, kind: str, seq: int, events: Sequence[Any], agent: str | None,
+def span_annotate_write(*, task_id: object, kind: str, seq: int, events: Sequence[Any], agent: str | None,
                         lease_epoch: int) -> None:
     """Name the task a request wrote to on its span (the ``backplane.*`` attributes of
     docs/observability.md). A request that writes to several tasks (a sub-task's claim reports to
     its parent) keeps the first as attributes, and each later write becomes a span event. The
-    common case (one write) costs one ``set_attributes``: this runs on every append."""
+    common case (one write) costs one ``set_attributes``: this runs on every append, so the task's
+    id comes as it is (a UUID) and is written as text only for a span that records."""
     if not _enabled:
         return
     span = trace.get_current_span()
     if not span.is_recording():
         return
-    attributes: dict[str, Any] = {"backplane.task_id": task_id, "backplane.task.kind": kind, "backplane.seq": seq,
+    attributes: dict[str, Any] = {"backplane.task_id": str(task_id), "backplane.task.kind": kind, "backplane.seq": seq,
                                   "backplane.event.type": events[-1].type if events else "",
                                   "backplane.event.count": len(events), "backplane.lease_epoch": lease_epoch}
     if agent:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from pytest_django.fixtures import Settings
@@ -34,7 +35,7 @@ def shared_count(agent: AgentClient) -> int:
     assert counting is not None
     agent_id = Agent.objects.get(token_hash=hash_token(agent.token)).pk
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT value FROM {counting.db_cache._table} WHERE cache_key = %s",
+        cursor.execute(f"SELECT value FROM {django_settings.CACHES['default']['LOCATION']} WHERE cache_key = %s",
                        [f"{counting.key_prefix}{agent_id}"])
         return int(cursor.fetchone()[0])
 
@@ -106,7 +107,7 @@ def test_another_process_counting_is_seen_at_the_next_confirmation(alice: AgentC
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_requests_in_one_process_pass_the_limit_exactly_as_often_as_it_allows(
-    committed_db, make_agent, settings: Settings  # type: ignore[no-untyped-def]
+    committed_db: None, make_agent: Callable[..., AgentClient], settings: Settings
 ) -> None:
     settings.BACKPLANE_RATE_LIMIT = "40/h"
     agent = make_agent("racer", "acme")
