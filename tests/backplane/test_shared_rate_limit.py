@@ -9,11 +9,15 @@ import sys
 import time
 
 import pytest
+from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.db import DatabaseCache
+from django.db import connection
 from pytest_django.fixtures import DjangoAssertNumQueries
 
+from backplane.api.throttling import agent_counting
 from backplane.eventlog import services
+from backplane.eventlog.models import Agent
 from tests.support.live_server import ROOT, web_env
 
 # One process: set Django up, wait for the common start, then send its requests as fast as it can.
@@ -27,7 +31,8 @@ client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
 client.get("/healthz")  # first-request costs (URL resolution, imports) before the start
 while time.time() < start:
     time.sleep(0.005)
-print(json.dumps([client.get("/api/v1/tasks/").status_code for _ in range(count)]))
+path = sys.argv[4] if len(sys.argv) > 4 else "/api/v1/tasks/"
+print(json.dumps([client.get(path).status_code for _ in range(count)]))
 """
 
 
@@ -60,6 +65,45 @@ def test_two_processes_share_one_limit(committed_db: None) -> None:
     # 20 requests against one limit of 7: exactly 7 got through, whichever process sent them;
     # with a limit per process each would have let 7 through (14).
     assert statuses.count(200) == 7 and statuses.count(429) == 13, answers
+
+
+@pytest.mark.slow
+def test_with_confirmations_two_processes_pass_the_limit_by_at_most_what_the_other_served(
+    committed_db: None,
+) -> None:
+    """The lean routes with BACKPLANE_AUTH_CONFIRM_SECONDS on (api/confirmations.py): each process
+    counts its own requests exactly and sees the other's only when it confirms, so together they
+    let through at most the limit plus what the other served past its last confirmation; every
+    request still reaches the shared counter (each over-limit request confirms)."""
+    token = services.agent_create(name="bursty", namespace="acme").token
+    task = services.task_create(namespace="acme", kind="k", input={}, agent="seed").task  # no HTTP: not counted
+    env = {**web_env(), "BACKPLANE_RATE_LIMIT": "7/m", "BACKPLANE_AUTH_CONFIRM_SECONDS": "60",
+           "DJANGO_SETTINGS_MODULE": "backplane.settings"}
+    _away_from_a_window_edge(60, margin=25)
+    start = time.time() + 8
+    runs = [
+        subprocess.Popen([sys.executable, "-c", REQUESTS, token, str(start), "10", f"/api/v1/tasks/{task.pk}/"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    answers = []
+    for run in runs:
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    assert time.time() - start < 20, "too slow to stay in one window"
+    passed = [answer.count(200) for answer in answers]
+    assert all(set(answer) <= {200, 429} for answer in answers), answers
+    # Each process alone keeps the limit; the first to confirm saw at most the other's first
+    # request, so together at most 7 + 6.
+    assert max(passed) <= 7 and 7 <= sum(passed) <= 13, answers
+    counting = agent_counting()
+    assert counting is not None
+    agent_id = Agent.objects.get(name="bursty").pk
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT value FROM {settings.CACHES['default']['LOCATION']} WHERE cache_key = %s",
+                       [f"{counting.key_prefix}{agent_id}"])
+        assert cursor.fetchone() == ("20",)
 
 
 def test_the_database_counter_starts_each_window_afresh_in_one_statement(
