@@ -15,8 +15,9 @@ same process is served from it, and what holds is:
 - **The rate limit**: this process counts exactly (the shared count at its last confirmation,
   plus what it counted since). What other processes counted since their own last confirmation
   it does not see: with P web processes, an agent can pass its limit by at most what the P - 1
-  others served it in one interval. A request that would pass the limit here confirms first, so
-  a 429 is always decided on the shared count. Requests counted here reach the shared counter
+  others served it in one interval (two processes in tests/backplane/test_shared_rate_limit.py).
+  A request that would pass the limit here confirms first, so a 429 is always decided on the
+  shared count. Requests counted here reach the shared counter
   with the next confirmation in the same window; those of a window that ended before it are
   dropped with the window, which no longer limits anything.
 
