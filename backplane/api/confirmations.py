@@ -5,10 +5,9 @@ A lean request begins with one statement: find the agent by its token's hash and
 request into the agent's counter row (``authentication.agent_authenticate_counting``). That
 statement was 45 % of a task read's samples in process; over HTTP, confirming once per 0.25 s
 served 8 % more single appends and 31 % more task reads a second (docs/benchmarks.md, "Confirmed
-agents"). It also wrote the same
-counter row for every request of an agent, so an agent's concurrent requests queued on that
-row's lock. Now, within one interval of a confirmation, a request with the same token in the
-same process is served from it, and what holds is:
+agents"). It also wrote the same counter row for every request of an agent, so an agent's
+concurrent requests queued on that row's lock. Now, within one interval of a confirmation, a
+request with the same token in the same process is served from it, and what holds is:
 
 - **Revocation**: a deactivated agent, a deleted one or a replaced token stops working in every
   process within one interval (0.25 s by default): the next confirmation finds no row.
@@ -22,7 +21,9 @@ same process is served from it, and what holds is:
   the same window; those of a window that ended before it are dropped with the window, which
   no longer limits anything.
 
-With an interval of 0 (the tests' default) every request confirms, as before this module.
+With an interval of 0 (the tests' default) every request confirms, as before this module. With
+Redis as the shared cache (``REDIS_URL``) the lean routes authenticate and count every request
+as DRF does (``lean._authenticate_and_count``), and this module is not used.
 """
 
 from __future__ import annotations
