@@ -13,9 +13,10 @@ request with the same token in the same process is served from it, and what hold
   process within one interval (0.25 s by default): the next confirmation finds no row.
 - **The agent's fields** (kinds, namespace) are as fresh as the last confirmation too.
 - **The rate limit**: this process counts exactly (the shared count at its last confirmation,
-  plus what it counted since). What other processes counted since their own last confirmation
-  it does not see: with P web processes, an agent can pass its limit by at most what the P - 1
-  others served it in one interval (two processes in tests/backplane/test_shared_rate_limit.py).
+  or a higher one its DRF views' throttle got since, plus what it counted itself). What other
+  processes counted since their own last confirmation it does not see: with P web processes,
+  an agent can pass its limit by at most what the P - 1 others served it in one interval (two
+  processes in tests/backplane/test_shared_rate_limit.py).
   A request that would pass the limit here confirms first, so a 429 is always decided on the
   shared count. Requests counted here reach the shared counter with the next confirmation in
   the same window; those of a window that ended before it are dropped with the window, which
@@ -41,7 +42,7 @@ MAX_CONFIRMED = 10_000
 class Confirmation:
     row: tuple[Any, ...]  # the agent's columns, as the confirming statement returned them
     window_end: int  # the rate limit's window these counts belong to (epoch seconds)
-    shared_count: int  # the agent's counter as the last confirming statement left it
+    shared_count: int  # the highest value of the agent's counter a statement of this process returned
     confirmed_at: float  # time.monotonic() of the confirmation; -inf before the first one
     counted_here: int = 0  # requests counted here since, not handed to a confirming statement
     # Requests handed to confirming statements still running: in the shared counter, or about to
@@ -102,8 +103,18 @@ class Confirmations:
                 return  # forgotten, or the window moved on, while the statement ran
             found.row = row
             found.in_flight = max(found.in_flight - handed, 0)
-            found.shared_count = shared_count
+            # A count noted meanwhile (note_shared_count) may be higher: the counter only grows.
+            found.shared_count = max(found.shared_count, shared_count)
             found.confirmed_at = now
+
+    def note_shared_count(self, token_hash: str, *, window_end: int, shared_count: int) -> None:
+        """Another path of this process (DRF's throttle) counted a request of this token into the
+        shared counter and got ``shared_count``. It may already include requests that are also
+        in flight here, which only makes this process count more than it served, never fewer."""
+        with self._lock:
+            found = self._by_token.get(token_hash)
+            if found is not None and found.window_end == window_end:
+                found.shared_count = max(found.shared_count, shared_count)
 
     def settle(self, token_hash: str, *, window_end: int, handed: int) -> None:
         """A confirming statement failed: what it took over is no longer in flight (the

@@ -17,6 +17,9 @@ from django.db import connections, router
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
+from backplane.api.confirmations import confirmations
+from backplane.eventlog.models import hash_token
+
 
 class PrincipalRateThrottle(BaseThrottle):
     """One counter per agent token (or staff user) and fixed window of the rate's period
@@ -45,17 +48,25 @@ class PrincipalRateThrottle(BaseThrottle):
         key = self.get_cache_key(request, view)
         if key is None:
             return True
-        self.retry_after = rate_limit_wait(key)
+        # An agent's token (DRF's request.auth): the lean routes of this process may be counting
+        # it themselves between confirmations, and learn this count too.
+        token = request.auth if isinstance(request.auth, str) else None
+        self.retry_after = rate_limit_wait(key, token=token)
         return self.retry_after is None
 
 
-def rate_limit_wait(key: str) -> float | None:
+def rate_limit_wait(key: str, *, token: str | None = None) -> float | None:
     """Count one request of the principal behind ``key`` (``throttle:<principal.pk>``); None when
-    it is within the limit, else the seconds until its window ends. The lean routes call it too."""
+    it is within the limit, else the seconds until its window ends. The lean routes call it too.
+    With the agent's ``token``, the count is also noted for this process's lean routes
+    (api/confirmations.py), so that one process counts both paths of a token exactly."""
     limit, period = parse_rate(settings.BACKPLANE_RATE_LIMIT)
     now = time.time()
     window_end = (int(now // period) + 1) * period
-    if _count(key, window_end=window_end, period=period) <= limit:
+    count = _count(key, window_end=window_end, period=period)
+    if token is not None:
+        confirmations.note_shared_count(hash_token(token), window_end=window_end, shared_count=count)
+    if count <= limit:
         return None
     return window_end - now
 

@@ -16,7 +16,7 @@ from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
 from backplane.api.confirmations import confirmations
-from backplane.api.throttling import agent_counting
+from backplane.api.throttling import agent_counting, rate_limit_wait
 from backplane.eventlog.models import Agent, hash_token
 from tests.api.conftest import AgentClient, assert_error, create_task
 
@@ -91,16 +91,26 @@ def test_the_limit_is_exact_in_one_process_and_a_429_is_decided_on_the_shared_co
 
 
 @pytest.mark.django_db
+def test_one_process_counts_a_tokens_drf_and_lean_requests_alike(alice: AgentClient, settings: Settings) -> None:
+    settings.BACKPLANE_RATE_LIMIT = "4/m"
+    task = create_task(alice)  # one (DRF; nothing confirmed yet)
+    url = f"/api/v1/tasks/{task['task_id']}/"
+    assert alice.get(url).status_code == 200  # two, confirmed
+    assert alice.get(url, HTTP_ACCEPT="application/json; indent=2").status_code == 200  # three (DRF)
+    assert alice.get(url).status_code == 200  # four, counted here on top of the DRF path's three
+    assert_error(alice.get(url), 429, "rate_limited")  # five
+
+
+@pytest.mark.django_db
 def test_another_process_counting_is_seen_at_the_next_confirmation(alice: AgentClient, settings: Settings) -> None:
-    """What another process counted reaches this one when it confirms: here the DRF path, which
-    counts into the shared counter on every request, stands in for another web process."""
     settings.BACKPLANE_RATE_LIMIT = "6/m"
     task = create_task(alice)  # one
     url = f"/api/v1/tasks/{task['task_id']}/"
     assert alice.get(url).status_code == 200  # two, confirmed
-    for _ in range(3):  # three to five, on the shared counter only
-        assert alice.get(url, HTTP_ACCEPT="application/json; indent=2").status_code == 200
-    assert alice.get(url).status_code == 200  # six by the shared count; three by what this process saw
+    agent_id = Agent.objects.get(token_hash=hash_token(alice.token)).pk
+    for _ in range(3):  # three to five, counted by another process (no token: nothing noted here)
+        assert rate_limit_wait(f"throttle:agent:{agent_id}") is None
+    assert alice.get(url).status_code == 200  # six by the shared count, three by this process's
     expire_confirmations()
     assert_error(alice.get(url), 429, "rate_limited")  # seven: the confirmation sees all of them
 

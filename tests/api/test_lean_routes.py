@@ -37,7 +37,8 @@ def test_a_task_reads_the_same_on_the_lean_path_and_through_drf(alice: AgentClie
     assert lean["Allow"] == drf["Allow"]
 
 
-def test_an_agents_task_read_is_two_statements_and_no_queryset(alice: AgentClient) -> None:
+def test_an_agents_task_read_is_two_statements_and_no_queryset(alice: AgentClient, settings: Settings) -> None:
+    settings.BACKPLANE_AUTH_CONFIRM_SECONDS = 0  # every request confirms (test_confirmations.py: one statement)
     task = create_task(alice)
     alice.get(f"/api/v1/tasks/{task['task_id']}/")  # the first request also notes the agent as seen
     with CaptureQueriesContext(connection) as queries:
