@@ -374,7 +374,7 @@ REST_FRAMEWORK = {
         "backplane.api.authentication.StaffSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_THROTTLE_CLASSES": ["backplane.api.throttling.PrincipalRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["backplane.api.authentication.PrincipalRateThrottle"],
     "DEFAULT_PARSER_CLASSES": ["backplane.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "backplane.api.errors.api_exception_handler",
@@ -447,10 +447,6 @@ BACKPLANE_TOOL_BREAKER_THRESHOLD = env_int("BACKPLANE_TOOL_BREAKER_THRESHOLD", 3
 BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS", 30, minimum=1)
 # Per agent token, DRF's "<count>/<s|m|h|d>" syntax.
 BACKPLANE_RATE_LIMIT = env_str("BACKPLANE_RATE_LIMIT", "600/s")
-# Seconds a web process serves an agent's token from its last check with the database, counting
-# its requests itself (backplane/api/confirmations.py); 0 checks every request (the tests' default).
-BACKPLANE_AUTH_CONFIRM_SECONDS = env_float("BACKPLANE_AUTH_CONFIRM_SECONDS", 0.0 if BACKPLANE_ENV == "test" else 0.25,
-                                           minimum=0.0)
 # /metrics asks for "Authorization: Bearer <token>" when set; open when empty (backplane/metrics.py).
 BACKPLANE_METRICS_TOKEN = env_str("BACKPLANE_METRICS_TOKEN", "")
 # --- Counters and histograms summed across processes (backplane/telemetry/counters.py) ------------

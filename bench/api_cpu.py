@@ -33,15 +33,10 @@ from _support import bench_database
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--confirm-seconds", type=float, default=0.25,
-                        help="BACKPLANE_AUTH_CONFIRM_SECONDS (the product's default; 0: every request confirms)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (bench/http_bench.py reads it)")
     args = parser.parse_args()
     os.environ["BACKPLANE_RATE_LIMIT"] = "1000000/s"
     os.environ["BACKPLANE_DB_POOL"] = "1"
-    # As served (the test settings' default is 0): a token confirmed with the database at most
-    # every 0.25 s (backplane/api/confirmations.py). --confirm-seconds 0 confirms every request.
-    os.environ["BACKPLANE_AUTH_CONFIRM_SECONDS"] = str(args.confirm_seconds)
     with bench_database():
         from django.core.wsgi import get_wsgi_application
 

@@ -159,9 +159,8 @@ def event_type_label(event_type: str) -> str:
 def count_committed_events(written: WrittenEvents) -> None:
     """Count a write's events once its transaction commits; a write rolled back is not counted.
 
-    Runs inside the writer's transaction (``transaction.on_commit`` defers the counting), or,
-    for a quiet write on the unlocked path, after its statement committed (then it counts at once).
-    The figures are taken now, from the events as written."""
+    Runs inside the writer's transaction (``transaction.on_commit`` defers the counting). The
+    figures are taken now, from the events as written."""
     tallies: list[Tally] = [
         functools.partial(counters.events_appended_count, type_label=label, count=count)
         for label, count in Counter(event_type_label(event.type) for event in written.events).items()

@@ -1,17 +1,18 @@
-"""Who is calling: an agent with a bearer token, or a staff user with a session.
+"""Who is calling, and whether they are within the rate limit: an agent with a bearer token, or a
+staff user with a session.
 
-Either way the view gets a ``Principal`` as ``request.user``; its ``namespace`` scopes
-every query (``None`` for staff, who operate across namespaces).
+Either way a view gets a ``Principal``; its ``namespace`` scopes every query (``None`` for staff,
+who operate across namespaces). ``agent_authenticate`` and ``staff_authenticate`` are the one way
+to authenticate and count a request: the agent routes (api/routes.py) call them directly, and
+DRF's authenticator and throttle classes below wrap them for the routes DRF serves.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.http import HttpRequest
@@ -19,15 +20,15 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import HTTP_HEADER_ENCODING, authentication, exceptions
 from rest_framework.request import Request
+from rest_framework.throttling import BaseThrottle
 
-from backplane.api.confirmations import confirmations
-from backplane.api.throttling import AgentCounting, count_upsert_sql, wait_after_count
+from backplane.api.throttling import COUNT_SQL, count_request, counter_key, current_window
 from backplane.delivery.models import REVIEW_PERMISSION
 from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token
 from backplane.lib.sql_rows import RowLoader
 
-_AGENT_ROWS = RowLoader(Agent)
-_AGENT_BY_TOKEN_SQL = f"SELECT {_AGENT_ROWS.columns} FROM backplane_agent WHERE token_hash = %s AND is_active"
+# What a 401 says a client should send (DRF's WWW-Authenticate for the same answer).
+WWW_AUTHENTICATE = 'Bearer realm="api"'
 
 
 @dataclass(frozen=True)
@@ -48,17 +49,77 @@ class Principal:
     is_anonymous = False
 
     @property
-    def pk(self) -> str:  # DRF's throttles key on request.user.pk
-        return f"agent:{self.agent.pk}" if self.agent else f"user:{self.user.pk if self.user else ''}"
+    def pk(self) -> str:  # the rate limit's counter is per principal
+        if self.agent is not None:
+            return f"agent:{self.agent.pk}"
+        return f"user:{self.user.pk if self.user else ''}"
 
     @property
     def is_staff(self) -> bool:
         return self.staff_user is not None
 
     def can_review(self) -> bool:
-        return self.user is not None and bool(getattr(self.user, "is_staff", False)) and self.user.has_perm(
-            REVIEW_PERMISSION
-        )
+        user = self.user
+        return user is not None and bool(getattr(user, "is_staff", False)) and user.has_perm(REVIEW_PERMISSION)
+
+
+@dataclass(frozen=True)
+class AgentCredentials:
+    """DRF's ``request.auth`` for an agent: the token and the rate limit's wait its request got
+    when the token was looked up (None: within the limit)."""
+
+    token: str
+    wait: float | None
+
+
+# --- agents: the token's agent and the request's count, in one statement ------------------------
+
+_AGENT_ROWS = RowLoader(Agent)
+_COUNT_THE_AGENT_SQL = COUNT_SQL.format(source="SELECT %s || agent.id, '1', %s FROM agent")
+_AGENT_COUNTED_SQL = (
+    f"WITH agent AS (SELECT {_AGENT_ROWS.columns} FROM backplane_agent WHERE token_hash = %s AND is_active), "
+    f"counted AS ({_COUNT_THE_AGENT_SQL}) SELECT agent.*, (SELECT value FROM counted) FROM agent"
+)
+_BEARER_SCHEME = b"bearer"
+
+
+def bearer_token(request: HttpRequest) -> str | None:
+    """The token of ``Authorization: Bearer <token>``; None without one; AuthenticationFailed
+    for a malformed header."""
+    raw = request.META.get("HTTP_AUTHORIZATION", b"")
+    header = (raw.encode(HTTP_HEADER_ENCODING) if isinstance(raw, str) else raw).split()
+    if not header or header[0].lower() != _BEARER_SCHEME:
+        return None
+    if len(header) != 2:
+        raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
+    try:
+        return header[1].decode()
+    except UnicodeDecodeError:
+        raise exceptions.AuthenticationFailed("invalid token") from None
+
+
+def agent_authenticate(request: HttpRequest) -> tuple[Principal, AgentCredentials] | None:
+    """The agent behind a bearer token, its request counted toward the rate limit in the same
+    statement; None without a bearer token. AuthenticationFailed for a token that is malformed,
+    unknown or inactive (nothing is counted then). A revoked or rotated token fails at once:
+    every request reads the agent's row."""
+    token = bearer_token(request)
+    if token is None:
+        return None
+    window = current_window()
+    with connection.cursor() as cursor:
+        # The lookup is by the token's hash, so the key prefix makes the counter agent:<id>'s.
+        cursor.execute(_AGENT_COUNTED_SQL, [hash_token(token), counter_key("agent:"), window.expires])
+        row = cursor.fetchone()
+    if row is None:
+        raise exceptions.AuthenticationFailed("invalid or inactive token")
+    agent = _AGENT_ROWS.load(row[:-1])
+    # Found by the hash; compared again in constant time all the same.
+    if not agent.token_matches(token):
+        raise exceptions.AuthenticationFailed("invalid or inactive token")
+    _note_seen(agent)
+    principal = Principal(name=agent.name, namespace=agent.namespace, agent=agent)
+    return principal, AgentCredentials(token=token, wait=window.wait_after(int(row[-1])))
 
 
 def _note_seen(agent: Agent) -> None:
@@ -77,160 +138,67 @@ def _note_seen(agent: Agent) -> None:
         )
 
 
+# --- staff: Django's session, CSRF enforced on writes ------------------------------------------
+
+
+def staff_authenticate(request: HttpRequest) -> Principal | None:
+    """The staff user logged in on this session; None for anyone else. A write without a valid
+    CSRF token is PermissionDenied, as DRF's SessionAuthentication decides it (for any active
+    user, staff or not, before anything else)."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_active:
+        return None
+    reason = _csrf_failure(request)
+    if reason is not None:
+        raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
+    if not user.is_staff:
+        return None
+    return Principal(name=f"user:{user.get_username()}", namespace=None, staff_user=user)
+
+
+def _csrf_failure(request: HttpRequest) -> str | None:
+    check = authentication.CSRFCheck(lambda _: None)  # type: ignore[arg-type, return-value]
+    # Populates request.META["CSRF_COOKIE"], which process_view reads.
+    check.process_request(request)
+    return check.process_view(request, None, (), {})  # type: ignore[arg-type, return-value]
+
+
+# --- DRF's classes, for the routes DRF serves ---------------------------------------------------
+
+
 class AgentTokenAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Bearer <token>``; the token's SHA-256 is looked up, never the token."""
+    """``Authorization: Bearer <token>`` (``agent_authenticate``)."""
 
-    keyword = "Bearer"
-
-    def authenticate(self, request: Request) -> tuple[Principal, str] | None:
-        token = bearer_token(request)
-        if token is None:
-            return None
-        # Every request pays for this lookup; as SQL it costs a tenth of the queryset's Python.
-        agent = _AGENT_ROWS.fetch_one(_AGENT_BY_TOKEN_SQL, [hash_token(token)])
-        # The lookup is by hash; the comparison below is constant-time all the same.
-        if agent is None or not agent.token_matches(token):
-            raise exceptions.AuthenticationFailed("invalid or inactive token")
-        _note_seen(agent)
-        return Principal(name=agent.name, namespace=agent.namespace, agent=agent), token
+    def authenticate(self, request: Request) -> tuple[Principal, AgentCredentials] | None:
+        return agent_authenticate(request._request)
 
     def authenticate_header(self, request: Request) -> str:
-        return f'{self.keyword} realm="api"'
+        return WWW_AUTHENTICATE
 
 
-_BEARER_SCHEME = b"bearer"
-
-
-def bearer_token(request: Request | HttpRequest) -> str | None:
-    """The token of ``Authorization: Bearer <token>``; None without one; AuthenticationFailed
-    for a malformed header."""
-    # META, as DRF's get_authorization_header reads request.headers, a mapping of every header
-    # that Django builds on first use (30-40 µs) and nothing else on a lean request reads.
-    raw = request.META.get("HTTP_AUTHORIZATION", b"")
-    header = (raw.encode(HTTP_HEADER_ENCODING) if isinstance(raw, str) else raw).split()
-    if not header or header[0].lower() != _BEARER_SCHEME:
-        return None
-    if len(header) != 2:
-        raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
-    try:
-        return header[1].decode()
-    except UnicodeDecodeError:
-        raise exceptions.AuthenticationFailed("invalid token") from None
-
-
-def agent_authenticate_counting(
-    request: HttpRequest, counting: AgentCounting
-) -> tuple[Principal, float | None] | None:
-    """``AgentTokenAuthentication`` and the rate limit's count, for the lean routes: the agent
-    and the rate limit's wait (None: within it), or None when the token does not authenticate
-    (nothing is counted then, as DRF counts only authenticated requests). Raises
-    AuthenticationFailed for a malformed header.
-
-    One statement finds the agent and counts the request, unless a confirmation of the same
-    token in this process is younger than ``BACKPLANE_AUTH_CONFIRM_SECONDS``; then the request
-    is counted here and served from it (confirmations.py says what holds meanwhile)."""
-    token = bearer_token(request)
-    if token is None:
-        return None
-    token_hash = hash_token(token)
-    if settings.BACKPLANE_AUTH_CONFIRM_SECONDS > 0:
-        return _authenticate_confirming(token, token_hash, counting, settings.BACKPLANE_AUTH_CONFIRM_SECONDS)
-    found = _agent_counted(token_hash, counting, 1)
-    return None if found is None else _authenticated(token, found[0], counting, found[1])
-
-
-def _authenticate_confirming(
-    token: str, token_hash: str, counting: AgentCounting, interval: float
-) -> tuple[Principal, float | None] | None:
-    window_end = counting.window_end
-    fresh = confirmations.count_if_fresh(token_hash, window_end=window_end, interval=interval, now=time.monotonic())
-    if fresh is None:
-        with confirmations.confirming(token_hash, window_end=window_end):
-            # Another thread may have confirmed while this one waited for it.
-            fresh = confirmations.count_if_fresh(token_hash, window_end=window_end, interval=interval,
-                                                 now=time.monotonic())
-            if fresh is None:
-                return _confirm(token, token_hash, counting, own=1)
-    row, count = fresh
-    if count <= counting.limit:
-        # Found by the exact hash of this token, which a confirmation compared in constant time.
-        agent = _AGENT_ROWS.load(row)
-        return Principal(name=agent.name, namespace=agent.namespace, agent=agent), None
-    # Past the limit by this process's count (this request included): the shared count decides.
-    with confirmations.confirming(token_hash, window_end=window_end):
-        return _confirm(token, token_hash, counting, own=0)
-
-
-def _confirm(
-    token: str, token_hash: str, counting: AgentCounting, *, own: int
-) -> tuple[Principal, float | None] | None:
-    """The agent's statement, adding ``own`` and what this process counted since the last
-    confirmation; the caller holds the token's ``confirming`` lock."""
-    now = time.monotonic()
-    handed = confirmations.hand_over(token_hash, window_end=counting.window_end, own=own)
-    try:
-        found = _agent_counted(token_hash, counting, handed)
-    except BaseException:
-        confirmations.settle(token_hash, window_end=counting.window_end, handed=handed)
-        raise
-    if found is None:
-        confirmations.forget(token_hash)
-        return None
-    authenticated = _authenticated(token, found[0], counting, found[1])
-    if authenticated is None:
-        confirmations.forget(token_hash)
-        return None
-    confirmations.confirm(token_hash, row=found[0], window_end=counting.window_end, shared_count=found[1],
-                          handed=handed, now=now)
-    return authenticated
-
-
-def _agent_counted(token_hash: str, counting: AgentCounting, count: int) -> tuple[tuple[Any, ...], int] | None:
-    """The active agent with this token hash and its counter after adding ``count``, in one
-    statement; None (nothing counted) when no active agent has it."""
-    with connection.cursor() as cursor:
-        expires = datetime.fromtimestamp(counting.window_end, tz=UTC)
-        cursor.execute(_agent_counted_sql(counting), [token_hash, counting.key_prefix, count, expires])
-        found = cursor.fetchone()
-    return None if found is None else (tuple(found[:-1]), int(found[-1]))
-
-
-def _authenticated(
-    token: str, row: tuple[Any, ...], counting: AgentCounting, count: int
-) -> tuple[Principal, float | None] | None:
-    agent = _AGENT_ROWS.load(row)
-    if not agent.token_matches(token):
-        return None
-    _note_seen(agent)
-    return Principal(name=agent.name, namespace=agent.namespace, agent=agent), wait_after_count(counting, count)
-
-
-_agent_counted_sql_cache: dict[str, str] = {}
-
-
-def _agent_counted_sql(counting: AgentCounting) -> str:
-    table = counting.db_cache._table
-    sql = _agent_counted_sql_cache.get(table)
-    if sql is None:
-        upsert = count_upsert_sql(counting.db_cache, "SELECT %s || agent.id, %s::text, %s FROM agent")
-        sql = _agent_counted_sql_cache[table] = (
-            f"WITH agent AS ({_AGENT_BY_TOKEN_SQL}), counted AS ({upsert}) "
-            "SELECT agent.*, (SELECT value FROM counted) FROM agent"
-        )
-    return sql
-
-
-class StaffSessionAuthentication(authentication.SessionAuthentication):
-    """Logged-in staff may use the API with their session (CSRF enforced on writes)."""
+class StaffSessionAuthentication(authentication.BaseAuthentication):
+    """A logged-in staff user's session (``staff_authenticate``)."""
 
     def authenticate(self, request: Request) -> tuple[Principal, None] | None:
-        result = super().authenticate(request)
-        if result is None:
-            return None
-        user = result[0]
-        if not user.is_staff:
-            return None
-        return Principal(name=f"user:{user.get_username()}", namespace=None, staff_user=user), None
+        principal = staff_authenticate(request._request)
+        return None if principal is None else (principal, None)
+
+
+class PrincipalRateThrottle(BaseThrottle):
+    """The wait an agent's authentication counted, or a staff user's request counted here."""
+
+    def __init__(self) -> None:
+        self.retry_after: float | None = None
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        if isinstance(request.auth, AgentCredentials):
+            self.retry_after = request.auth.wait
+        elif isinstance(request.user, Principal):
+            self.retry_after = count_request(request.user.pk)
+        return self.retry_after is None
+
+    def wait(self) -> float | None:
+        return self.retry_after
 
 
 class AgentTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]

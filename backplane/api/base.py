@@ -61,7 +61,6 @@ ERROR_RESPONSES: dict[int, tuple[str, list[OpenApiExample]]] = {
     429: ("rate_limited: over the per-token rate limit; wait `Retry-After` seconds.", [
         _example("rate limited", "rate_limited", "rate limit exceeded", {"retry_after": 1}),
     ]),
-    501: ("not_implemented.", [_example("not implemented", "not_implemented", "not implemented")]),
     502: ("tool_unavailable: the tool gave no usable answer; the call stays in flight, retry with the same key.", [
         _example("tool unavailable", "tool_unavailable", "the tool gave no usable answer", {"status_code": 503}),
     ]),
@@ -103,8 +102,8 @@ def errors(*statuses: int, conflicts: tuple[str, ...] = ("seq_conflict", "stale_
 
 @dataclass(frozen=True)
 class Answer:
-    """What an operation answers, before it is a DRF ``Response`` (``respond``) or the lean
-    routes' ``HttpResponse`` (api/lean.py): the same operation serves both. ``body`` None: no body."""
+    """What an operation answers, before it is a DRF ``Response`` (``respond``) or an agent
+    route's ``HttpResponse`` (api/routes.py). ``body`` None: no body."""
 
     body: Any
     status: int = status.HTTP_200_OK
@@ -143,7 +142,7 @@ class ApiView(APIView):
 
 
 def query_int(params: Mapping[str, str], name: str, *, default: int, minimum: int, maximum: int | None = None) -> int:
-    """An integer query parameter (``request.query_params``, or ``request.GET`` on a lean route)."""
+    """An integer query parameter (``request.query_params``, or ``request.GET`` on an agent route)."""
     raw = params.get(name)
     if raw is None:
         return default

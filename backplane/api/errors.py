@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -74,7 +75,7 @@ ErrorParts = tuple[int, dict[str, Any], dict[str, str]]
 
 def error_parts(exc: Exception) -> ErrorParts | None:
     """(status, body, headers) of the contract's answer to ``exc``; None for an exception that is
-    not an API error (a bug: it propagates). Shared by DRF's handler and the lean routes."""
+    not an API error (a bug: it propagates). Shared by DRF's handler and the agent routes."""
     if isinstance(exc, BackplaneError):
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
         return exc.status, error_body(exc.code, exc.message, exc.details), headers
@@ -99,7 +100,8 @@ def error_parts(exc: Exception) -> ErrorParts | None:
         code = next((c for cls, c in _DRF_CODES if isinstance(exc, cls)), "error")
         headers: dict[str, str] = {}
         if isinstance(exc, exceptions.Throttled):
-            headers["Retry-After"] = str(max(1, int(exc.wait or 1)))
+            # Whole seconds, rounded up: a client that waits this long finds the window over.
+            headers["Retry-After"] = str(max(1, math.ceil(exc.wait or 1)))
             message = "rate limit exceeded"
             details: dict[str, Any] = {"retry_after": int(headers["Retry-After"])}
         elif isinstance(exc, exceptions.ParseError):

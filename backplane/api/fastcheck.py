@@ -1,4 +1,4 @@
-"""Request validators compiled from the API's DRF serializers, for the lean routes.
+"""Request validators compiled from the API's DRF serializers, for the agent routes (api/routes.py).
 
 The serializers stay the one source of truth: they generate the OpenAPI document, and this
 module reads their declared fields once, at import, and compiles a plain function that accepts
@@ -8,11 +8,8 @@ None, and the caller runs the serializer itself, which gives the contract's erro
 normalised data). So the fast check can only be stricter than the serializer, never looser,
 and tests/api/test_fastcheck.py holds it to that on generated bodies.
 
-Measured on the append route, the serializer cost about 1 ms of Python a request; the compiled
-check a few microseconds.
-
 A serializer with a field or validator this compiler does not know fails at import, so a new
-field cannot slip past the lean routes unchecked.
+field cannot slip past the agent routes unchecked.
 """
 
 from __future__ import annotations

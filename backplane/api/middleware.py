@@ -8,10 +8,9 @@ contract's JSON, even when Django itself answers (an unknown path, a CSRF failur
 from __future__ import annotations
 
 import io
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -116,37 +115,17 @@ def _in_contract_shape(response: HttpResponse) -> HttpResponse:
 
 
 class ApiErrorMiddleware:
-    """The API's transport rules (module docstring), in the contract's error shape.
+    """The API's transport rules (module docstring), in the contract's error shape. Sync only:
+    HTTP is served through Django's WSGI handler (backplane/asgi.py)."""
 
-    Async-capable as well as sync: under ASGI a sync-only middleware costs every request
-    an extra hop to a worker thread (measured at several milliseconds here).
-    """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse | Awaitable[HttpResponse]]) -> None:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
-        if self.is_async:
-            return self._acall(request)
+    def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path.startswith(API_PREFIX):
-            return self.get_response(request)  # type: ignore[return-value]
+            return self.get_response(request)
         _add_trailing_slash(request)
         refused = _refuse_before_view(request)
         if refused is not None:
             return refused
-        return _in_contract_shape(self.get_response(request))  # type: ignore[arg-type]
-
-    async def _acall(self, request: HttpRequest) -> HttpResponse:
-        if not request.path.startswith(API_PREFIX):
-            return await self.get_response(request)  # type: ignore[misc]
-        _add_trailing_slash(request)
-        refused = _refuse_before_view(request)
-        if refused is not None:
-            return refused
-        return _in_contract_shape(await self.get_response(request))  # type: ignore[misc]
+        return _in_contract_shape(self.get_response(request))

@@ -19,11 +19,11 @@ from backplane.api.base import (
     ApiView,
     errors,
     principal_of,
-    respond,
     validated,
     written_or_replayed,
     written_or_replayed_answer,
 )
+from backplane.api.routes import AgentRoute, Operation
 from backplane.api.serializers import (
     JSONObjectField,
     StrictCharField,
@@ -144,7 +144,7 @@ def calling_agent(principal: Principal) -> Agent:
     return agent
 
 
-# --- the operations of the hot routes: shared by the DRF views below and api/lean.py --------
+# --- the agent routes' operations (api/routes.py) ---------------------------------------------
 
 
 def lease_claim(principal: Principal, data: dict[str, Any]) -> Answer:
@@ -216,8 +216,9 @@ def tool_call_result(principal: Principal, data: dict[str, Any], *, key: str) ->
 # --- leases --------------------------------------------------------------------------------
 
 
-class LeasesView(ApiView):
-    @extend_schema(
+leases_route = AgentRoute(
+    "LeasesView",
+    post=Operation(lease_claim, dict(
         operation_id="leases_claim",
         summary="Claim the oldest pending task of some kinds under a lease",
         description=(
@@ -232,14 +233,13 @@ class LeasesView(ApiView):
         examples=[OpenApiExample("claim", request_only=True, value={"kinds": ["lead-qualification"],
                                                                     "lease_seconds": 60})],
         responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"), **errors(403, body=True)},
-    )
-    def post(self, request: Request) -> Response:
-        calling_agent(principal_of(request))  # a staff session is refused before its body is read
-        return respond(lease_claim(principal_of(request), validated(LeaseClaimIn, request.data)))
+    )),
+)
 
 
-class HeartbeatView(ApiView):
-    @extend_schema(
+heartbeat_route = AgentRoute(
+    "HeartbeatView",
+    post=Operation(lease_heartbeat, dict(
         operation_id="tasks_heartbeat",
         summary="Extend the lease",
         description=(
@@ -251,9 +251,8 @@ class HeartbeatView(ApiView):
         request=LeaseEpochIn,
         examples=[OpenApiExample("heartbeat", request_only=True, value={"lease_epoch": 4})],
         responses={200: HeartbeatOut, **errors(404, 409, conflicts=("stale_lease",), body=True)},
-    )
-    def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        return respond(lease_heartbeat(principal_of(request), validated(LeaseEpochIn, request.data), task_id=task_id))
+    )),
+)
 
 
 class ReleaseView(ApiView):
@@ -279,8 +278,9 @@ class ReleaseView(ApiView):
 # --- tool calls ----------------------------------------------------------------------------
 
 
-class ToolCallDispatchView(ApiView):
-    @extend_schema(
+tool_calls_route = AgentRoute(
+    "ToolCallDispatchView",
+    post=Operation(tool_call_dispatch, dict(
         operation_id="tasks_tool_calls_dispatch",
         summary="Record a tool call before making it; a repeat answers from the record",
         description=(
@@ -297,14 +297,13 @@ class ToolCallDispatchView(ApiView):
             "step": 3, "tool": "crm.lookup", "input": {"email": "alice@example.com"}, "lease_epoch": 4,
             "compensation": {"tool": "crm.forget", "input": {"email": "alice@example.com"}}})],
         responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut, **errors(404, 409, 422, body=True)},
-    )
-    def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        data = validated(ToolCallDispatchIn, request.data)
-        return respond(tool_call_dispatch(principal_of(request), data, task_id=task_id))
+    )),
+)
 
 
-class ToolCallResultView(ApiView):
-    @extend_schema(
+tool_call_result_route = AgentRoute(
+    "ToolCallResultView",
+    post=Operation(tool_call_result, dict(
         operation_id="tool_calls_result",
         summary="Record a tool call's answer once",
         description=(
@@ -318,9 +317,8 @@ class ToolCallResultView(ApiView):
         examples=[OpenApiExample("succeeded", request_only=True, value={
             "status": "succeeded", "result": {"company": "Acme", "employees": 120}, "lease_epoch": 4})],
         responses={201: ToolCallOut, 200: ToolCallOut, **errors(404, 409, 422, body=True)},
-    )
-    def post(self, request: Request, key: str) -> Response:
-        return respond(tool_call_result(principal_of(request), validated(ToolCallResultIn, request.data), key=key))
+    )),
+)
 
 
 class ToolCallDetailView(ApiView):
@@ -380,7 +378,7 @@ class RecoveryContextView(ApiView):
             "completed steps, tool calls (answered and still in flight), sub-tasks, the last reasoning step and "
             "a prompt that says where to pick up. Built from the event log only."
         ),
-        responses={200: OpenApiResponse(description="recovery context"), **errors(404, 501)},
+        responses={200: OpenApiResponse(description="recovery context"), **errors(404)},
     )
     def get(self, request: Request, task_id: uuid.UUID) -> Response:
         context = selectors.recovery_context(namespace=principal_of(request).namespace, task_id=task_id)

@@ -7,7 +7,6 @@ import copy
 from typing import Any
 
 from django.core.validators import RegexValidator
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -246,9 +245,3 @@ class ErrorDetail(serializers.Serializer):
 
 class ErrorOut(serializers.Serializer):
     error = ErrorDetail()
-
-
-@extend_schema_field(OpenApiTypes.OBJECT)
-class AnyObject(serializers.Field):
-    def to_representation(self, value: Any) -> Any:
-        return value

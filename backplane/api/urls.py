@@ -1,26 +1,26 @@
 from django.urls import path
 
-from backplane.api import dead_letters, integrity, lean, views
+from backplane.api import dead_letters, integrity, views
 from backplane.api import recovery as recovery_api
 
 urlpatterns = [
     path("tasks/", views.TasksView.as_view(), name="tasks"),
-    # The hot routes: lean for agents' plain JSON calls, their DRF views otherwise (api/lean.py).
-    path("tasks/<uuid:task_id>/", lean.task_detail_route, name="task-detail"),
-    path("tasks/<uuid:task_id>/events/", lean.task_events_route, name="task-events"),
-    path("tasks/<uuid:task_id>/events/batch/", lean.task_events_batch_route, name="task-events-batch"),
+    # The agent routes (api/routes.py) beside the routes DRF serves.
+    path("tasks/<uuid:task_id>/", views.task_detail_route, name="task-detail"),
+    path("tasks/<uuid:task_id>/events/", views.task_events_route, name="task-events"),
+    path("tasks/<uuid:task_id>/events/batch/", views.task_events_batch_route, name="task-events-batch"),
     path("tasks/<uuid:task_id>/verify/", views.TaskVerifyView.as_view(), name="task-verify"),
-    path("leases/", lean.leases_route, name="leases"),
-    path("tasks/<uuid:task_id>/heartbeat/", lean.heartbeat_route, name="task-heartbeat"),
+    path("leases/", recovery_api.leases_route, name="leases"),
+    path("tasks/<uuid:task_id>/heartbeat/", recovery_api.heartbeat_route, name="task-heartbeat"),
     path("tasks/<uuid:task_id>/release/", recovery_api.ReleaseView.as_view(), name="task-release"),
     path(
         "tasks/<uuid:task_id>/recovery-context/",
         recovery_api.RecoveryContextView.as_view(),
         name="task-recovery-context",
     ),
-    path("tasks/<uuid:task_id>/tool-calls/", lean.tool_calls_route, name="task-tool-calls"),
+    path("tasks/<uuid:task_id>/tool-calls/", recovery_api.tool_calls_route, name="task-tool-calls"),
     path("tool-calls/<str:key>/", recovery_api.ToolCallDetailView.as_view(), name="tool-call-detail"),
-    path("tool-calls/<str:key>/result/", lean.tool_call_result_route, name="tool-call-result"),
+    path("tool-calls/<str:key>/result/", recovery_api.tool_call_result_route, name="tool-call-result"),
     path("tasks/<uuid:task_id>/subtasks/", recovery_api.SubtasksView.as_view(), name="task-subtasks"),
     path("tools/<slug:name>/invoke/", recovery_api.ToolInvokeView.as_view(), name="tool-invoke"),
     path("seals/latest/", integrity.SealLatestView.as_view(), name="seal-latest"),

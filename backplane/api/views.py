@@ -18,11 +18,11 @@ from backplane.api.base import (
     errors,
     principal_of,
     query_int,
-    respond,
     validated,
     written_or_replayed,
     written_or_replayed_answer,
 )
+from backplane.api.routes import AgentRoute, Operation
 from backplane.api.serializers import (
     ChainVerifyOut,
     EventAppendIn,
@@ -60,7 +60,7 @@ def draft_from(data: dict[str, Any]) -> EventDraft:
     )
 
 
-# --- the operations of the hot routes: shared by the DRF views below and api/lean.py --------
+# --- the agent routes' operations (api/routes.py) ---------------------------------------------
 
 
 def task_read(principal: Principal, query: Mapping[str, str], *, task_id: uuid.UUID) -> Answer:
@@ -183,19 +183,20 @@ class TasksView(ApiView):
         return written_or_replayed(task_as_api_dict(outcome.task), replayed=not outcome.created)
 
 
-class TaskDetailView(ApiView):
-    @extend_schema(
+task_detail_route = AgentRoute(
+    "TaskDetailView",
+    get=Operation(task_read, dict(
         operation_id="tasks_retrieve",
         summary="One task",
         description="The task's current state, the projection of its event log. Another namespace's task is 404.",
         responses={200: TaskOut, **errors(404)},
-    )
-    def get(self, request: Request, task_id: uuid.UUID) -> Response:
-        return respond(task_read(principal_of(request), request.query_params, task_id=task_id))
+    )),
+)
 
 
-class TaskEventsView(ApiView):
-    @extend_schema(
+task_events_route = AgentRoute(
+    "TaskEventsView",
+    get=Operation(events_page, dict(
         operation_id="tasks_events_list",
         summary="A task's events in seq order",
         description=(
@@ -207,11 +208,8 @@ class TaskEventsView(ApiView):
             OpenApiParameter("limit", int, description="1-1000, default 100"),
         ],
         responses={200: EventListOut, **errors(404)},
-    )
-    def get(self, request: Request, task_id: uuid.UUID) -> Response:
-        return respond(events_page(principal_of(request), request.query_params, task_id=task_id))
-
-    @extend_schema(
+    )),
+    post=Operation(event_append, dict(
         operation_id="tasks_events_append",
         summary="Append one event",
         description=(
@@ -247,13 +245,13 @@ class TaskEventsView(ApiView):
                 "outbox": [{"topic": "leads.scored", "payload": {"score": 0.92}, "key": "alice@example.com"}]}),
         ],
         responses={201: EventOut, 200: EventOut, **errors(404, 409, 422, body=True)},
-    )
-    def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        return respond(event_append(principal_of(request), validated(EventAppendIn, request.data), task_id=task_id))
+    )),
+)
 
 
-class TaskEventsBatchView(ApiView):
-    @extend_schema(
+task_events_batch_route = AgentRoute(
+    "TaskEventsBatchView",
+    post=Operation(event_append_batch, dict(
         operation_id="tasks_events_batch_append",
         summary="Append several events, all or nothing",
         description=(
@@ -272,10 +270,8 @@ class TaskEventsBatchView(ApiView):
                 ]}),
         ],
         responses={201: EventBatchOut, 200: EventBatchOut, **errors(404, 409, 422, body=True)},
-    )
-    def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        data = validated(EventBatchIn, request.data)
-        return respond(event_append_batch(principal_of(request), data, task_id=task_id))
+    )),
+)
 
 
 class TaskVerifyView(ApiView):

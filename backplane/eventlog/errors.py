@@ -57,11 +57,6 @@ class AlreadyDecided(BackplaneError):
     code = "already_decided"
 
 
-class PermissionDeniedError(BackplaneError):
-    status = 403
-    code = "permission_denied"
-
-
 class CircuitOpen(BackplaneError):
     """A circuit breaker (an agent's or a tool's) is open; try again after ``retry_after`` seconds."""
 

@@ -26,25 +26,15 @@ from django.utils import timezone
 from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
 from backplane.eventlog.errors import (
-    BackplaneError,
     IdempotencyMismatch,
     InvalidInput,
-    NotFound,
     SeqConflict,
     TaskClosed,
     TaskExists,
 )
-from backplane.eventlog.known_heads import known_heads
 from backplane.eventlog.lifecycle import enqueue_lifecycle
 from backplane.eventlog.models import Agent, Event, Task, hash_token
-from backplane.eventlog.writer import (
-    EventDraft,
-    check_lease,
-    lock_task,
-    write_events,
-    write_events_if_unmoved,
-)
-from backplane.lib.sql_rows import RowLoader
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
 from backplane.telemetry import counters
 
 
@@ -210,14 +200,6 @@ def event_append_batch(
             {"events": f"at most {settings.BACKPLANE_BATCH_MAX_EVENTS} events per batch"},
         )
     digests = _validate_client_drafts(drafts)
-    if not connection.in_atomic_block:
-        events = _append_quiet_to_known_head(namespace=namespace, task_id=task_id, drafts=drafts, agent=agent,
-                                             expected_seq=expected_seq, lease_epoch=lease_epoch)
-        if events is None:
-            events = _append_quiet_unlocked(namespace=namespace, task_id=task_id, drafts=drafts, digests=digests,
-                                            agent=agent, expected_seq=expected_seq, lease_epoch=lease_epoch)
-        if events is not None:
-            return AppendOutcome(events=events, replayed=False)
     with transaction.atomic(durable=True):
         task = lock_task(namespace=namespace, task_id=task_id)
         check_lease(task, lease_epoch)
@@ -228,89 +210,6 @@ def event_append_batch(
         check_open_at(task, expected_seq)
         events = write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
     return AppendOutcome(events=events, replayed=False)
-
-
-# The task as the append path reads it, without a lock, and whether any of the request's
-# idempotency keys is already recorded on it (then the locked path answers the replay).
-_TASK_ROWS = RowLoader(Task)
-_TASK_FOR_APPEND_SQL = f"""
-SELECT {_TASK_ROWS.columns}, EXISTS (
-    SELECT FROM backplane_event e WHERE e.task_id = backplane_task.id AND e.idempotency_key = ANY(%s))
-FROM backplane_task WHERE id = %s
-"""
-
-
-def _append_quiet_unlocked(
-    *,
-    namespace: str | None,
-    task_id: uuid.UUID,
-    drafts: Sequence[EventDraft],
-    digests: list[str | None],
-    agent: str | None,
-    expected_seq: int | None,
-    lease_epoch: int | None,
-) -> list[Event] | None:
-    """The append path's common case in two statements and no transaction of its own: read the
-    task, check it as the locked path does, and write with ``write_events_if_unmoved``.
-
-    None when the locked path must decide: a key already recorded (a replay or a mismatch), a
-    write that is not quiet (it ends the task, carries outbox messages), or a task that moved
-    between the read and the write (a concurrent append won; the locked path then queues behind
-    it). Errors are the locked path's, in its order, decided on the state this read saw.
-    """
-    keys = [draft.idempotency_key for draft in drafts if draft.idempotency_key is not None]
-    with connection.cursor() as cursor:
-        cursor.execute(_TASK_FOR_APPEND_SQL, [keys, task_id])
-        row = cursor.fetchone()
-    task = _TASK_ROWS.load(row[:-1]) if row is not None else None
-    if task is None or (namespace is not None and task.namespace != namespace):
-        raise NotFound("task not found", {"task_id": str(task_id)})
-    check_lease(task, lease_epoch)
-    if row[-1]:
-        return None
-    check_open_at(task, expected_seq)
-    try:
-        events = write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=digests)
-    except IntegrityError:
-        # The same idempotency key, committed by a concurrent request since our read.
-        return None
-    if events is not None:
-        known_heads.remember(task)
-    return events
-
-
-def _append_quiet_to_known_head(
-    *,
-    namespace: str | None,
-    task_id: uuid.UUID,
-    drafts: Sequence[EventDraft],
-    agent: str | None,
-    expected_seq: int | None,
-    lease_epoch: int | None,
-) -> list[Event] | None:
-    """An agent's next step in one statement: the compare-and-set on the head this process last
-    wrote (``known_heads``), without reading the task first.
-
-    None when a fresh read must decide: no known head, a key to look up (a replay is possible),
-    any check the known head fails (it may be behind the row: a heartbeat extended the lease),
-    or a task that moved since (any other write is an event). Nothing is refused from here.
-    """
-    if any(draft.idempotency_key is not None for draft in drafts):
-        return None
-    task = known_heads.take(task_id)
-    if task is None or (namespace is not None and task.namespace != namespace):
-        return None
-    try:
-        check_lease(task, lease_epoch)
-        check_open_at(task, expected_seq)
-    except BackplaneError:
-        return None
-    events = write_events_if_unmoved(task, drafts, agent=agent, now=timezone.now(), digests=None)
-    if events is None:
-        known_heads.forget(task_id)
-        return None
-    known_heads.remember(task)
-    return events
 
 
 def check_open_at(task: Task, expected_seq: int | None) -> None:

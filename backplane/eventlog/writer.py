@@ -185,10 +185,9 @@ def write_events(
     return events
 
 
-# --- the optimistic append: one statement, and no lock held while Python works --------------
+# --- quiet writes: a step recorded, nothing about the task's fate ------------------------------
 
-# The task columns every event moves, and nothing else moves them: each is written only by the
-# writer, under the task's row lock or in ``write_events_if_unmoved``'s one statement.
+# The task columns every event moves, and nothing else moves them.
 HEAD_FIELDS = frozenset({"last_seq", "head_hash", "lamport", "last_event_at"})
 # Client events that decide a task's fate; the breakers count them (recovery/handlers.py).
 _FATEFUL_TYPES = frozenset({"TaskCompleted", "TaskFailed"})
@@ -197,91 +196,10 @@ _FATEFUL_TYPES = frozenset({"TaskCompleted", "TaskFailed"})
 def write_is_quiet(drafts: Sequence[EventDraft], before: TaskState, after: TaskState) -> bool:
     """A write that moves only the task's head: no status change, no lifecycle message, no outbox
     message, no completion or failure. Only observing follow-ups run for quiet writes (nothing
-    else concerns a step being recorded), which is what lets ``write_events_if_unmoved`` skip
-    the lock (``register_follow_up``)."""
+    else concerns a step being recorded; ``register_follow_up``)."""
     if any(draft.outbox or draft.type in _FATEFUL_TYPES for draft in drafts):
         return False
     return all(getattr(before, name) == getattr(after, name) for name in REDUCED_FIELDS if name not in HEAD_FIELDS)
-
-
-# Compare-and-set on the head: the UPDATE matches only if no event was appended since the task
-# was read (last_seq moves with every event, and only the writer moves it) and the status and
-# lease epoch are still the ones checked (they too move only with events, unless an operator
-# rebuilt the row: a head this process knew from its last write, known_heads.py, must not
-# outlive that). The INSERT reads the UPDATE's result, so it runs after the row is locked and the
-# transaction has its id, as the sealer's horizon requires (integrity/sealing.py, _Horizon). Only
-# the head columns are set: a heartbeat may have moved the lease's deadline meanwhile, and it
-# stays moved.
-@functools.cache
-def _insert_events_if_unmoved_sql() -> str:
-    events = recordset(Event, _EVENT_COLUMNS)
-    return f"""
-WITH moved AS (
-    UPDATE backplane_task SET last_seq = %s, head_hash = %s, lamport = %s, last_event_at = %s, updated_at = %s
-    WHERE id = %s AND last_seq = %s AND status = %s AND lease_epoch = %s
-    RETURNING id
-),
-inserted AS (
-    INSERT INTO backplane_event ({events.column_list})
-    SELECT {events.column_list} FROM jsonb_to_recordset(%s::jsonb) AS {events.definition('e')}
-    WHERE EXISTS (SELECT FROM moved)
-    RETURNING seq, position
-)
-SELECT seq, position FROM inserted
-"""
-
-
-def write_events_if_unmoved(
-    task: Task,
-    drafts: Sequence[EventDraft],
-    *,
-    agent: str | None,
-    now: datetime,
-    digests: Sequence[str | None] | None = None,
-) -> list[Event] | None:
-    """Append quiet events to a task read *without* a lock, in one autocommit statement, if the
-    task has not moved since it was read; None (and nothing written) when it has, or when the
-    write is not quiet: then the caller takes the locked path (``lock_task`` + ``write_events``).
-
-    The caller has checked the lease, the closed state, ``expected_seq`` and idempotency on the
-    same read: the answer is the one the task gave at that instant, and the head check below
-    makes the write land on exactly that state or not at all. Hashes, clocks and the projection
-    come from ``_number_event`` and the reducer, as on every other path. A unique violation (a
-    concurrent request with the same idempotency key won) propagates; the caller retries locked.
-    """
-    if connection.in_atomic_block:
-        raise RuntimeError("write_events_if_unmoved runs its own statement; call it outside a transaction")
-    before = task_state_of(task)
-    if task.is_closed:
-        return None
-    events = [
-        _number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None)
-        for index, draft in enumerate(drafts)
-    ]
-    if not write_is_quiet(drafts, before, task_state_of(task)):
-        return None
-    task.updated_at = now
-    event_columns = recordset(Event, _EVENT_COLUMNS).attnames
-    rows = recordset_json([{name: getattr(e, name) for name in event_columns} for e in events])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _insert_events_if_unmoved_sql(),
-            [task.last_seq, task.head_hash, task.lamport, task.last_event_at, now, task.pk, before.last_seq,
-             before.status, before.lease_epoch, rows],
-        )
-        positions = dict(cursor.fetchall())
-    if not positions:
-        return None
-    for event in events:
-        event.position = positions[event.seq]
-        event._state.adding = False
-        event._state.db = "default"
-    span_annotate_write(task_id=task.pk, kind=task.kind, seq=task.last_seq, events=events,
-                        agent=agent, lease_epoch=task.lease_epoch)
-    # Committed: the observers of quiet writes (follow-ups registered ``on_quiet_writes``).
-    _follow_up(WrittenEvents(task=task, events=events, previous_status=before.status, status=task.status,
-                             was_open=True, now=now), quiet=True)
-    return events
 
 
 # --- follow-ups: what other parts do when events are written ---------------------------------
@@ -314,9 +232,8 @@ def register_follow_up(follow_up: FollowUp, *, on_quiet_writes: bool = False) ->
     (through ``write_events``); an exception it raises rolls the whole write back.
 
     Quiet writes (``write_is_quiet``: a step recorded, nothing about the task's fate) run only
-    the follow-ups registered ``on_quiet_writes``, and the unlocked path runs them after its
-    one statement has committed, outside any transaction: such a follow-up only observes (the
-    dashboard's live notice, sent ``on_commit``), it never writes.
+    the follow-ups registered ``on_quiet_writes``: those that observe every write (the
+    dashboard's live notice, sent ``on_commit``).
     """
     if all(registered is not follow_up for registered, _ in _follow_ups):
         _follow_ups.append((follow_up, on_quiet_writes))

@@ -1,7 +1,7 @@
-"""The lean routes' compiled checks may only be stricter than the serializers they come from.
+"""The agent routes' compiled checks may only be stricter than the serializers they come from.
 
 For every generated body: when the compiled check accepts it, the DRF serializer accepts it too
-and validates it to exactly the same data. (When the check declines, the lean route runs the
+and validates it to exactly the same data. (When the check declines, the route runs the
 serializer itself, so the answer is DRF's whatever the check thought.)
 """
 

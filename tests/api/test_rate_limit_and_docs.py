@@ -1,32 +1,38 @@
-"""Per-token rate limit, the OpenAPI schema and offline interactive docs."""
+"""Per-principal rate limit, the OpenAPI schema and offline interactive docs."""
 
 from __future__ import annotations
 
+import math
 import re
+import time
 
 import pytest
-from django.core.cache import cache
 from rest_framework.test import APIClient
 
-from tests.api.conftest import assert_error
+from tests.api.conftest import assert_error, create_task
 
 
-@pytest.fixture(autouse=True)
-def fresh_buckets(db):  # type: ignore[no-untyped-def]
-    # The buckets live in the shared cache, by default a table in the database.
-    cache.clear()
-    yield
-    cache.clear()
+def seconds_left_in_the_minute() -> float:
+    return 60 - time.time() % 60
 
 
-def test_the_rate_limit_is_per_token_with_retry_after(alice, mallory, settings) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("route", ["/api/v1/tasks/", "/api/v1/tasks/{task}/"], ids=["drf", "agent-route"])
+def test_every_429_gives_the_seconds_left_in_the_window(alice, mallory, settings, route) -> None:  # type: ignore[no-untyped-def]
     settings.BACKPLANE_RATE_LIMIT = "5/m"
-    for _ in range(5):
-        assert alice.get("/api/v1/tasks/").status_code == 200
-    limited = alice.get("/api/v1/tasks/")
+    if seconds_left_in_the_minute() < 5:  # the five requests below must share one window
+        time.sleep(seconds_left_in_the_minute() + 0.05)
+    url = route.format(task=create_task(alice)["task_id"])  # one
+    for _ in range(4):
+        assert alice.get(url).status_code == 200
+    before = seconds_left_in_the_minute()
+    limited = alice.get(url)
+    after = seconds_left_in_the_minute()
     error = assert_error(limited, 429, "rate_limited")
-    assert 1 <= int(limited["Retry-After"]) <= 60 and error["details"]["retry_after"] == int(limited["Retry-After"])
-    assert mallory.get("/api/v1/tasks/").status_code == 200  # another token, another bucket
+    retry_after = int(limited["Retry-After"])
+    # Whole seconds rounded up: at least what is left of the window, and not a second more.
+    assert math.floor(after) <= retry_after <= math.ceil(before), (before, retry_after, after)
+    assert error["details"]["retry_after"] == retry_after
+    assert mallory.get("/api/v1/tasks/").status_code == 200  # another token, another counter
 
 
 def test_the_schema_describes_every_route_and_the_error_shape(db) -> None:  # type: ignore[no-untyped-def]

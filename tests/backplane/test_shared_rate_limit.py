@@ -1,5 +1,5 @@
-"""The API's rate limit is one limit for all web processes: they count in the shared cache
-(the database's cache table here; Redis with REDIS_URL), not each in its own memory."""
+"""The API's rate limit is one limit for all web processes: they count in PostgreSQL's unlogged
+counter rows, not each in its own memory."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ import sys
 import time
 
 import pytest
-from django.conf import settings
-from django.core.cache import caches
-from django.core.cache.backends.db import DatabaseCache
 from django.db import connection
 from pytest_django.fixtures import DjangoAssertNumQueries
 
-from backplane.api.throttling import agent_counting
+from backplane.api.throttling import Window, count_into, counter_key
 from backplane.eventlog import services
 from backplane.eventlog.models import Agent
 from tests.support.live_server import ROOT, web_env
@@ -64,52 +61,32 @@ def _two_processes_send_ten_requests(token: str, path: str, extra_env: dict[str,
 
 
 @pytest.mark.slow
-def test_two_processes_share_one_limit(committed_db: None) -> None:
-    assert isinstance(caches["default"], DatabaseCache)  # no REDIS_URL in tests: the database's table
+@pytest.mark.parametrize("route", ["drf", "agent-route"])
+def test_two_processes_share_one_limit(committed_db: None, route: str) -> None:
     token = services.agent_create(name="bursty", namespace="acme").token
-    answers = _two_processes_send_ten_requests(token, "/api/v1/tasks/", {})
+    task = services.task_create(namespace="acme", kind="k", input={}, agent="seed").task  # no HTTP: not counted
+    path = "/api/v1/tasks/" if route == "drf" else f"/api/v1/tasks/{task.pk}/"
+    answers = _two_processes_send_ten_requests(token, path, {})
     statuses = [status for answer in answers for status in answer]
     # 20 requests against one limit of 7: exactly 7 got through, whichever process sent them;
     # with a limit per process each would have let 7 through (14).
     assert statuses.count(200) == 7 and statuses.count(429) == 13, answers
-
-
-@pytest.mark.slow
-def test_with_confirmations_two_processes_pass_the_limit_by_at_most_what_the_other_served(
-    committed_db: None,
-) -> None:
-    """The lean routes with BACKPLANE_AUTH_CONFIRM_SECONDS on (api/confirmations.py): each process
-    counts its own requests exactly and sees the other's only when it confirms, so together they
-    let through at most the limit plus what the other served past its last confirmation; every
-    request still reaches the shared counter (each over-limit request confirms)."""
-    token = services.agent_create(name="bursty", namespace="acme").token
-    task = services.task_create(namespace="acme", kind="k", input={}, agent="seed").task  # no HTTP: not counted
-    answers = _two_processes_send_ten_requests(token, f"/api/v1/tasks/{task.pk}/",
-                                               {"BACKPLANE_AUTH_CONFIRM_SECONDS": "60"})
-    passed = [answer.count(200) for answer in answers]
-    assert all(set(answer) <= {200, 429} for answer in answers), answers
-    # Each process alone keeps the limit; the first to confirm saw at most the other's first
-    # request, so together at most 7 + 6.
-    assert max(passed) <= 7 and 7 <= sum(passed) <= 13, answers
-    counting = agent_counting()
-    assert counting is not None
+    # Every request reached the shared counter, the refused ones too.
     agent_id = Agent.objects.get(name="bursty").pk
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT value FROM {settings.CACHES['default']['LOCATION']} WHERE cache_key = %s",
-                       [f"{counting.key_prefix}{agent_id}"])
+        cursor.execute("SELECT value FROM backplane_cache WHERE cache_key = %s", [counter_key(f"agent:{agent_id}")])
         assert cursor.fetchone() == ("20",)
 
 
-def test_the_database_counter_starts_each_window_afresh_in_one_statement(
+def test_a_counter_starts_each_window_afresh_in_one_statement(
     db: None, django_assert_num_queries: DjangoAssertNumQueries
 ) -> None:
-    from backplane.api.throttling import _count
-
-    window = int(time.time()) + 60
+    window = Window(limit=5, ends_at=time.time() // 60 * 60 + 60)
+    later = Window(limit=5, ends_at=window.ends_at + 60)
     with django_assert_num_queries(1):
-        assert _count("throttle:test", window_end=window, period=60) == 1
-    assert _count("throttle:test", window_end=window, period=60) == 2
-    assert _count("throttle:test", window_end=window + 60, period=60) == 1  # the next window
+        assert count_into("throttle:test", window) == 1
+    assert count_into("throttle:test", window) == 2
+    assert count_into("throttle:test", later) == 1  # the next window
     # A process whose clock is behind counts into the newer window instead of moving it back.
-    assert _count("throttle:test", window_end=window, period=60) == 2
-    assert _count("throttle:other", window_end=window, period=60) == 1
+    assert count_into("throttle:test", window) == 2
+    assert count_into("throttle:other", window) == 1

@@ -1,0 +1,161 @@
+"""The agent routes: the API's hot paths (task read, event page, append, batch, claim, heartbeat,
+tool-call dispatch and result), each served by one plain Django view for every request.
+
+DRF's request machinery (its Request wrapper, negotiation, authenticator, permission and
+throttle classes, serializer copies, Response rendering) cost several times the rest of an
+agent's request. A route here does the same steps as plain calls, in DRF's order, with DRF's
+answers:
+
+1. who is calling and the rate limit's count (authentication.py: 401 with ``WWW-Authenticate``,
+   403 for a write without CSRF on a session, 429 with ``Retry-After``);
+2. the method (405; every answer carries ``Allow``; HEAD is GET without its body);
+3. the body: ``application/json`` (else 415), the strict parser (parsers.py: 400), then the
+   check compiled from the operation's serializer (fastcheck.py), which takes every body it
+   accepts unchanged; every other body (an error, a value the serializer would normalise) goes
+   through the serializer itself, so every validation error is DRF's own words;
+4. the operation (views.py, recovery.py), the same function whatever the caller;
+5. the answer rendered as DRF's JSONRenderer would, errors through ``errors.error_parts``.
+
+The serializers and the ``schema`` given with each operation document the route in the OpenAPI
+document: ``AgentRoute`` builds the DRF view class drf-spectacular reads (``cls``), which no
+request ever reaches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions
+
+from backplane.api import fastcheck
+from backplane.api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, staff_authenticate
+from backplane.api.base import Answer, ApiView, validated
+from backplane.api.errors import error_parts
+from backplane.api.parsers import InvalidJSON, loads_strict
+from backplane.api.serializers import StrictSerializer
+from backplane.api.throttling import count_request
+
+
+class Operation:
+    """One method of a route: ``handler(principal, body or query, **url_kwargs)`` and the
+    arguments of drf-spectacular's ``extend_schema`` that document it. Its ``request``, when
+    given, is the serializer the body is validated with; without one (a GET) the handler gets
+    the query."""
+
+    def __init__(self, handler: Callable[..., Answer], schema: dict[str, Any]) -> None:
+        self.handler = handler
+        self.schema = schema
+        self.body: type[StrictSerializer] | None = schema.get("request")
+        self.check = None if self.body is None else fastcheck.compile_check(self.body)
+
+
+def _documented_only() -> Callable[..., Any]:
+    """A DRF view method for drf-spectacular to read ``extend_schema``'s annotation from (one
+    function per method: the annotation is set on the function)."""
+
+    def method(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an agent route's DRF view only documents it; AgentRoute serves it")
+
+    return method
+
+
+class AgentRoute:
+    """One URL: its operations by method, served for every request."""
+
+    # The session check enforces CSRF itself (staff_authenticate), as DRF's APIView does.
+    csrf_exempt = True
+
+    def __init__(self, name: str, **operations: Operation) -> None:
+        self.operations = {method.upper(): operation for method, operation in operations.items()}
+        methods = list(self.operations)
+        if "GET" in methods:
+            methods.append("HEAD")
+        self.allow = ", ".join([*methods, "OPTIONS"])
+        # What DRF's as_view() leaves on its view for drf-spectacular, which documents the route.
+        self.cls = type(name, (ApiView,), {
+            method.lower(): extend_schema(**operation.schema)(_documented_only())
+            for method, operation in self.operations.items()
+        })
+        self.initkwargs: dict[str, Any] = {}
+
+    def __call__(self, request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        method = request.method or ""
+        try:
+            response = self._answer(request, "GET" if method == "HEAD" else method, kwargs)
+        except Exception as exc:  # noqa: BLE001 - error_parts re-raises what is not an API error
+            parts = error_parts(exc)
+            if parts is None:
+                raise
+            status, body, headers = parts
+            if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+                headers = {**headers, "WWW-Authenticate": WWW_AUTHENTICATE}
+            response = _render(body, status, headers)
+        response["Allow"] = self.allow
+        if method == "HEAD":
+            response.content = b""
+        return response
+
+    def _answer(self, request: HttpRequest, method: str, kwargs: Mapping[str, Any]) -> HttpResponse:
+        # Who is calling before which method, as DRF decides: a stranger learns nothing of a route.
+        principal = _authenticate_and_count(request)
+        operation = self.operations.get(method)
+        if operation is None:
+            if method == "OPTIONS":  # what the route allows: the Allow header
+                return _render(None, 204)
+            raise exceptions.MethodNotAllowed(method)
+        if operation.body is None:
+            answer = operation.handler(principal, request.GET, **kwargs)
+        else:
+            answer = operation.handler(principal, _validated_body(request, operation), **kwargs)
+        return _render(answer.body, answer.status, answer.headers)
+
+
+def _authenticate_and_count(request: HttpRequest) -> Principal:
+    agent = agent_authenticate(request)
+    if agent is not None:
+        principal, credentials = agent
+        wait = credentials.wait
+    else:
+        staff = staff_authenticate(request)
+        if staff is None:
+            raise exceptions.NotAuthenticated()
+        principal, wait = staff, count_request(staff.pk)
+    if wait is not None:
+        raise exceptions.Throttled(wait)
+    return principal
+
+
+def _validated_body(request: HttpRequest, operation: Operation) -> dict[str, Any]:
+    raw = request.body
+    if not raw:
+        body: Any = {}  # as DRF reads an empty body, whatever its type: every required field is missing
+    elif request.content_type != "application/json":
+        raise exceptions.UnsupportedMediaType(request.META.get("CONTENT_TYPE", ""))
+    else:
+        encoding = (request.content_params or {}).get("charset") or "utf-8"
+        try:
+            body = loads_strict(raw, encoding)
+        except InvalidJSON as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+    assert operation.body is not None and operation.check is not None  # a route with a body has both
+    data = operation.check(body)
+    return data if data is not None else validated(operation.body, body)
+
+
+def _render(body: Any, status: int, headers: Mapping[str, str] | None = None) -> HttpResponse:
+    """As DRF's JSONRenderer writes it: compact, UTF-8, U+2028/U+2029 escaped for browsers; no
+    body and no Content-Type for ``None``."""
+    if body is None:
+        response = HttpResponse(b"", status=status)
+        del response["Content-Type"]
+    else:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+        response = HttpResponse(text.encode(), status=status, content_type="application/json")
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
