@@ -2,17 +2,17 @@
 
 Why HTTP is not Django's ASGI handler: every view here is synchronous (DRF, the admin),
 and under Django's ASGI handler each of the nine middlewares runs its request and
-response hooks through its own hop to a worker thread. Measured on this 2-core machine,
-a trivial view took 3.9 ms that way against 0.4 ms through the WSGI handler. So an HTTP
-request makes one hop to a thread of a2wsgi's pool and runs the whole synchronous stack
-there (docs/benchmarks.md has the figures).
+response hooks through its own hop to a worker thread, which costs far more than a trivial
+view. So an HTTP request makes one hop to a thread of a2wsgi's pool and runs the whole
+synchronous stack there (docs/benchmarks.md has the figures).
 """
 
 import asyncio
 import os
-from typing import Any
+from typing import Any, cast
 
 from a2wsgi import WSGIMiddleware
+from a2wsgi.wsgi_typing import WSGIApp
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
@@ -37,7 +37,9 @@ ASGI_THREADS = int(os.environ.get("BACKPLANE_HTTP_THREADS", "16"))
 
 router = ProtocolTypeRouter(
     {
-        "http": WSGIMiddleware(django_wsgi_app, workers=ASGI_THREADS),
+        # A WSGI application all the same: a2wsgi types PEP 3333 with its own environ TypedDict
+        # and start_response protocol, which Django's stubs (wsgiref.types) do not match.
+        "http": WSGIMiddleware(cast(WSGIApp, django_wsgi_app), workers=ASGI_THREADS),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -30,6 +30,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from backplane.delivery import selectors as delivery_selectors
 from backplane.eventlog.models import Event, Task
@@ -139,13 +140,13 @@ class SummedAcrossProcesses:
 
 
 _registry = CollectorRegistry(auto_describe=False)
-_registry.register(BackplaneCollector())  # type: ignore[arg-type]
+_registry.register(BackplaneCollector())
 _registry.register(SummedAcrossProcesses())
 
 
-def register_collector(collector: object) -> None:
+def register_collector(collector: Collector) -> None:
     """Add a collector (an object with ``collect() -> Iterator[Metric]``) to /metrics."""
-    _registry.register(collector)  # type: ignore[arg-type]
+    _registry.register(collector)
 
 
 def _authorized(request: HttpRequest) -> bool:

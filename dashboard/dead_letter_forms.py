@@ -45,7 +45,8 @@ class DeadLetterFilterForm(forms.Form):
     tz = forms.IntegerField(required=False, min_value=-14 * 60, max_value=14 * 60, widget=forms.HiddenInput)
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         offset = timedelta(minutes=data.get("tz") or 0)
         for name in ("created_after", "created_before"):
             value = data.get(name)
@@ -152,7 +153,8 @@ class BulkForm(forms.Form):
     query = forms.CharField(required=False, max_length=2000)
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if not data.get("all_matching") and not data.get("ids") and not self.errors:
             raise forms.ValidationError("Select some dead letters, or all matching the filter.")
         if len(data.get("ids") or []) > BULK_MAX:
@@ -181,7 +183,7 @@ class BulkConfirmForm(forms.Form):
     def clean_token(self) -> dict[str, Any]:
         try:
             data = signing.loads(self.cleaned_data["token"], salt=BULK_SALT,
-                                 max_age=BULK_CONFIRM_MAX_AGE.total_seconds())
+                                 max_age=BULK_CONFIRM_MAX_AGE)
         except signing.SignatureExpired:
             raise forms.ValidationError("This dry run is more than an hour old; run it again.") from None
         except signing.BadSignature:

@@ -50,7 +50,8 @@ class TaskFilterForm(forms.Form):
     tz = forms.IntegerField(required=False, min_value=-14 * 60, max_value=14 * 60, widget=forms.HiddenInput)
 
     def clean(self) -> dict[str, object]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         offset = timedelta(minutes=data.get("tz") or 0)
         for name in TIME_FIELDS:
             value = data.get(name)

@@ -216,9 +216,9 @@ def _json_value(value: Any) -> Any:
 
 
 @functools.cache
-def _update_sql(store: BreakerStore[Any]) -> str:
+def _update_sql(store: BreakerStore[M]) -> str:
     # Written as SQL: one statement for any number of rows (a stall sweep writes the breakers of
-    # all its holders at once); a Q() per row or bulk_update's CASE expressions cost ten times more.
+    # all its holders at once), cheaper than a Q() per row or bulk_update's CASE expressions.
     pk = store.model._meta.pk
     assert pk is not None
     columns = recordset(store.model, (pk.name, *store.fields))

@@ -83,7 +83,9 @@ def dead_letter_requeue(
         dead_letter = _lock_pending(dead_letter_id)
         now = timezone.now()
         if dead_letter.source == DeadLetterSource.OUTBOX:
-            message = OutboxMessage.objects.select_for_update().filter(pk=dead_letter.outbox_message_id).first()
+            message = None
+            if dead_letter.outbox_message_id is not None:  # None once the message was pruned
+                message = OutboxMessage.objects.select_for_update().filter(pk=dead_letter.outbox_message_id).first()
             if message is None:
                 raise InvalidInput("the outbox message is gone (pruned)", {"id": dead_letter.pk})
             # The same row goes back, keeping its id, which is its place in its key's order: under
@@ -102,9 +104,10 @@ def dead_letter_requeue(
                                         "claimed_until", "claim_token"])
             outbox_wake_relays()
         elif dead_letter.source == DeadLetterSource.TASK:
-            task = Task.objects.select_for_update().get(pk=dead_letter.task_id)
-            if task.status != TaskStatus.DEAD_LETTERED:
-                raise InvalidInput("the task is no longer dead-lettered", {"status": task.status})
+            assert dead_letter.task_id is not None  # a task's dead letter always names it (PROTECT)
+            current = Task.objects.select_for_update().get(pk=dead_letter.task_id)
+            if current.status != TaskStatus.DEAD_LETTERED:
+                raise InvalidInput("the task is no longer dead-lettered", {"status": current.status})
             if payload is not None:
                 raise InvalidInput("a task is requeued as it is", {"payload": "not allowed for task dead letters"})
         elif dead_letter.source == DeadLetterSource.COMPENSATION:

@@ -88,6 +88,8 @@ def _lease_expire_stalled(*, now: datetime, batch_size: int, spans: list[TaskSpa
         # (namespace, holder) -> (leases of it that stalled, the last of them)
         failed_holders: dict[tuple[str, str], tuple[int, uuid.UUID]] = {}
         for task in stalled:
+            # A lease's holder and expiry are set together (the reducer), and each row has a holder.
+            assert task.lease_expires_at is not None
             reason = "lease expired" if task.lease_expires_at < now else "no progress"
             exhausted = task.attempts + 1 >= task.max_attempts
             quiet_for = (now - (task.last_event_at or task.created_at)).total_seconds()

@@ -106,6 +106,7 @@ def _claim_oldest_pending(*, agent: Agent, kinds: list[str], lease_seconds: int)
                 now=now,
                 allow_closed=True,
             )
+    assert task.lease_expires_at is not None  # the claim's event gave the task its lease
     return Claim(task=task, lease_epoch=task.lease_epoch, expires_at=task.lease_expires_at, recovered=recovered)
 
 

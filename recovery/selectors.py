@@ -150,7 +150,12 @@ def tasks_without_progress(*, now: datetime | None = None) -> list[dict[str, Any
     rows = Task.objects.filter(status="running", lease_holder__isnull=False, last_event_at__lt=since).values(
         "id", "namespace", "kind", "lease_holder", "last_event_at"
     )
-    return [{**row, "silent_seconds": (now - row["last_event_at"]).total_seconds()} for row in rows]
+    flagged = []
+    for row in rows:
+        last_event_at = row["last_event_at"]
+        assert last_event_at is not None  # the filter above compared it
+        flagged.append({**row, "silent_seconds": (now - last_event_at).total_seconds()})
+    return flagged
 
 
 def tool_calls_overdue(*, now: datetime | None = None) -> list[dict[str, Any]]:

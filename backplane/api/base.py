@@ -126,7 +126,7 @@ def written_or_replayed(body: Any, *, replayed: bool) -> Response:
 
 
 def principal_of(request: Request) -> Principal:
-    principal = request.user
+    principal: object = request.user  # DRF types it as a Django user; ours is always a Principal
     assert isinstance(principal, Principal)
     return principal
 

@@ -27,7 +27,8 @@ from recovery import dead_letters
 
 class DeadLetterOut(serializers.Serializer):
     id = serializers.IntegerField()
-    source = serializers.CharField()
+    # DRF's metaclass takes declared fields off the class, so this never shadows Field.source.
+    source = serializers.CharField()  # type: ignore[assignment]
     task_id = serializers.UUIDField(allow_null=True)
     topic = serializers.CharField()
     payload = JSONObjectField()

@@ -77,8 +77,8 @@ def error_parts(exc: Exception) -> ErrorParts | None:
     """(status, body, headers) of the contract's answer to ``exc``; None for an exception that is
     not an API error (a bug: it propagates). Shared by DRF's handler and the agent routes."""
     if isinstance(exc, BackplaneError):
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
-        return exc.status, error_body(exc.code, exc.message, exc.details), headers
+        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
+        return exc.status, error_body(exc.code, exc.message, exc.details), retry
     if isinstance(exc, Http404):
         return 404, error_body("not_found", "not found"), {}
     if isinstance(exc, DjangoPermissionDenied):
@@ -101,7 +101,8 @@ def error_parts(exc: Exception) -> ErrorParts | None:
         headers: dict[str, str] = {}
         if isinstance(exc, exceptions.Throttled):
             # Whole seconds, rounded up: a client that waits this long finds the window over.
-            headers["Retry-After"] = str(max(1, math.ceil(exc.wait or 1)))
+            wait: float | None = getattr(exc, "wait", None)  # set by Throttled, not in its stubs
+            headers["Retry-After"] = str(max(1, math.ceil(wait or 1)))
             message = "rate limit exceeded"
             details: dict[str, Any] = {"retry_after": int(headers["Retry-After"])}
         elif isinstance(exc, exceptions.ParseError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any
 
@@ -133,7 +134,7 @@ def loads_strict(raw: bytes, encoding: str = "utf-8") -> Any:
 class StrictJSONParser(JSONParser):
     """DRF's JSON parser with the rules above; every failure is a ``ParseError`` (400 validation_error)."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         encoding = (parser_context or {}).get("encoding") or "utf-8"
         raw = stream.read() if stream is not None else b""
         try:

@@ -3,11 +3,10 @@
 The stock transport (kombu 5.7) creates each message file under its final name and then
 writes it, while readers list the folder, move a file away and read it without taking the
 writer's lock. A reader polling while another process publishes can take an empty file,
-fail to decode it, and the message is gone (celery/kombu#1551; measured here: 209 and
-1,775 of 3,000 messages lost between two processes). Writing under a temporary name that
-no queue matches and renaming it into place (atomic on POSIX) means a reader only ever
-sees complete files. Registered as the ``bpfilesystem://`` transport; the embedded broker
-(settings.CELERY_BROKER_URL) uses it.
+fail to decode it, and the message is gone (celery/kombu#1551). Writing under a temporary
+name that no queue matches and renaming it into place (atomic on POSIX) means a reader only
+ever sees complete files. Registered as the ``bpfilesystem://`` transport; the embedded
+broker (settings.CELERY_BROKER_URL) uses it.
 """
 
 from __future__ import annotations
@@ -26,7 +25,9 @@ ALIAS = "bpfilesystem"
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    # kombu's own bases name the second parameter differently (AbstractChannel: message,
+    # filesystem.Channel: payload), so no signature matches both; kombu passes it by position.
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Put ``payload`` onto ``queue``: write a hidden temporary file, then rename it into place."""
         # Zero-padded: readers sort names as text, so an unpadded millisecond count would put
         # 10000000_... before 9999999_... once the clock gains a digit (about 2.8 h of uptime).

@@ -110,7 +110,3 @@ def webhook_policy(subscription: WebhookSubscription) -> LanePolicy:
         timeout_seconds=float(max(1, subscription.timeout_seconds)),
         concurrency=max(1, subscription.max_concurrency),
     )
-
-
-def policy_for(subscription: WebhookSubscription | None) -> LanePolicy:
-    return broker_policy() if subscription is None else webhook_policy(subscription)

@@ -86,13 +86,13 @@ Publisher = Callable[[OutboxMessage, dict[str, Any]], None]
 # Claimable: pending, due, not under another relay's live claim, and no earlier message of the
 # same key and destination still undelivered or holding its key (per-key order). Checking that
 # for every due row costs in proportion to the backlog: with fewer keys than the batch size the
-# LIMIT is never reached and each claim probed every pending row (43-80 ms for 5,000 rows on 50
-# keys). So the check runs over a window, the destination's oldest due rows, which finds the
-# keys' heads in the usual interleaved backlog for a bounded cost. When the window holds nothing
-# claimable (its rows all wait behind a head that is backing off, claimed, or held by a dead
-# letter), the second statement looks at the head of every key, so a stuck key never starves the
-# others. The window is ordered like ``outbox_lane_due_idx`` (``subscription_id`` first: one value
-# here, but ``IS NULL`` does not tell the planner so) to be read in index order up to its LIMIT.
+# LIMIT is never reached and each claim would probe every pending row. So the check runs over a
+# window, the destination's oldest due rows, which finds the keys' heads in the usual interleaved
+# backlog for a bounded cost. When the window holds nothing claimable (its rows all wait behind
+# a head that is backing off, claimed, or held by a dead letter), the second statement looks at
+# the head of every key, so a stuck key never starves the others. The window is ordered like
+# ``outbox_lane_due_idx`` (``subscription_id`` first: one value here, but ``IS NULL`` does not
+# tell the planner so) to be read in index order up to its LIMIT.
 # The conditions on ``m`` are checked again on the locked row version (READ COMMITTED
 # re-evaluates them after the lock): a concurrent relay may just have claimed or backed it off.
 _CLAIMABLE = """m.status = 'pending' AND m.next_attempt_at <= %(now)s
@@ -136,7 +136,7 @@ def _lane_condition(lane: Lane, alias: str = "") -> str:
 
 
 def _claimable_ids(*, lane: Lane, now: datetime, limit: int) -> list[int]:
-    params = {"now": now, "limit": limit, "window": limit * 2, "lane": lane}
+    params: dict[str, datetime | int | None] = {"now": now, "limit": limit, "window": limit * 2, "lane": lane}
     window_sql = _CLAIM_WINDOW_SQL.format(lane=_lane_condition(lane), earlier_lane=_lane_condition(lane, "earlier"),
                                           claimable=_CLAIMABLE)
     with connection.cursor() as cursor:

@@ -7,13 +7,31 @@ import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db.models import Count, F, IntegerField, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, OutboxStatus
+
+
+class WaitingBehind(TypedDict):
+    waiting_behind: int
+
+
+class QueueAnnotations(WaitingBehind):
+    task_kind: str | None  # None: the dead letter has no task
+    task_status: str | None
+
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations  # a development requirement (make lint)
+
+    # A dead letter read with how many messages wait behind it (``with_waiting_behind``).
+    WithWaitingBehind = WithAnnotations[DeadLetter, WaitingBehind]
+    # A dead letter as the review queue reads it (``_queue_rows``).
+    QueueRow = WithAnnotations[DeadLetter, QueueAnnotations]
 
 # How many messages wait behind a dead letter: the undelivered messages of its outbox message's
 # key and destination queued after it, while that message holds its key (strict ordering, not
@@ -29,9 +47,13 @@ WHERE held.id = backplane_deadletter.outbox_message_id AND held.holds_key
 """
 
 
-def with_waiting_behind(items: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+def _waiting_behind() -> RawSQL:
+    return RawSQL(_WAITING_BEHIND_SQL, [], output_field=IntegerField())
+
+
+def with_waiting_behind(items: QuerySet[DeadLetter]) -> QuerySet[WithWaitingBehind]:
     """Annotate ``waiting_behind`` (see ``_WAITING_BEHIND_SQL``)."""
-    return items.annotate(waiting_behind=RawSQL(_WAITING_BEHIND_SQL, [], output_field=IntegerField()))
+    return items.annotate(waiting_behind=_waiting_behind())
 
 
 def dead_letter_waiting_behind(dead_letter_id: int) -> int:
@@ -41,7 +63,7 @@ def dead_letter_waiting_behind(dead_letter_id: int) -> int:
 
 @dataclass(frozen=True)
 class DeadLetterPage:
-    items: list[DeadLetter]  # with ``waiting_behind``
+    items: list[WithWaitingBehind]
     next_cursor: int | None
 
 
@@ -147,11 +169,11 @@ def dead_letters_filtered(filters: DeadLetterFilters) -> QuerySet[DeadLetter]:
     return items
 
 
-def _queue_rows(items: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+def _queue_rows(items: QuerySet[DeadLetter]) -> QuerySet[QueueRow]:
     # The task's kind and status come in the same query (a LEFT JOIN: not every dead letter has a
     # task), and so does how many messages wait behind each one.
-    return with_waiting_behind(
-        items.only(*QUEUE_FIELDS).annotate(task_kind=F("task__kind"), task_status=F("task__status"))
+    return items.only(*QUEUE_FIELDS).annotate(
+        task_kind=F("task__kind"), task_status=F("task__status"), waiting_behind=_waiting_behind()
     )
 
 
@@ -194,7 +216,7 @@ def _decode_queue_cursor(cursor: str) -> tuple[str, datetime | None, int]:
 
 @dataclass(frozen=True)
 class DeadLetterQueuePage:
-    items: list[DeadLetter]  # with ``task_kind``, ``task_status`` and ``waiting_behind``
+    items: list[QueueRow]
     next_cursor: str | None
     cursor: str | None
 
@@ -205,7 +227,7 @@ def dead_letter_queue_page(filters: DeadLetterFilters, *, cursor: str | None = N
     queries at most (the pending part runs out in the middle of a page)."""
     part, created_at, after_pk = _decode_queue_cursor(cursor) if cursor else (PENDING_PART, None, 0)
     base = dead_letters_filtered(filters)
-    rows: list[DeadLetter] = []
+    rows: list[QueueRow] = []
     if part == PENDING_PART and filters.wants(DeadLetterStatus.PENDING):
         pending = base.filter(status=DeadLetterStatus.PENDING).order_by("created_at", "id")
         if created_at is not None:
@@ -227,7 +249,7 @@ def dead_letter_queue_page(filters: DeadLetterFilters, *, cursor: str | None = N
     return DeadLetterQueuePage(rows, None, cursor)
 
 
-def dead_letter_for_review(dead_letter_id: int) -> DeadLetter | None:
+def dead_letter_for_review(dead_letter_id: int) -> WithWaitingBehind | None:
     """One dead letter with its task, its outbox message and that message's webhook, and how many
     messages wait behind it (one query)."""
     return (
@@ -292,7 +314,7 @@ class BulkPreview:
     found: int
     pending_by_source: dict[str, int]
     decided: int
-    sample: list[DeadLetter]  # with ``task_kind`` and ``task_status``
+    sample: list[QueueRow]
 
     @property
     def pending(self) -> int:
@@ -326,6 +348,6 @@ def dead_letter_bulk_preview(ids: Sequence[int], *, sample_size: int = 10) -> Bu
                        sample=sample)
 
 
-def dead_letters_by_ids(ids: Sequence[int]) -> dict[int, DeadLetter]:
+def dead_letters_by_ids(ids: Sequence[int]) -> dict[int, QueueRow]:
     """Rows of the queue for the given ids (one query), e.g. to show a bulk decision's results."""
     return {item.pk: item for item in _queue_rows(DeadLetter.objects.filter(pk__in=list(ids)[:BULK_MAX]))}

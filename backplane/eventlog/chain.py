@@ -36,9 +36,9 @@ def format_timestamp(moment: datetime | str) -> str:
     return _format_utc(moment)
 
 
-# The events of one write share their time, and each is printed twice (hashed, then answered):
-# a batch of 100 printed the same instant 200 times, 5 % of its CPU. Equal aware datetimes are
-# the same instant, so they print alike whatever their zone.
+# The events of one write share their time, and each is printed twice (hashed, then answered),
+# so a batch prints one instant hundreds of times. Equal aware datetimes are the same instant,
+# so they print alike whatever their zone.
 @functools.lru_cache(maxsize=64)
 def _format_utc(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -79,9 +79,8 @@ class EventDraft:
         )
 
 
-# The append path is the product's hot loop. Measured on the 2-core machine, building
-# these three statements through the queryset API cost about 1.5 ms of Python each, three
-# times the database's own work, so they are written as SQL (docs/benchmarks.md).
+# The append path is the product's hot loop: building these statements through the queryset
+# API costs more Python than the database's own work, so they are written as SQL.
 _TASK_ROWS = RowLoader(Task)
 _LOCK_TASK_SQL = f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = %s FOR UPDATE"
 _LOCK_TASK_IN_NAMESPACE_SQL = (
@@ -344,10 +343,9 @@ def _number_event(
 
 
 # Every write of events (one client event, a client batch, a sweep over many tasks) is this
-# one round trip: the events and the projections go in as two JSON arrays of records. Other
-# spellings cost more Python than the database's work: through the queryset API ~1.5 ms a
-# statement; a VALUES list 16 ms of query splitting per 100 events; unnest() arrays ~20 ms per
-# 100 rows, since the client-side binding quotes each element, while a JSON text is quoted once.
+# one round trip: the events and the projections go in as two JSON arrays of records. The
+# queryset API, a VALUES list or unnest() arrays all have the client-side binding compile or
+# quote every value in Python, while a JSON text is quoted once.
 # The columns come from the models (``recordset``); the projection's are the reducer's fields.
 _EVENT_COLUMNS = (
     "task", "seq", "type", "payload", "agent", "idempotency_key", "request_digest", "lamport", "causation_id",

@@ -1,11 +1,10 @@
 """Django's message framework, with its storage built only for a request that uses it.
 
 ``MessageMiddleware`` builds a ``FallbackStorage`` for every request: a cookie storage with its
-signer and a session storage, about 25 µs of CPU here, a tenth of what ``/healthz`` costs. Agents'
-API calls, health checks and metrics scrapes never use messages; only the admin and the
-dashboard's forms do. Here the storage is built when something first touches
-``request._messages`` (adding a message, or a template listing them), and a request that never
-did has nothing to store: Django's own ``update`` would return at once for such a storage (it
+signer and a session storage. Agents' API calls, health checks and metrics scrapes never use
+messages; only the admin and the dashboard's forms do. Here the storage is built when something
+first touches ``request._messages`` (adding a message, or a template listing them), and a
+request that never did has nothing to store: Django's own ``update`` would return at once for such a storage (it
 neither read nor added a message), so skipping it changes nothing in the response.
 """
 

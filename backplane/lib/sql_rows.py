@@ -1,8 +1,8 @@
 """Model instances from hand-written SQL, without ``RawQuerySet``'s per-query set-up.
 
 ``Model.objects.raw()`` inspects the cursor's columns, builds converters and maps
-names to fields on every call: on the append path that was about 0.5 ms of Python for
-a one-row SELECT, more than the query. A ``RowLoader`` does that work once per model:
+names to fields on every call, which for a one-row SELECT on the append path costs more
+than the query. A ``RowLoader`` does that work once per model:
 it fixes the column list, and applies the same converters Django would (JSON columns
 arrive as text and are decoded by the field) before ``Model.from_db``.
 """
@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 from django.db import connection
-from django.db.models import Model
+from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
 
@@ -83,15 +83,23 @@ class Recordset:
         return f"{alias}(" + ", ".join(f"{c} {t}" for c, t in pairs) + ")"
 
 
+def _column_of(model: type[Model], name: str) -> tuple[str, str, str]:
+    """(column, attname, SQL type) of the field ``name``. A foreign key gives its column and
+    its target's type (rel_db_type), e.g. uuid for a task."""
+    field = model._meta.get_field(name)
+    if isinstance(field, Field) and field.column is not None and (sql_type := field.db_type(connection)) is not None:
+        return field.column, field.attname, sql_type
+    raise ValueError(f"{model.__name__}.{name} is not a column")
+
+
 @functools.cache
 def recordset(model: type[Model], field_names: tuple[str, ...]) -> Recordset:
     """The ``Recordset`` of ``field_names`` (model field names; a foreign key gives its column)."""
-    fields = [model._meta.get_field(name) for name in field_names]
+    columns = [_column_of(model, name) for name in field_names]
     return Recordset(
-        columns=tuple(field.column for field in fields),  # type: ignore[union-attr]
-        attnames=tuple(field.attname for field in fields),  # type: ignore[union-attr]
-        # A foreign key's type is its target's (rel_db_type), e.g. uuid for a task.
-        types=tuple(field.db_type(connection) for field in fields),  # type: ignore[union-attr]
+        columns=tuple(column for column, _, _ in columns),
+        attnames=tuple(attname for _, attname, _ in columns),
+        types=tuple(sql_type for _, _, sql_type in columns),
     )
 
 
@@ -106,10 +114,10 @@ def _as_json_value(value: Any) -> Any:
 def recordset_json(rows: Sequence[Any]) -> str:
     """The JSON text of a ``Recordset`` statement's rows, as one parameter.
 
-    orjson writes it: a 100-event batch's rows took the standard library's encoder 0.78 ms, most
-    of it calling back into Python for each UUID and time, and take orjson 0.05 ms (it writes
-    both itself, in the same ISO form). orjson refuses integers beyond 64 bits (a payload may hold one: JSON has no
-    limit, and PostgreSQL's numeric keeps it exactly); the standard library writes those.
+    orjson writes it: it encodes UUIDs and times itself (in the same ISO form), where the
+    standard library's encoder calls back into Python for each. orjson refuses integers beyond
+    64 bits (a payload may hold one: JSON has no limit, and PostgreSQL's numeric keeps it
+    exactly); the standard library writes those.
     """
     try:
         return orjson.dumps(rows, default=_as_json_value).decode()

@@ -1,8 +1,8 @@
 """Fail fast while the database is down.
 
-With the database gone, every request used to wait for the connection pool's timeout (10 s)
-before its 503, ``/readyz`` included, so a probe with a shorter timeout saw a timeout instead of
-an answer. The gate keeps one process-wide fact, "the database was unreachable a moment ago",
+Without it, with the database gone, every request would wait for the connection pool's timeout
+(10 s) before its 503, ``/readyz`` included, so a probe with a shorter timeout would see a timeout
+instead of an answer. The gate keeps one process-wide fact, "the database was unreachable a moment ago",
 and answers from it:
 
 - A request that fails to reach the database (``OperationalError`` / ``InterfaceError``, the
@@ -23,13 +23,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import psycopg
 import psycopg_pool
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
@@ -144,24 +143,17 @@ class DatabaseGateMiddleware:
     """Answers 503 at once while the gate is down (the contract's error shape, ``Retry-After``).
 
     ``/healthz`` says only that the process is up, ``/readyz`` probes for itself, and static
-    files need no database, so those pass. Async-capable like the API's other middleware.
+    files need no database, so those pass. Synchronous only: HTTP runs through Django's WSGI
+    handler (backplane/asgi.py), and the probe blocks on a connect.
     """
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse | Awaitable[HttpResponse]]) -> None:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
-        if self.is_async:
-            return self._acall(request)
+    def __call__(self, request: HttpRequest) -> HttpResponse:
         if gate.is_marked_down and not request.path.startswith(_PASS_THROUGH) and gate.should_refuse():
             return unavailable_response(request)
-        return self.get_response(request)  # type: ignore[return-value]
+        return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         """A page (not the API, whose handler does the same) that lost the database: 503, gate down."""
@@ -169,10 +161,3 @@ class DatabaseGateMiddleware:
             gate.mark_down(exception)
             return unavailable_response(request)
         return None
-
-    async def _acall(self, request: HttpRequest) -> HttpResponse:
-        if gate.is_marked_down and not request.path.startswith(_PASS_THROUGH):
-            # The probe blocks (a connect), so it leaves the event loop.
-            if await sync_to_async(gate.should_refuse, thread_sensitive=False)():
-                return unavailable_response(request)
-        return await self.get_response(request)  # type: ignore[misc]

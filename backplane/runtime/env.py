@@ -7,6 +7,7 @@ not become a silent default that surfaces as odd behaviour hours later.
 from __future__ import annotations
 
 import os
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
@@ -76,7 +77,24 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def database_from_url(url: str) -> dict[str, object]:
+class DatabaseSettings(TypedDict):
+    """One entry of Django's ``DATABASES``: what ``database_from_url`` reads, and the keys the
+    settings module adds."""
+
+    ENGINE: str
+    NAME: str
+    USER: str
+    PASSWORD: str
+    HOST: str
+    PORT: str
+    OPTIONS: dict[str, Any]
+    CONN_MAX_AGE: NotRequired[int]
+    CONN_HEALTH_CHECKS: NotRequired[bool]
+    TIME_ZONE: NotRequired[str | None]
+    TEST: NotRequired[dict[str, str]]
+
+
+def database_from_url(url: str) -> DatabaseSettings:
     """Django DATABASES entry from ``postgresql://user:pass@host:port/name?host=/socket/dir``.
 
     Only PostgreSQL is accepted: the design depends on row locks, SKIP LOCKED,
@@ -91,7 +109,7 @@ def database_from_url(url: str) -> dict[str, object]:
     query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     # A unix-socket directory travels in ?host=, as libpq URLs allow.
     host = query.pop("host", None) or unquote(parts.hostname or "")
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {}
     if "sslmode" in query:
         options["sslmode"] = query.pop("sslmode")
     return {

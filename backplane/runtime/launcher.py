@@ -356,6 +356,10 @@ class Launcher:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = signal.Signals(signum).name
 
+    def stopping(self) -> bool:
+        """Whether a stop signal arrived; ``_on_signal`` may set it between any two steps."""
+        return self.stop_requested is not None
+
     def run(self) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
@@ -373,11 +377,11 @@ class Launcher:
             self._record_children()
             try:
                 self.start_database()
-                if self.stop_requested:
+                if self.stopping():
                     return 0
                 self.manage("migrate", "--noinput")
                 self.ensure_admin()
-                if self.stop_requested:
+                if self.stopping():
                     return 0
                 self.spawn_all()
                 return self.supervise()

@@ -57,7 +57,7 @@ def _load_prctl() -> Callable[..., int] | None:
     prctl = libc.prctl
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
-    return prctl  # type: ignore[no-any-return]
+    return prctl
 
 
 # Resolved once, in the parent: the child between fork and exec should only call it.

@@ -29,7 +29,7 @@ from prometheus_client import Counter, Histogram
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Seconds, from a fast quiet append (~0.5 ms) to a request stuck behind a lock.
+# Seconds, from an append that finds its row free to one stuck behind a lock.
 _APPEND_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # Tool calls take what the tool takes: from a cache-like answer to minutes of work.
 _TOOL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)

@@ -5,9 +5,8 @@ The two figures are django-prometheus' (``django_http_responses_total_by_status_
 and ``PROMETHEUS_METRIC_NAMESPACE`` settings), so its usual dashboards and queries apply, but
 they are recorded by this one middleware instead of its two. Those record sixteen values a
 request (requests by method, by transport, body sizes, charsets, ...), each a write to the
-process's metrics file, looking most label children up again: about 65 µs a request on the
-2-core machine of docs/benchmarks.md, a quarter of ``/healthz``'s 0.24 ms of CPU. This one
-records two, from label children it keeps, for about 5 µs (``bench/metrics_cost.py``).
+process's metrics file, looking most label children up again; this one records two, from label
+children it keeps (``bench/metrics_cost.py`` compares them).
 
 First in ``MIDDLEWARE``: the latency includes every other middleware, and a view's exception has
 become its 500 response by the time it gets here.

@@ -189,8 +189,8 @@ class TraceContextMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: Any) -> Any:
-        # From META, not ``request.headers``: that mapping is built on first use, about 30 µs a
-        # request here, and nothing else on the request path builds it.
+        # From META, not ``request.headers``: that mapping is built on first use, for every
+        # header, and nothing else on the request path builds it.
         header = None if _enabled else request.META.get("HTTP_TRACEPARENT")
         if header is None:
             return self.get_response(request)

@@ -14,7 +14,7 @@ so the confirmation decides exactly what was shown) and the confirmation, report
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
@@ -43,6 +43,9 @@ from dashboard.templatetags.dashboard import pretty_json
 from dashboard.views.common import json_error, reviewers_only, staff_only, wants_json
 from recovery import dead_letters
 
+if TYPE_CHECKING:
+    from backplane.delivery.selectors import QueueRow
+
 PAGE_SIZE = 50
 NAV = "dead-letters"
 
@@ -56,6 +59,12 @@ TASK_LOG_TYPES = (et.TASK_CLAIMED, et.TASK_STALLED, et.TASK_FAILED, et.TASK_DEAD
 
 def decided_by(request: HttpRequest) -> str:
     return f"user:{request.user.get_username()}"
+
+
+def _reviewer_id(request: HttpRequest) -> int:
+    user_id = request.user.pk
+    assert user_id is not None, "reviewers_only lets in signed-in users only"
+    return user_id
 
 
 # --- the queue -----------------------------------------------------------------------------------
@@ -199,9 +208,9 @@ def requeue(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     edited = "payload" in request.POST
     if edited and not dead_letters.may_edit_payload(item):
         # Only a message's payload can be edited; the page offers no editor for the others.
-        form = RequeueForm({"reason": request.POST.get("reason", "")}, auto_id="requeue_%s")
-        form.is_valid()
-        return _refused(request, item, form, "requeue_form", InvalidInput(
+        refused = RequeueForm({"reason": request.POST.get("reason", "")}, auto_id="requeue_%s")
+        refused.is_valid()
+        return _refused(request, item, refused, "requeue_form", InvalidInput(
             f"a {'task' if item.source == DeadLetterSource.TASK else item.source} is requeued as it is; "
             "its payload cannot be edited"))
     name = "edit_form" if edited else "requeue_form"
@@ -255,7 +264,7 @@ DISCARD_EFFECT = "Discarded with your reason on record; nothing is retried."
 SKIPPED = "skipped: already {status} by {who}"
 
 
-def _effect(item: DeadLetter, action: str) -> tuple[str, str]:
+def _effect(item: QueueRow, action: str) -> tuple[str, str]:
     """What the decision will do to one dead letter: (outcome, words)."""
     if item.status != DeadLetterStatus.PENDING:
         return "skipped", SKIPPED.format(status=item.status, who=item.decided_by or "someone")
@@ -296,7 +305,7 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
         ids = data["ids"]
     preview = delivery.dead_letter_bulk_preview(ids)
     sample = [{"item": item, "outcome": _effect(item, data["action"])} for item in preview.sample]
-    token = bulk_token(ids=ids, action=data["action"], reason=data["reason"], user_id=request.user.pk)
+    token = bulk_token(ids=ids, action=data["action"], reason=data["reason"], user_id=_reviewer_id(request))
     return _bulk_page(request, {
         "step": "preview", "preview": preview, "sample": sample, "action": data["action"], "reason": data["reason"],
         "token": token, "more": more, "all_matching": data["all_matching"], "query": data["query"],
@@ -308,10 +317,11 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
 @reviewers_only("Deciding dead letters")
 def bulk_confirm(request: HttpRequest) -> HttpResponse:
     """Decide what the dry run showed, each dead letter in its own transaction; report each."""
-    form = BulkConfirmForm(request.POST, user_id=request.user.pk)
+    form = BulkConfirmForm(request.POST, user_id=_reviewer_id(request))
     if not form.is_valid():
         if wants_json(request):
-            return json_error(400, "validation_error", "; ".join(form.errors.get("token", ["not valid"])))
+            problems = form.errors.get("token", ["not valid"])
+            return json_error(400, "validation_error", "; ".join(str(problem) for problem in problems))
         return _bulk_page(request, {"step": "invalid", "form": form, "query": request.POST.get("query", "")},
                           status=400)
     signed = form.cleaned_data["token"]

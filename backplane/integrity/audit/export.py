@@ -207,7 +207,7 @@ def audit_export_until_idle(*, store: Store | None = None) -> ExportRun:
     """Export segments until the last signed head is exported (what the beat task and the command run).
     Each segment commits on its own: a failure keeps the ones before it."""
     store = store or audit_store()
-    segments = []
+    segments: list[AuditSegment] = []
     while True:
         step = audit_export_next_segment(store=store)
         if step.segment is None:

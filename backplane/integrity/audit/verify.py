@@ -31,7 +31,7 @@ import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -74,7 +74,7 @@ def _is_hex(value: object, length: int) -> bool:
     return isinstance(value, str) and len(value) == length and _HEX.issuperset(value)
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return type(value) is int and value >= 0
 
 
@@ -123,7 +123,7 @@ def _check_manifest(number: int, raw: bytes, state: _State, trusted: Collection[
             f"manifest's SHA-256 is {state.previous_manifest_sha256}: the manifest chain is broken"
         )
     first, last, size, events = (manifest.get(k) for k in ("first_leaf", "last_leaf", "tree_size", "events"))
-    if not all(_is_count(v) for v in (first, last, size, events)):
+    if not (_is_count(first) and _is_count(last) and _is_count(size) and _is_count(events)):
         raise VerificationProblem(f"{where}: first_leaf, last_leaf, tree_size and events must be counts")
     if first != state.frontier.size or last != size - 1 or size <= first or events != size - first:
         raise VerificationProblem(
