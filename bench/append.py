@@ -5,7 +5,8 @@
 Then the same single-event append with tracing off and on (an in-memory exporter), in
 alternating rounds: what OpenTelemetry costs the hot path, called in process and as a request
 through Django's handler (docs/observability.md), and what tracing leaves on an append's path
-while it is off.
+while it is off. ``--tracing-rounds 0`` skips the off/on rounds (the off-path hooks are still
+measured, without their share of a request's CPU, which comes from the rounds).
 
 Baseline ("raw"): the least any append must do in PostgreSQL — one transaction that
 locks a row, inserts a JSONB row and updates the locked row — written with psycopg
@@ -232,9 +233,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--tracing-rounds", type=int, default=3,
                         help="rounds of the tracing off/on comparison (each: --events appends in process and a"
-                             " third as many requests, off, then on)")
+                             " third as many requests, off, then on; 0 skips the comparison)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (bench/http_bench.py reads it)")
     args = parser.parse_args()
+    if args.tracing_rounds < 0:
+        parser.error("--tracing-rounds must be 0 or more")
 
     # The request rounds send as fast as one thread can; the per-token limit is not what they measure.
     os.environ.setdefault("BACKPLANE_RATE_LIMIT", "1000000/s")
@@ -242,7 +245,7 @@ def main() -> None:
         raw_rate, raw_lat = raw_baseline(url, args.events, args.threads)
         single_rate, single_lat = service_appends(args.events, args.threads, 1)
         batch_rate, batch_lat = service_appends(args.events * 5, args.threads, args.batch)
-        tracing_rounds = tracing_off_and_on(args.events, rounds=args.tracing_rounds)
+        tracing_rounds = tracing_off_and_on(args.events, rounds=args.tracing_rounds) if args.tracing_rounds else None
         off_hooks_us = tracing_off_hooks(20_000)
     print(f"append bench: {args.events} events, {args.threads} thread(s), same PostgreSQL server")
     print(f"  raw psycopg lock+insert+update: {raw_rate:9.0f} events/s  ({describe(raw_lat)})")
@@ -250,26 +253,36 @@ def main() -> None:
           f"  ratio to raw {single_rate / raw_rate:.2f}")
     print(f"  event_append_batch ({args.batch}/txn):   {batch_rate:9.0f} events/s  ({describe(batch_lat)} per batch)"
           f"  ratio to raw {batch_rate / raw_rate:.2f}")
-    report_tracing("event_append in process", tracing_rounds.off, tracing_rounds.on, target=True)
-    report_tracing("append request through Django", tracing_rounds.requests_off, tracing_rounds.requests_on,
-                   target=False)
-    print(f"  tracing off: the hooks left on an append's path cost {off_hooks_us:.2f} us of CPU per request"
-          f" ({100 * off_hooks_us / (tracing_rounds.requests_off.cpu_ms * 1000):.2f} % of the request's CPU)")
+    hooks = f"  tracing off: the hooks left on an append's path cost {off_hooks_us:.2f} us of CPU per request"
+    if tracing_rounds is None:
+        print("  tracing off/on comparison: skipped (--tracing-rounds 0)")
+        print(hooks)
+    else:
+        report_tracing("event_append in process", tracing_rounds.off, tracing_rounds.on, target=True)
+        report_tracing("append request through Django", tracing_rounds.requests_off, tracing_rounds.requests_on,
+                       target=False)
+        print(f"{hooks} ({100 * off_hooks_us / (tracing_rounds.requests_off.cpu_ms * 1000):.2f} %"
+              " of the request's CPU)")
     if args.json:
         def figures(rate: float, latencies: list[float]) -> dict[str, float]:
             return {"per_s": rate, "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
 
+        # With --tracing-rounds 0, "tracing" holds the rounds (0) and the off-path hooks only.
+        tracing_figures: dict[str, object] = {"rounds": args.tracing_rounds, "off_hooks_us_per_request": off_hooks_us}
+        if tracing_rounds is not None:
+            tracing_figures.update({
+                "off": tracing_rounds.off.as_json(), "on": tracing_rounds.on.as_json(),
+                "cost": 1 - tracing_rounds.on.rate / tracing_rounds.off.rate,
+                "requests_off": tracing_rounds.requests_off.as_json(),
+                "requests_on": tracing_rounds.requests_on.as_json(),
+                "requests_cost": 1 - tracing_rounds.requests_on.rate / tracing_rounds.requests_off.rate,
+            })
         Path(args.json).write_text(json.dumps({
             "events": args.events, "threads": args.threads, "batch": args.batch,
             "raw": figures(raw_rate, raw_lat), "event_append": figures(single_rate, single_lat),
             "event_append_batch": figures(batch_rate, batch_lat),
             "ratio_single_to_raw": single_rate / raw_rate, "ratio_batch_to_raw": batch_rate / raw_rate,
-            "tracing": {"off": tracing_rounds.off.as_json(), "on": tracing_rounds.on.as_json(),
-                        "cost": 1 - tracing_rounds.on.rate / tracing_rounds.off.rate,
-                        "requests_off": tracing_rounds.requests_off.as_json(),
-                        "requests_on": tracing_rounds.requests_on.as_json(),
-                        "requests_cost": 1 - tracing_rounds.requests_on.rate / tracing_rounds.requests_off.rate,
-                        "off_hooks_us_per_request": off_hooks_us},
+            "tracing": tracing_figures,
         }, indent=2) + "\n")
 
 

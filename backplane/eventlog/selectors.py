@@ -323,8 +323,7 @@ class EventPage:
 
 # The task's namespace and a page of its events in one statement: the LEFT JOIN keeps the task's
 # row when the page is empty (an unknown task has none: 404). The page is a range of the
-# (task_id, seq) unique index, read in order and cut at the limit (the plan is in
-# docs/benchmarks.md, "Reads without model instances").
+# (task_id, seq) unique index, read in order and cut at the limit.
 _EVENT_PAGE_SQL = f"""
 SELECT t.namespace, e.seq, e.position, e.type, e.payload::text, e.agent, e.idempotency_key, e.lamport,
        e.causation_id, e.correlation_id, e.trace_id, {api_time_sql("e.recorded_at")}, e.prev_hash, e.hash

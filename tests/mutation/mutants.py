@@ -12,7 +12,7 @@ top-level parts and writes mutmut's ``setup.cfg`` (so no project file carries mu
 The tests run against one embedded PostgreSQL started here for the whole run (``--reuse-db``:
 the test database is created once, not once per mutant), one mutant at a time (the machine is
 shared). Prints each targeted function's killed/survived figures and every survivor; exits 0
-whatever the score (the score is a report, not a gate).
+whatever the score (the score is a report, not a gate), non-zero when mutmut's run fails.
 
     python -m tests.mutation.mutants                      # the run, then the report
     python -m tests.mutation.mutants --report             # the report of the last run only
@@ -45,14 +45,27 @@ TESTS = [
     "tests/api/test_leases_api.py",
     "tests/backplane/test_promises.py",
 ]
-LINKED = ["backplane", "recovery", "dashboard", "backplane_client", "templates", "static", "tests", "manage.py"]
-# Copied next to the mutated code (mutants/), which is the only copy of the project on the path.
-ALSO_COPY = ["dashboard", "backplane_client", "templates", "static", "manage.py"]
+# mutmut copies these into mutants/ and mutates FILES in its copy.
+SOURCE_PATHS = ["backplane", "recovery"]
+# What a test run reads besides Python packages: settings.py's BASE_DIR / "templates" and "static".
+NON_PACKAGE_PARTS = ["templates", "static", "manage.py"]
+
+
+def project_parts() -> list[str]:
+    """The checkout's top-level parts a test run needs: every Python package (every app, the
+    client, tests) and NON_PACKAGE_PARTS. Found, not listed, so that a new app cannot be left out."""
+    packages = [path.name for path in ROOT.iterdir() if (path / "__init__.py").is_file()]
+    return sorted(packages) + NON_PACKAGE_PARTS
+
+
+LINKED = project_parts()
+# Copied next to the mutated code (mutants/), which is the only copy of the project on the path
+# (mutmut copies tests/ itself).
+ALSO_COPY = [part for part in LINKED if part not in SOURCE_PATHS and part != "tests"]
 
 SETUP_CFG = f"""[mutmut]
 source_paths =
-    backplane
-    recovery
+{chr(10).join("    " + path for path in SOURCE_PATHS)}
 only_mutate =
 {chr(10).join("    " + path for path in FILES)}
 pytest_add_cli_args =
@@ -96,8 +109,10 @@ def run(patterns: list[str]) -> int:
 
     pgdata = WORK / "pgdata"
     env = dict(os.environ)
-    env.update(BACKPLANE_ENV="test", BACKPLANE_VAR_DIR=str(WORK / "var"), DATABASE_URL=embedded_db.start(pgdata))
+    # The run's var directory, for every pytest session of the run (tests/mutation/pytest_plugin.py).
     (WORK / "var").mkdir(exist_ok=True)
+    env.update(BACKPLANE_ENV="test", BACKPLANE_MUTATION_VAR_DIR=str(WORK / "var"),
+               DATABASE_URL=embedded_db.start(pgdata))
     mutmut = Path(sys.executable).with_name("mutmut")
     started = time.monotonic()
     try:
@@ -146,11 +161,13 @@ def _matches(name: str, pattern: str) -> bool:
 
 def main() -> int:
     patterns = [arg for arg in sys.argv[1:] if not arg.startswith("--")] or MUTANTS
+    code = 0
     if "--report" not in sys.argv:
         prepare()
-        run(patterns)
+        code = run(patterns)
     report(patterns)
-    return 0
+    # A low score still exits 0; a run that mutmut could not finish does not.
+    return code
 
 
 if __name__ == "__main__":
