@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from backplane.eventlog.chain import api_event_hash
@@ -9,7 +11,7 @@ from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from tests.api.conftest import assert_error, claim, create_task
 
 
-def events_url(task: dict) -> str:  # type: ignore[type-arg]
+def events_url(task: dict[str, Any]) -> str:
     return f"/api/v1/tasks/{task['task_id']}/events/"
 
 

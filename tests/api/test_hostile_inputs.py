@@ -289,7 +289,7 @@ def test_a_path_without_its_slash_answers_like_the_path_with_it(world: dict[str,
             with override_settings(DEBUG=debug):
                 for url in (slashed, slashed.rstrip("/")):
                     before = row_counts()
-                    data = {} if method in ("post", "put", "patch") else None
+                    data: dict[str, Any] | None = {} if method in ("post", "put", "patch") else None
                     response = getattr(client, method)(url, data, format="json")
                     where = (debug, method, url, response.status_code, response.content[:300])
                     assert 400 <= response.status_code < 500 or response.status_code in (200, 204), where
@@ -315,8 +315,10 @@ def test_a_create_without_the_slash_is_a_create(alice: AgentClient) -> None:
 
 def post_chunked(client: APIClient, path: str, raw: bytes) -> Any:
     """What a2wsgi hands Django for ``Transfer-Encoding: chunked``: no CONTENT_LENGTH, the body on wsgi.input."""
-    return client.generic("POST", path, data=raw, content_type="application/json", CONTENT_LENGTH="",
-                          HTTP_TRANSFER_ENCODING="chunked", **{"wsgi.input": io.BytesIO(raw)})
+    # Django sends bytes as they are (its stubs say str); the rest goes into the WSGI environ.
+    extra: dict[str, Any] = {"data": raw, "CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked",
+                             "wsgi.input": io.BytesIO(raw)}
+    return client.generic("POST", path, content_type="application/json", **extra)
 
 
 def test_a_chunked_body_is_read_like_any_other(alice: AgentClient, counts: Counts) -> None:
@@ -340,8 +342,8 @@ def test_a_chunked_body_over_the_limit_is_413(alice: AgentClient, counts: Counts
 def test_a_bad_content_length_is_400(alice: AgentClient, counts: Counts, length: str) -> None:
     before = counts()
     raw = b'{"kind": "k", "input": {}}'
-    response = alice.generic("POST", "/api/v1/tasks/", data=raw, content_type="application/json",
-                             CONTENT_LENGTH=length)
+    extra: dict[str, Any] = {"data": raw, "CONTENT_LENGTH": length}  # bytes as they are (the stubs say str)
+    response = alice.generic("POST", "/api/v1/tasks/", content_type="application/json", **extra)
     assert_error(response, 400, "validation_error")
     assert counts() == before
 

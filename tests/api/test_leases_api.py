@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -73,7 +74,7 @@ def test_staff_sessions_cannot_hold_leases(db, alice) -> None:  # type: ignore[n
     assert staff.get(f"/api/v1/tasks/{task['task_id']}/").status_code == 200  # staff see every namespace
 
 
-STALE_WRITES = [
+STALE_WRITES: list[tuple[str, dict[str, Any]]] = [
     ("/api/v1/tasks/{id}/events/", {"type": "Noted", "payload": {}}),
     ("/api/v1/tasks/{id}/events/batch/", {"events": [{"type": "Noted", "payload": {}}]}),
     ("/api/v1/tasks/{id}/heartbeat/", {}),
@@ -149,6 +150,7 @@ def test_an_expired_lease_is_409_on_every_write_before_any_sweep(alice, counts) 
                             {"step": 0, "tool": "crm", "input": {}, "lease_epoch": lease["lease_epoch"]},
                             format="json").json()
     expires_at = Task.objects.get(pk=task["task_id"]).lease_expires_at
+    assert expires_at is not None
     # One second past the deadline, as the issue measures it.
     time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 1.0)
     before = counts()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import timedelta
+from typing import Any
 
 from django.utils import timezone
 
@@ -71,9 +72,13 @@ def test_bad_dispatches_and_results_are_400(alice, counts) -> None:  # type: ign
     task = create_task(alice)
     key = dispatch(alice, task).json()["idempotency_key"]
     before = counts()
-    for body in ({"step": -1}, {"step": "1"}, {"tool": ""}, {"input": []}, {"compensation": {"tool": "x"}}):
+    bodies: list[dict[str, Any]] = [{"step": -1}, {"step": "1"}, {"tool": ""}, {"input": []},
+                                    {"compensation": {"tool": "x"}}]
+    for body in bodies:
         assert_error(dispatch(alice, task, **body), 400, "validation_error")
-    for body in ({"status": "maybe", "result": {}}, {"status": "succeeded"}, {"status": "failed", "result": "x"}):
+    results: list[dict[str, Any]] = [{"status": "maybe", "result": {}}, {"status": "succeeded"},
+                                     {"status": "failed", "result": "x"}]
+    for body in results:
         assert_error(alice.post(f"/api/v1/tool-calls/{key}/result/", body, format="json"), 400, "validation_error")
     assert counts() == before
 

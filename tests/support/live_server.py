@@ -98,9 +98,10 @@ class WebProcess:
 
     host = "127.0.0.1"
 
-    def __init__(self, port: int | None = None, *, name: str = "web") -> None:
+    def __init__(self, port: int | None = None, *, name: str = "web", env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.name = name
+        self.env = env or {}  # on top of ``web_env()``
         self.log_path = Path(tempfile.mkstemp(prefix=f"bp-{name}-", suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -116,7 +117,7 @@ class WebProcess:
         assert self.process is None or self.process.poll() is not None, f"{self.name} is already running"
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                web_argv(host=self.host, port=self.port), cwd=ROOT, env=web_env(),
+                web_argv(host=self.host, port=self.port), cwd=ROOT, env={**web_env(), **self.env},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self._wait_ready()

@@ -1,0 +1,129 @@
+"""Every agent route as production serves it: the web process `make run` starts (uvicorn, a2wsgi,
+Django's WSGI handler), its connection pool on, real HTTP, every write committed. Each answer,
+success and error, is checked against the OpenAPI document's operation for that route (status,
+content type, body) and against the contract (the error shape, ``Allow``, ``Retry-After``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+
+from backplane.eventlog import services
+from tests.support.live_server import WebProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served(django_db_setup: None) -> Iterator[WebProcess]:
+    # As shipped (settings.py): the pool on, DEBUG off. The duty watch stays off: no worker here.
+    server = WebProcess(name="served-web", env={"BACKPLANE_DB_POOL": "1", "DEBUG": "0"})
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+class Route:
+    """One operation of the schema, called over HTTP, each answer checked against it."""
+
+    def __init__(self, client: httpx.Client, schema: Any, path: str, method: str) -> None:
+        self.client, self.path, self.method = client, path, method
+        self.operation = schema[path][method]
+
+    def __call__(self, expected: int, *, code: str | None = None, json: Any = None, content: bytes | None = None,
+                 headers: dict[str, str] | None = None, client: httpx.Client | None = None,
+                 **path_params: str) -> httpx.Response:
+        url = self.path.format(**path_params)
+        response = (client or self.client).request(self.method, url, json=json, content=content, headers=headers)
+        assert response.status_code == expected, (self.method, url, response.status_code, response.text)
+        assert str(expected) in self.operation.definition.raw["responses"], f"{expected} is not documented"
+        self.operation.validate_response(response)
+        if code is not None:
+            body = response.json()
+            assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}, body
+            assert body["error"]["code"] == code, body
+        return response
+
+
+def test_every_agent_route_answers_by_its_schema_and_the_contract(served: WebProcess, committed_db: None) -> None:
+    token = services.agent_create(name="served", namespace="acme").token
+    agent = httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    stranger = httpx.Client(base_url=served.url, timeout=10)
+    schema = schemathesis.openapi.from_dict(agent.get("/api/schema/?format=json").json())
+
+    def route(path: str, method: str) -> Route:
+        return Route(agent, schema, path, method)
+
+    create = route("/api/v1/tasks/", "POST")
+    read = route("/api/v1/tasks/{task_id}/", "GET")
+    events = route("/api/v1/tasks/{task_id}/events/", "GET")
+    append = route("/api/v1/tasks/{task_id}/events/", "POST")
+    batch = route("/api/v1/tasks/{task_id}/events/batch/", "POST")
+    claim = route("/api/v1/leases/", "POST")
+    heartbeat = route("/api/v1/tasks/{task_id}/heartbeat/", "POST")
+    dispatch = route("/api/v1/tasks/{task_id}/tool-calls/", "POST")
+    result = route("/api/v1/tool-calls/{key}/result/", "POST")
+
+    assert claim(204).content == b""  # nothing pending yet
+    task_id = create(201, json={"kind": "served", "input": {"n": 1}}).json()["task_id"]
+    ids = {"task_id": task_id}
+    missing = {"task_id": str(uuid.uuid4())}
+
+    # Reads, and who may read.
+    answer = read(200, **ids)
+    assert answer.json()["status"] == "pending" and answer.headers["Allow"] == "GET, HEAD, OPTIONS"
+    read(404, code="not_found", **missing)
+    unauthenticated = read(401, code="not_authenticated", client=stranger, **ids)
+    assert unauthenticated.headers["WWW-Authenticate"] == 'Bearer realm="api"'
+    assert events(200, **ids).json()["next_after_seq"] is None
+
+    # The lease, and fencing.
+    lease = claim(200, json={"kinds": ["served"], "lease_seconds": 60}).json()
+    epoch = lease["lease_epoch"]
+    assert heartbeat(200, json={"lease_epoch": epoch}, **ids).json()["expires_at"]
+    heartbeat(409, code="stale_lease", json={"lease_epoch": epoch + 1}, **ids)
+    append(409, code="stale_lease", json={"type": "Noted", "payload": {}}, **ids)
+
+    # Appends: written, replayed, conflicting, refused.
+    step = {"type": "ReasoningStepCompleted", "payload": {"step": 1}, "idempotency_key": "s1", "lease_epoch": epoch}
+    written = append(201, json=step, **ids)
+    assert written.json()["seq"] == 3 and written.headers["Allow"] == "GET, POST, HEAD, OPTIONS"
+    replayed = append(200, json=step, **ids)
+    assert replayed.headers["Idempotent-Replay"] == "true" and replayed.json() == written.json()
+    append(422, code="idempotency_mismatch", json={**step, "payload": {"step": 2}}, **ids)
+    append(409, code="seq_conflict", json={"type": "Noted", "payload": {}, "expected_seq": 1, "lease_epoch": epoch},
+           **ids)
+    append(400, code="validation_error", json={"type": "TaskStarted", "payload": {}, "lease_epoch": epoch}, **ids)
+    append(400, code="validation_error", content=b'{"type": "Noted", "type": "X"}',
+           headers={"Content-Type": "application/json"}, **ids)
+    append(415, code="unsupported_media_type", content=b"type=Noted", headers={"Content-Type": "text/plain"}, **ids)
+    not_allowed = agent.delete(f"/api/v1/tasks/{task_id}/events/")
+    assert not_allowed.status_code == 405 and not_allowed.headers["Allow"] == "GET, POST, HEAD, OPTIONS"
+    batch(201, json={"lease_epoch": epoch, "events": [{"type": "Noted", "payload": {"i": i}} for i in range(3)]},
+          **ids)
+    batch(400, code="validation_error", json={"lease_epoch": epoch, "events": []}, **ids)
+
+    # The tool-call proxy: dispatched once, answered once.
+    call = {"step": 2, "tool": "crm.write", "input": {"lead": 1}, "lease_epoch": epoch}
+    key = dispatch(201, json=call, **ids).json()["idempotency_key"]
+    assert dispatch(200, json=call, **ids).json()["status"] == "in_flight"
+    dispatch(422, code="idempotency_mismatch", json={**call, "input": {"lead": 2}}, **ids)
+    answer_body = {"status": "succeeded", "result": {"id": 7}, "lease_epoch": epoch}
+    result(201, json=answer_body, key=key)
+    assert result(200, json=answer_body, key=key).json()["replayed"] is True
+    result(422, code="idempotency_mismatch", json={**answer_body, "result": {"id": 8}}, key=key)
+    result(404, code="not_found", json=answer_body, key="0" * 64)
+
+    # The end of the task, and what a closed task answers.
+    append(201, json={"type": "TaskCompleted", "payload": {"output": {"ok": True}}, "lease_epoch": epoch}, **ids)
+    append(409, code="task_closed", json={"type": "Noted", "payload": {}}, **ids)
+    finished = read(200, **ids).json()
+    assert (finished["status"], finished["lease"], finished["last_seq"]) == ("completed", None, 9)
+    page = events(200, **ids).json()["results"]
+    assert [e["seq"] for e in page] == list(range(1, 10))
