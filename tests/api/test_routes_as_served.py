@@ -38,8 +38,8 @@ class Route:
 
     def __call__(self, expected: int, *, code: str | None = None, json: Any = None, content: bytes | None = None,
                  headers: dict[str, str] | None = None, client: httpx.Client | None = None,
-                 **path_params: str) -> httpx.Response:
-        url = self.path.format(**path_params)
+                 at: dict[str, str] | None = None) -> httpx.Response:
+        url = self.path.format(**(at or {}))
         response = (client or self.client).request(self.method, url, json=json, content=content, headers=headers)
         assert response.status_code == expected, (self.method, url, response.status_code, response.text)
         assert str(expected) in self.operation.definition.raw["responses"], f"{expected} is not documented"
@@ -76,54 +76,54 @@ def test_every_agent_route_answers_by_its_schema_and_the_contract(served: WebPro
     missing = {"task_id": str(uuid.uuid4())}
 
     # Reads, and who may read.
-    answer = read(200, **ids)
+    answer = read(200, at=ids)
     assert answer.json()["status"] == "pending" and answer.headers["Allow"] == "GET, HEAD, OPTIONS"
-    read(404, code="not_found", **missing)
-    unauthenticated = read(401, code="not_authenticated", client=stranger, **ids)
+    read(404, code="not_found", at=missing)
+    unauthenticated = read(401, code="not_authenticated", client=stranger, at=ids)
     assert unauthenticated.headers["WWW-Authenticate"] == 'Bearer realm="api"'
-    assert events(200, **ids).json()["next_after_seq"] is None
+    assert events(200, at=ids).json()["next_after_seq"] is None
 
     # The lease, and fencing.
     lease = claim(200, json={"kinds": ["served"], "lease_seconds": 60}).json()
     epoch = lease["lease_epoch"]
-    assert heartbeat(200, json={"lease_epoch": epoch}, **ids).json()["expires_at"]
-    heartbeat(409, code="stale_lease", json={"lease_epoch": epoch + 1}, **ids)
-    append(409, code="stale_lease", json={"type": "Noted", "payload": {}}, **ids)
+    assert heartbeat(200, json={"lease_epoch": epoch}, at=ids).json()["expires_at"]
+    heartbeat(409, code="stale_lease", json={"lease_epoch": epoch + 1}, at=ids)
+    append(409, code="stale_lease", json={"type": "Noted", "payload": {}}, at=ids)
 
     # Appends: written, replayed, conflicting, refused.
     step = {"type": "ReasoningStepCompleted", "payload": {"step": 1}, "idempotency_key": "s1", "lease_epoch": epoch}
-    written = append(201, json=step, **ids)
+    written = append(201, json=step, at=ids)
     assert written.json()["seq"] == 3 and written.headers["Allow"] == "GET, POST, HEAD, OPTIONS"
-    replayed = append(200, json=step, **ids)
+    replayed = append(200, json=step, at=ids)
     assert replayed.headers["Idempotent-Replay"] == "true" and replayed.json() == written.json()
-    append(422, code="idempotency_mismatch", json={**step, "payload": {"step": 2}}, **ids)
+    append(422, code="idempotency_mismatch", json={**step, "payload": {"step": 2}}, at=ids)
     append(409, code="seq_conflict", json={"type": "Noted", "payload": {}, "expected_seq": 1, "lease_epoch": epoch},
-           **ids)
-    append(400, code="validation_error", json={"type": "TaskStarted", "payload": {}, "lease_epoch": epoch}, **ids)
+           at=ids)
+    append(400, code="validation_error", json={"type": "TaskStarted", "payload": {}, "lease_epoch": epoch}, at=ids)
     append(400, code="validation_error", content=b'{"type": "Noted", "type": "X"}',
-           headers={"Content-Type": "application/json"}, **ids)
-    append(415, code="unsupported_media_type", content=b"type=Noted", headers={"Content-Type": "text/plain"}, **ids)
+           headers={"Content-Type": "application/json"}, at=ids)
+    append(415, code="unsupported_media_type", content=b"type=Noted", headers={"Content-Type": "text/plain"}, at=ids)
     not_allowed = agent.delete(f"/api/v1/tasks/{task_id}/events/")
     assert not_allowed.status_code == 405 and not_allowed.headers["Allow"] == "GET, POST, HEAD, OPTIONS"
     batch(201, json={"lease_epoch": epoch, "events": [{"type": "Noted", "payload": {"i": i}} for i in range(3)]},
-          **ids)
-    batch(400, code="validation_error", json={"lease_epoch": epoch, "events": []}, **ids)
+          at=ids)
+    batch(400, code="validation_error", json={"lease_epoch": epoch, "events": []}, at=ids)
 
     # The tool-call proxy: dispatched once, answered once.
     call = {"step": 2, "tool": "crm.write", "input": {"lead": 1}, "lease_epoch": epoch}
-    key = dispatch(201, json=call, **ids).json()["idempotency_key"]
-    assert dispatch(200, json=call, **ids).json()["status"] == "in_flight"
-    dispatch(422, code="idempotency_mismatch", json={**call, "input": {"lead": 2}}, **ids)
+    key = dispatch(201, json=call, at=ids).json()["idempotency_key"]
+    assert dispatch(200, json=call, at=ids).json()["status"] == "in_flight"
+    dispatch(422, code="idempotency_mismatch", json={**call, "input": {"lead": 2}}, at=ids)
     answer_body = {"status": "succeeded", "result": {"id": 7}, "lease_epoch": epoch}
-    result(201, json=answer_body, key=key)
-    assert result(200, json=answer_body, key=key).json()["replayed"] is True
-    result(422, code="idempotency_mismatch", json={**answer_body, "result": {"id": 8}}, key=key)
-    result(404, code="not_found", json=answer_body, key="0" * 64)
+    result(201, json=answer_body, at={"key": key})
+    assert result(200, json=answer_body, at={"key": key}).json()["replayed"] is True
+    result(422, code="idempotency_mismatch", json={**answer_body, "result": {"id": 8}}, at={"key": key})
+    result(404, code="not_found", json=answer_body, at={"key": "0" * 64})
 
     # The end of the task, and what a closed task answers.
-    append(201, json={"type": "TaskCompleted", "payload": {"output": {"ok": True}}, "lease_epoch": epoch}, **ids)
-    append(409, code="task_closed", json={"type": "Noted", "payload": {}}, **ids)
-    finished = read(200, **ids).json()
+    append(201, json={"type": "TaskCompleted", "payload": {"output": {"ok": True}}, "lease_epoch": epoch}, at=ids)
+    append(409, code="task_closed", json={"type": "Noted", "payload": {}}, at=ids)
+    finished = read(200, at=ids).json()
     assert (finished["status"], finished["lease"], finished["last_seq"]) == ("completed", None, 9)
-    page = events(200, **ids).json()["results"]
+    page = events(200, at=ids).json()["results"]
     assert [e["seq"] for e in page] == list(range(1, 10))
