@@ -205,7 +205,9 @@ def dockerfile_env(instructions: list[tuple[str, str]]) -> dict[str, str]:
     env: dict[str, str] = {}
     for keyword, rest in instructions:
         if keyword == "ENV":
-            env.update(item.split("=", 1) for item in shlex.split(rest))
+            for item in shlex.split(rest):
+                name, value = item.split("=", 1)
+                env[name] = value
     return env
 
 

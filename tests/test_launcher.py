@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from backplane.runtime import embedded_db
-from tests.runtime.product import RunningProduct, alive, new_var_dir, wait_until
+from tests.runtime.product import RunningProduct, alive, new_var_dir
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.slow
 def admin_login_works(base_url: str, username: str, password: str) -> bool:
     with httpx.Client(base_url=base_url, follow_redirects=False, timeout=10) as client:
         page = client.get("/admin/login/")
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert match, "the login page carries a CSRF token"
+        token = match.group(1)
         response = client.post(
             "/admin/login/?next=/admin/",
             data={"csrfmiddlewaretoken": token, "username": username, "password": password, "next": "/admin/"},

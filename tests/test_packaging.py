@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import cache
 from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
 from pathlib import Path
@@ -57,13 +57,26 @@ def pinned(path: Path) -> dict[str, str]:
     return lines
 
 
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``, which only the type checker imports."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+        else:
+            pending.extend(ast.iter_child_nodes(node))
+
+
 def imported_modules(roots: Iterable[str]) -> set[str]:
-    """Top-level names of absolute imports anywhere in ``roots`` (nested imports included)."""
+    """Top-level names of absolute imports anywhere in ``roots`` (nested imports included), but
+    for those only the type checker makes."""
     names: set[str] = set()
     for root in roots:
         path = REPO / root
         for file in [path] if path.is_file() else path.rglob("*.py"):
-            for node in ast.walk(ast.parse(file.read_text())):
+            for node in _run_time_nodes(ast.parse(file.read_text())):
                 if isinstance(node, ast.Import):
                     names |= {alias.name.split(".")[0] for alias in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
+from django.contrib.messages import get_messages
 from django.test import Client
 from django.utils import timezone
 
@@ -50,8 +51,9 @@ def test_every_admin_action_declares_its_permission() -> None:
     for model_admin in admin.site._registry.values():
         for action in model_admin.actions or ():
             function = getattr(model_admin, action) if isinstance(action, str) else action
-            assert getattr(function, "allowed_permissions", None), f"{type(model_admin).__name__}.{action}"
-            for permission in function.allowed_permissions:
+            permissions = getattr(function, "allowed_permissions", None)
+            assert permissions, f"{type(model_admin).__name__}.{action}"
+            for permission in permissions:
                 assert hasattr(model_admin, f"has_{permission}_permission")
 
 
@@ -95,5 +97,5 @@ def test_a_rotated_token_is_shown_once_on_its_own_uncached_page(operator: Client
     assert response.status_code == 200 and "no-store" in response["Cache-Control"]
     token = response.content.decode().split('<code class="token">')[1].split("<")[0]
     assert Agent.objects.get(pk=open_agent.pk).token_matches(token)
-    assert not list(response.wsgi_request._messages) and token not in str(response.cookies)
+    assert not list(get_messages(response.wsgi_request)) and token not in str(response.cookies)
     assert token not in operator.get("/admin/backplane/agent/").content.decode()

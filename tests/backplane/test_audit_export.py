@@ -131,6 +131,7 @@ def test_a_segment_written_but_not_recorded_is_recorded_as_it_was_not_duplicated
     seed()
     sealing.seal_new_events()
     original = export.audit_export_next_segment().segment
+    assert original is not None
     manifest_before = (audit_dir / fmt.manifest_name(1)).read_bytes()
     forget_recorded_segments()
     seed()

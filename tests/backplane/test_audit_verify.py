@@ -99,8 +99,9 @@ def test_the_verifier_loads_no_database_code() -> None:
 
 
 def test_the_tree_head_message_is_the_sealers() -> None:
-    fields = {"tree_size": 7, "root_hash": "ab" * 32, "signed_at": "2026-01-01T00:00:00.000000Z"}
-    assert fmt.tree_head_message(**fields) == sealing.tree_head_message(**fields)
+    tree_size, root_hash, signed_at = 7, "ab" * 32, "2026-01-01T00:00:00.000000Z"
+    assert fmt.tree_head_message(tree_size=tree_size, root_hash=root_hash, signed_at=signed_at) == \
+        sealing.tree_head_message(tree_size=tree_size, root_hash=root_hash, signed_at=signed_at)
 
 
 def test_a_public_key_can_be_given_as_a_file_hex_or_pem(

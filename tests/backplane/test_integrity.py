@@ -434,7 +434,8 @@ def test_transitions_and_a_heartbeat_extended_lease_are_checked_without_findings
     checkpoint = task_state_from_json(checkpoint_of(task))
     assert (checkpoint.status, checkpoint.lease_holder, checkpoint.lease_expires_at) == (
         "running", "qualifier-1", claim.expires_at)
-    assert Task.objects.get(pk=task.pk).lease_expires_at > claim.expires_at
+    renewed_until = Task.objects.get(pk=task.pk).lease_expires_at
+    assert renewed_until is not None and renewed_until > claim.expires_at
 
     failure = EventDraft(type="TaskFailed", payload={"error": "boom", "retryable": True})
     services.event_append(

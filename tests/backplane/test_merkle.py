@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -233,7 +234,8 @@ def test_verify_inclusion_rejects_malformed_input() -> None:
     assert not verify_inclusion(leaf, 5, 8, [*proof, b""], root)
     assert not verify_inclusion(leaf, 5, 8, [*proof, root], root)
     assert not verify_inclusion(leaf, 5, 8, None, root)  # type: ignore[arg-type]
-    assert not verify_inclusion(leaf, 5, 8, b"".join(proof), root)
+    run_together: Any = b"".join(proof)  # deliberately ill-typed: bytes, not a sequence of hashes
+    assert not verify_inclusion(leaf, 5, 8, run_together, root)
     # A 2**64 - 1 index (Go's uint64 wrap-around in the probes) is just out of range.
     assert not verify_inclusion(leaf, 2**64 - 1, 8, proof, root)
 
@@ -540,7 +542,7 @@ def test_compact_range_from_a_tree_matches_appending() -> None:
 def test_the_module_needs_nothing_but_the_standard_library() -> None:
     path = Path(merkle.__file__)
     tree = ast.parse(path.read_text())
-    imported = set()
+    imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)

@@ -18,7 +18,7 @@ def test_it_reports_outbox_and_task_figures(client: Client, make_task: Callable[
     make_task()
     make_task()
     # One of the two lifecycle messages is under a relay's claim right now.
-    first = OutboxMessage.objects.order_by("id").first()
+    first = OutboxMessage.objects.earliest("id")
     OutboxMessage.objects.filter(pk=first.pk).update(claimed_until=timezone.now() + timedelta(seconds=30))
     response = client.get("/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django.http import HttpResponse
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,8 +18,8 @@ from recovery.models import ToolCall
 TOKEN = "scrape-3f9c1e7a"
 
 
-def _samples(response: HttpResponse) -> dict[str, float]:
-    return {sample.name: sample.value for family in text_string_to_metric_families(response.content.decode())
+def _samples(body: bytes) -> dict[str, float]:
+    return {sample.name: sample.value for family in text_string_to_metric_families(body.decode())
             for sample in family.samples if not sample.labels}
 
 
@@ -31,9 +30,9 @@ def test_it_is_open_without_a_token_setting(client: Client, db: None, settings: 
 
 def test_it_asks_for_the_token_when_one_is_set(client: Client, db: None, settings: Any) -> None:
     settings.BACKPLANE_METRICS_TOKEN = TOKEN
-    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer wrong"}, {"HTTP_AUTHORIZATION": f"Basic {TOKEN}"},
-                    {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}x"}):
-        refused = client.get("/metrics", **headers)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+                    {"Authorization": f"Bearer {TOKEN}x"}):
+        refused = client.get("/metrics", headers=headers)
         assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
         assert b"backplane_" not in refused.content
     allowed = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
@@ -53,7 +52,7 @@ def test_a_scrape_costs_the_same_queries_at_any_size(client: Client, make_task: 
     with django_assert_max_num_queries(15) as captured:
         response = client.get("/metrics")
     assert response.status_code == 200
-    samples = _samples(response)
+    samples = _samples(response.content)
     assert samples["backplane_tasks_without_progress"] == 12 and samples["backplane_tool_calls_overdue"] == 12
     # Nothing fetches the rows to count them: every query that reads them is an aggregate.
     for query in captured.captured_queries:

@@ -44,7 +44,7 @@ def broker_queue():  # type: ignore[no-untyped-def]
 
 
 def drain(simple: Any, limit: int = 1000) -> list[dict[str, Any]]:
-    received = []
+    received: list[dict[str, Any]] = []
     while len(received) < limit:
         try:
             message = simple.get(timeout=0.2)
@@ -137,12 +137,13 @@ def test_an_unreachable_broker_backs_off_then_dead_letters_once(
         step = relay.outbox_relay_once(publish=broken)
         # Two rows of one key: the first fails, the second is not even claimed (per-key order).
         assert (step.claimed, step.failed, step.delivered) == (1, 1, 0)
-        first = OutboxMessage.objects.order_by("id").first()
+        first = OutboxMessage.objects.earliest("id")
+        assert first.next_attempt_at is not None
         assert first.attempts == attempt and first.next_attempt_at > timezone.now() and first.last_error
         OutboxMessage.objects.update(next_attempt_at=timezone.now())
     step = relay.outbox_relay_once(publish=broken)
     assert step.dead == 1
-    first = OutboxMessage.objects.order_by("id").first()
+    first = OutboxMessage.objects.earliest("id")
     (dead_letter,) = DeadLetter.objects.all()
     assert first.status == "dead" and dead_letter.outbox_message_id == first.pk and dead_letter.attempts == 3
     assert dead_letter.source == "outbox" and dead_letter.task_id == task.pk and "broker" in dead_letter.error
@@ -261,7 +262,7 @@ def test_webhooks_are_signed_and_2xx_means_delivered(make_task, webhook_server, 
     for _ in range(2):
         OutboxMessage.objects.filter(status="pending").update(next_attempt_at=timezone.now())
         relay.outbox_relay_until_idle(publish=sinks, budget_seconds=5)
-    failed = OutboxMessage.objects.filter(destination="webhook").order_by("id").last()
+    failed = OutboxMessage.objects.filter(destination="webhook").latest("id")
     assert failed.status == "dead" and "HTTP 500" in failed.last_error
     sinks.close()
 
@@ -291,4 +292,4 @@ def test_stats_report_lag_and_counts(make_task: Callable[..., Task]) -> None:
     relay.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
     stats = delivery_selectors.outbox_stats()
     assert (stats.pending, stats.delivered, stats.lag_seconds) == (0, 1, 0.0)
-    assert OutboxStatus.DELIVERED == "delivered"
+    assert OutboxStatus.DELIVERED.value == "delivered"

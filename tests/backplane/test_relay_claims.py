@@ -75,7 +75,9 @@ def test_a_claim_leases_the_head_of_each_key_and_counts_the_attempt(db: None) ->
     rows = {row.pk: row for row in OutboxMessage.objects.all()}
     for pk in (a[0], b[0]):
         assert rows[pk].claim_token == claim.token and rows[pk].attempts == 1
-        assert before + timedelta(seconds=29) < rows[pk].claimed_until <= timezone.now() + timedelta(seconds=30)
+        claimed_until = rows[pk].claimed_until
+        assert claimed_until is not None
+        assert before + timedelta(seconds=29) < claimed_until <= timezone.now() + timedelta(seconds=30)
     assert all(rows[pk].claim_token is None and rows[pk].attempts == 0 for pk in a[1:] + b[1:])
     # Claimed rows are still undelivered: their keys' next messages are not claimable yet.
     assert claim_broker() is None
@@ -116,8 +118,9 @@ def test_a_failure_schedules_the_next_attempt_and_frees_the_claim(db: None, sett
     enqueue("a", 2)
     step = relay.outbox_relay_once(publish=Recorder(failing={"a"}))
     assert (step.claimed, step.failed, step.delivered) == (1, 1, 0)
-    head = OutboxMessage.objects.order_by("id").first()
+    head = OutboxMessage.objects.earliest("id")
     assert head.claim_token is None and head.claimed_until is None and head.attempts == 1
+    assert head.next_attempt_at is not None
     assert timezone.now() + timedelta(seconds=29) < head.next_attempt_at < timezone.now() + timedelta(seconds=61)
     assert head.failures[0]["attempt"] == 1 and head.last_error == "refused"
     assert relay.outbox_relay_once(publish=Recorder()).claimed == 0  # backing off, and its successor waits
@@ -173,10 +176,10 @@ def test_nothing_is_held_open_while_a_message_is_published(transactional_db: Non
     def publish(message: OutboxMessage, body: dict[str, Any]) -> None:
         assert not connection.in_atomic_block
         with psycopg.connect(relay_database_url(), autocommit=True) as other:
-            token = other.execute("SELECT claim_token FROM backplane_outboxmessage WHERE id = %s", [pk]).fetchone()[0]
-            state, xact_start = other.execute(
+            [(token,)] = other.execute("SELECT claim_token FROM backplane_outboxmessage WHERE id = %s", [pk]).fetchall()
+            [(state, xact_start)] = other.execute(
                 "SELECT state, xact_start FROM pg_stat_activity WHERE pid = %s", [backend]
-            ).fetchone()
+            ).fetchall()
         observed.append((token, state, xact_start))
 
     assert relay.outbox_relay_once(publish=publish).delivered == 1
@@ -227,7 +230,7 @@ def test_strict_a_dead_letter_holds_its_key_until_it_is_requeued_then_the_key_ar
     relay.outbox_relay_until_idle(publish=refusing, budget_seconds=10)
     assert refusing.of("b") == [0, 1] and refusing.of("a") == []
     dead_letter = DeadLetter.objects.get()
-    head = OutboxMessage.objects.get(pk=dead_letter.outbox_message_id)
+    head = OutboxMessage.objects.get(dead_letters=dead_letter)
     assert head.status == OutboxStatus.DEAD and head.holds_key
     assert delivery_selectors.dead_letter_waiting_behind(dead_letter.pk) == 3
 
@@ -250,7 +253,7 @@ def test_strict_discarding_the_dead_letter_lets_its_key_go_on_without_it(db: Non
     recorder = Recorder()
     relay.outbox_relay_until_idle(publish=recorder, budget_seconds=10)
     assert recorder.of("a") == [1, 2]
-    assert OutboxMessage.objects.get(pk=dead_letter.outbox_message_id).status == OutboxStatus.DEAD
+    assert OutboxMessage.objects.get(dead_letters=dead_letter).status == OutboxStatus.DEAD
 
 
 def test_best_effort_a_dead_letter_leaves_the_sequence_and_the_key_goes_on_in_order(db: None, settings: Any) -> None:
@@ -263,7 +266,7 @@ def test_best_effort_a_dead_letter_leaves_the_sequence_and_the_key_goes_on_in_or
     relay.outbox_relay_until_idle(publish=recorder, budget_seconds=10)
     assert recorder.of("a") == [1, 2, 3]
     dead_letter = DeadLetter.objects.get()
-    assert not OutboxMessage.objects.get(pk=dead_letter.outbox_message_id).holds_key
+    assert not OutboxMessage.objects.get(dead_letters=dead_letter).holds_key
     assert delivery_selectors.dead_letter_waiting_behind(dead_letter.pk) == 0
     # Requeued, it comes late: after the messages that went on without it (documented).
     dead_letters.dead_letter_requeue(dead_letter_id=dead_letter.pk, decided_by="user:rita", reason="retry")

@@ -65,7 +65,9 @@ def test_the_api_serves_heads_and_proofs_that_verify(db, alice) -> None:  # type
 def test_another_namespace_gets_no_proof(db, alice, mallory) -> None:  # type: ignore[no-untyped-def]
     task = seed()
     sealing.seal_new_events()
-    position = Event.objects.filter(task=task).first().position
+    event = Event.objects.filter(task=task).first()
+    assert event is not None
+    position = event.position
     assert_error(mallory.get(f"/api/v1/events/{position}/proof/"), 404, "not_found")
 
 
@@ -93,7 +95,7 @@ def test_an_edit_with_a_recomputed_chain_is_still_caught_by_the_signed_root(db: 
     task.refresh_from_db()
     assert chain_verify(task=task).valid  # the chain alone no longer tells
     result = sealing.seal_verify_against_head()
-    assert not result.valid and "signed root" in result.problem
+    assert not result.valid and "signed root" in (result.problem or "")
 
 
 def test_leaf_assignments_are_append_only(db: None) -> None:

@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +43,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import AbstractUser, Group, Permission
 from django.contrib.sessions.models import Session
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, ViewportSize, expect, sync_playwright
 
 from backplane.eventlog import services
 from tests.support.live_server import ROOT, WebProcess
@@ -59,17 +59,13 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-VIEWPORT = {"width": 1440, "height": 900}
+VIEWPORT: ViewportSize = {"width": 1440, "height": 900}
 # Operators are rarely in UTC; a half-hour offset shows a time handled in the wrong zone.
 TIMEZONE = "Asia/Kolkata"
 LoadState = Literal["commit", "domcontentloaded", "load", "networkidle"]
 STAFF_USERNAME = "operator"
 STAFF_PASSWORD = "grey-heron-lantern-42"
 STAFF_USER_ID = 4242
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "browser: drives a real browser against real web processes (tests/browser)")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -240,7 +236,7 @@ def login(page: Page, username: str, password: str, *, wait_until: LoadState = "
 @dataclass
 class SavedLogin:
     cookies: list[Any]
-    session: dict[str, Any]
+    session: Mapping[str, Any]
 
 
 @pytest.fixture(scope="package")

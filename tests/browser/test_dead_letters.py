@@ -58,7 +58,7 @@ def assert_undecided(item: DeadLetter, task_status: str) -> None:
     item.refresh_from_db()
     assert (item.status, item.decided_by, item.decided_at, item.reason) == ("pending", None, None, ""), item
     assert item.task is not None and item.task.status == task_status
-    assert not Event.objects.filter(task_id=item.task_id, type__in=DECISION_EVENTS).exists()
+    assert not Event.objects.filter(task=item.task, type__in=DECISION_EVENTS).exists()
 
 
 # --- one decision ------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_edit_and_requeue_refuses_invalid_json_in_the_page_and_on_the_server(
     task_id = scored_lead(agent)
     relay_pass()
     item = DeadLetter.objects.get(task_id=task_id, source="outbox")
-    message = OutboxMessage.objects.get(pk=item.outbox_message_id)
+    message = OutboxMessage.objects.get(dead_letters=item)
     original, message_payload = dict(item.payload), dict(message.payload)
     assert message.status == "dead"
 
@@ -268,7 +268,7 @@ def test_a_bulk_requeue_of_50_with_one_decided_meanwhile_reports_49_done_and_1_s
     assert DeadLetter.objects.get(pk=taken.pk).decided_by == "user:sam"
     assert Event.objects.filter(type="DeadLetterRequeued", agent=REVIEWER).count() == 49
     assert Event.objects.filter(type="DeadLetterDiscarded").count() == 1
-    assert Event.objects.filter(task_id=taken.task_id, type__in=DECISION_EVENTS).count() == 1
+    assert Event.objects.filter(task__dead_letters=taken, type__in=DECISION_EVENTS).count() == 1
 
 
 # --- live --------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def is_transparent(colour: Any) -> bool:
     if colour in (None, "", "transparent", "none"):
         return True
     match = re.fullmatch(r"rgba\(\s*[\d.]+\s*,\s*[\d.]+\s*,\s*[\d.]+\s*,\s*([\d.]+)\s*\)", str(colour).strip())
-    return bool(match) and float(match.group(1)) == 0
+    return match is not None and float(match.group(1)) == 0
 
 
 def colours(value: Any) -> list[Any]:

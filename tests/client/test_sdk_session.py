@@ -29,6 +29,7 @@ from recovery.models import Tool
 from tests.client.conftest import FaultProxy, Fleet
 from tests.e2e.conftest import ToolServer
 from tests.support.live_server import WebProcess
+from tests.support.waiting import wait_until
 
 QUICK = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
 
@@ -83,13 +84,6 @@ def agents(sdk_server: WebProcess, fleet: Fleet) -> Iterator[Agents]:
         agents.close()
 
 
-def wait_until(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.02)
-
-
 # --- the lease -----------------------------------------------------------------------------
 
 
@@ -112,9 +106,9 @@ def test_a_lost_lease_stops_the_heartbeat_and_writes_are_refused_unsent(
     task_id = agents.task()
     with AgentClient(fault_proxy.url, fleet.tokens["worker"], retry=QUICK) as worker, \
             agents.claim(worker, heartbeat_interval=0.2) as session:
-        wait_until(lambda: session.heartbeats >= 1)
+        wait_until(lambda: session.heartbeats >= 1, timeout=5, what="a first heartbeat", interval=0.02)
         agents.expire()
-        wait_until(lambda: session.lost)
+        wait_until(lambda: session.lost, timeout=5, what="the heartbeat finds the lease lost", interval=0.02)
         assert isinstance(session.lost_error, LeaseLost) and session.lost_error.code == "stale_lease"
 
         seq, beats = agents.last_seq(task_id), len(fault_proxy.requests_to("/heartbeat/"))

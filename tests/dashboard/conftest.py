@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, Permission, User
 from django.test import Client
 
 from backplane.eventlog import services
@@ -17,6 +17,13 @@ from recovery.leases import lease_claim
 from recovery.subtasks import subtask_dispatch
 from recovery.tool_calls import tool_call_dispatch, tool_call_record_result
 from tests.api.conftest import alice, make_agent, mallory  # noqa: F401 - pytest fixtures
+
+
+def reviewers_group() -> Group:
+    """The group migration 0012 makes; an earlier test's flush (transactional tests) removes it."""
+    group, _ = Group.objects.get_or_create(name="Reviewers")
+    group.permissions.add(Permission.objects.get(codename="review_deadletter"))
+    return group
 
 
 @pytest.fixture

@@ -6,12 +6,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -25,20 +26,13 @@ from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft
 from recovery import dead_letters, detector
 from recovery.leases import lease_claim
-from tests.dashboard.conftest import html
+from tests.dashboard.conftest import html, reviewers_group
 
 TEST_TOPIC = "leads.scored"
 _agents = itertools.count(1)
 
 
 # --- people ---------------------------------------------------------------------------------------
-
-
-def reviewers_group() -> Group:
-    """The group migration 0012 makes; an earlier test's flush (transactional tests) removes it."""
-    group, _ = Group.objects.get_or_create(name="Reviewers")
-    group.permissions.add(Permission.objects.get(codename="review_deadletter"))
-    return group
 
 
 def make_reviewer(name: str) -> User:
@@ -85,6 +79,12 @@ def dead_lettered_tasks(count: int, *, kind: str | None = None) -> list[DeadLett
     assert len(made) == count
     assert set(Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True)) == {"dead_lettered"}
     return made
+
+
+def task_id_of(item: DeadLetter | OutboxMessage) -> uuid.UUID:
+    """The task ``item`` belongs to: the one a task dead letter parks, or whose event wrote a message."""
+    assert item.task_id is not None, item
+    return item.task_id
 
 
 def failing_publisher(message: OutboxMessage, body: dict[str, Any]) -> None:
@@ -164,7 +164,7 @@ def test_a_viewer_sees_everything_but_no_decision_controls(olivia_client: Client
 def test_a_forged_decision_from_a_viewers_session_gets_403_and_changes_nothing(olivia: User) -> None:
     (item,) = dead_lettered_tasks(1)
     client, token = csrf_client(olivia)
-    attempts = {
+    attempts: dict[str, dict[str, Any]] = {
         f"/dead-letters/{item.pk}/requeue/": {"reason": "forged"},
         f"/dead-letters/{item.pk}/discard/": {"reason": "forged", "compensate": "on"},
         "/dead-letters/bulk/": {"action": "requeue", "reason": "forged", "ids": [item.pk]},
@@ -177,7 +177,7 @@ def test_a_forged_decision_from_a_viewers_session_gets_403_and_changes_nothing(o
         as_json = client.post(path, {**data, "csrfmiddlewaretoken": token}, HTTP_ACCEPT="application/json")
         assert as_json.status_code == 403 and as_json.json()["error"]["code"] == "permission_denied"
     item.refresh_from_db()
-    task = Task.objects.get(pk=item.task_id)
+    task = Task.objects.get(pk=task_id_of(item))
     assert (item.status, item.decided_by, task.status) == ("pending", None, "dead_lettered")
     assert not Event.objects.filter(task=task, type__in=["DeadLetterRequeued", "DeadLetterDiscarded"]).exists()
 
@@ -213,7 +213,7 @@ def test_a_reviewer_requeues_a_task_dead_letter_and_the_task_runs_again(rita_cli
     assert "requeued as it was" in html(response) and 'id="decision-record"' in html(response)
     item.refresh_from_db()
     assert (item.status, item.decided_by, item.reason) == ("requeued", "user:rita", "worker pool is back")
-    task = Task.objects.get(pk=item.task_id)
+    task = Task.objects.get(pk=task_id_of(item))
     assert (task.status, task.attempts) == ("pending", 0)
     (event,) = Event.objects.filter(task=task, type="DeadLetterRequeued")
     assert (event.agent, event.payload["reason"], event.payload["dead_letter_id"]) == (
@@ -237,7 +237,7 @@ def test_a_decision_needs_a_reason(rita_client: Client) -> None:
         response = rita_client.post(path, {"reason": "   "})
         assert response.status_code == 400 and "Write a reason" in html(response)
     assert DeadLetter.objects.get(pk=item.pk).status == "pending"
-    assert Task.objects.get(pk=item.task_id).status == "dead_lettered"
+    assert Task.objects.get(pk=task_id_of(item)).status == "dead_lettered"
 
 
 def test_edit_and_requeue_with_invalid_json_is_refused_by_the_server(rita_client: Client,
@@ -291,7 +291,7 @@ def test_a_task_dead_letter_cannot_be_edited_even_by_a_forged_post(rita_client: 
     response = rita_client.post(f"/dead-letters/{item.pk}/requeue/", {"payload": '{"x": 1}', "reason": "edit"})
     assert response.status_code == 400 and "a task is requeued as it is" in html(response)
     item.refresh_from_db()
-    assert item.status == "pending" and Task.objects.get(pk=item.task_id).status == "dead_lettered"
+    assert item.status == "pending" and Task.objects.get(pk=task_id_of(item)).status == "dead_lettered"
 
 
 def test_discard_records_the_reason_and_compensate_fails_the_task(rita_client: Client) -> None:
@@ -299,12 +299,12 @@ def test_discard_records_the_reason_and_compensate_fails_the_task(rita_client: C
     assert rita_client.post(f"/dead-letters/{kept.pk}/discard/", {"reason": "lead is gone"}).status_code == 302
     assert rita_client.post(f"/dead-letters/{compensated.pk}/discard/",
                             {"reason": "undo it", "compensate": "on"}).status_code == 302
-    assert Task.objects.get(pk=kept.task_id).status == "dead_lettered"
-    assert Task.objects.get(pk=compensated.task_id).status in ("failed", "compensated", "compensating")
+    assert Task.objects.get(pk=task_id_of(kept)).status == "dead_lettered"
+    assert Task.objects.get(pk=task_id_of(compensated)).status in ("failed", "compensated", "compensating")
     for item, compensate in ((kept, False), (compensated, True)):
         item.refresh_from_db()
         assert (item.status, item.decided_by) == ("discarded", "user:rita")
-        event = Event.objects.get(task_id=item.task_id, type="DeadLetterDiscarded")
+        event = Event.objects.get(task_id=task_id_of(item), type="DeadLetterDiscarded")
         assert event.payload["compensate"] is compensate
 
 
@@ -318,7 +318,7 @@ def test_a_decision_that_lost_the_race_says_who_won_and_changes_nothing(rita_cli
     assert "Already decided by user:sam (requeued); your decision changed nothing." in html(response)
     item.refresh_from_db()
     assert (item.status, item.decided_by, item.reason) == ("requeued", "user:sam", "mine")
-    assert Event.objects.filter(task_id=item.task_id, type__startswith="DeadLetter").count() == 1
+    assert Event.objects.filter(task_id=task_id_of(item), type__startswith="DeadLetter").count() == 1
     as_json = rita_client.post(f"/dead-letters/{item.pk}/requeue/", {"reason": "x"}, HTTP_ACCEPT="application/json")
     assert as_json.status_code == 409 and as_json.json()["error"]["details"]["decided_by"] == "user:sam"
 
@@ -428,7 +428,7 @@ def test_the_page_shows_the_payload_error_and_attempt_history(olivia_client: Cli
     page = html(olivia_client.get(f"/dead-letters/{task_letter.pk}/"))
     assert 'data-type="TaskStalled"' in page and 'data-type="TaskDeadLettered"' in page
     assert 'data-type="TaskClaimed"' in page and "attempt 1 of 1" in page
-    stalled = Event.objects.get(task_id=task_letter.task_id, type="TaskStalled")
+    stalled = Event.objects.get(task_id=task_id_of(task_letter), type="TaskStalled")
     assert f'href="/tasks/{task_letter.task_id}/#seq-{stalled.seq}"' in page
     assert olivia_client.get("/dead-letters/999999/").status_code == 404
 
@@ -438,7 +438,7 @@ def test_a_dead_letter_holding_its_key_shows_how_many_messages_wait_behind_it(ol
     (outbox,) = dead_outbox_messages()  # strict ordering (the default): it holds its key
     message = OutboxMessage.objects.get(pk=outbox.outbox_message_id)
     for score in (71, 72):
-        services.event_append(namespace="acme", task_id=message.task_id, agent="scorer", draft=EventDraft(
+        services.event_append(namespace="acme", task_id=task_id_of(message), agent="scorer", draft=EventDraft(
             type="LeadScored", payload={"score": score},
             outbox=(OutboxDraft(topic=TEST_TOPIC, payload={"score": score}, key=message.key),)))
     relay.outbox_relay_until_idle(publish=lambda m, body: None, budget_seconds=5)  # the endpoint is back

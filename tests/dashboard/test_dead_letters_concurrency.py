@@ -17,7 +17,7 @@ from django.test import Client
 from backplane.delivery.models import DeadLetter
 from backplane.eventlog.models import Event, Task
 from recovery import dead_letters
-from tests.dashboard.test_dead_letters import dead_lettered_tasks, make_reviewer, token_of
+from tests.dashboard.test_dead_letters import dead_lettered_tasks, make_reviewer, task_id_of, token_of
 
 
 def at_once(*work: Callable[[], Any]) -> list[Any]:
@@ -85,7 +85,7 @@ def test_two_reviewers_confirming_the_same_100_at_once_decide_each_once(committe
     decided = Counter(DeadLetter.objects.filter(pk__in=ids).values_list("status", "decided_by"))
     assert decided == Counter({("requeued", "user:rita"): rita["counts"].get("done", 0),
                                ("requeued", "user:sam"): sam["counts"].get("done", 0)})
-    tasks = [item.task_id for item in items]
+    tasks = [task_id_of(item) for item in items]
     assert decision_events_per_task(tasks) == Counter(dict.fromkeys(tasks, 1))  # no double requeue
     assert set(Task.objects.filter(pk__in=tasks).values_list("status", "attempts")) == {("pending", 0)}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -16,7 +16,7 @@ from backplane.eventlog import services
 from backplane.eventlog.models import Agent, BreakerTransition
 from recovery.breakers import breaker_record_failure
 from recovery.models import Tool, ToolCall
-from tests.dashboard.conftest import History, html
+from tests.dashboard.conftest import History, html, reviewers_group
 
 
 def open_breaker(agent: Agent) -> None:
@@ -26,7 +26,7 @@ def open_breaker(agent: Agent) -> None:
 
 
 def reviewer_client(olivia: User) -> Client:
-    olivia.groups.add(Group.objects.get(name="Reviewers"))
+    olivia.groups.add(reviewers_group())
     client = Client()
     client.force_login(User.objects.get(pk=olivia.pk))
     return client
@@ -94,9 +94,9 @@ def test_tools_show_breaker_rate_limit_and_latency(olivia_client: Client, make_h
 def test_the_outbox_page_shows_backlog_failures_and_lag(olivia_client: Client, make_history: Any) -> None:
     make_history()
     now = timezone.now()
-    OutboxMessage.objects.filter(pk=OutboxMessage.objects.order_by("pk").first().pk).update(
+    OutboxMessage.objects.filter(pk=OutboxMessage.objects.earliest("pk").pk).update(
         attempts=2, last_error="connection refused by broker", next_attempt_at=now + timedelta(seconds=30))
-    OutboxMessage.objects.filter(pk=OutboxMessage.objects.order_by("-pk").first().pk).update(
+    OutboxMessage.objects.filter(pk=OutboxMessage.objects.latest("pk").pk).update(
         status="delivered", delivered_at=now)
     page = html(olivia_client.get("/outbox/"))
     assert 'data-destination="broker"' in page

@@ -22,6 +22,7 @@ from django.test import Client
 from backplane.eventlog import services
 from backplane.eventlog.writer import EventDraft
 from dashboard import live
+from tests.support.waiting import wait_until
 
 
 class Sent:
@@ -46,6 +47,19 @@ def notice(task: str, seq: int) -> dict[str, Any]:
             "parent_id": None}
 
 
+def sent_before_a_marker(publisher: live.NoticePublisher, sent: Sent) -> list[dict[str, Any]]:
+    """Every message sent for what was published so far. A marker notice published now goes out
+    after anything still queued, or with it (one flush at a time), so once the marker is out the
+    messages before it are all there are; the marker's own message must hold the marker alone."""
+    marker = notice("marker", 1)
+    publisher.publish(marker)
+    wait_until(lambda: any(marker in message["tasks"] for message in sent.messages), timeout=5,
+               what="the marker notice is sent", interval=0.01)
+    *before, with_marker = sent.messages
+    assert with_marker["tasks"] == [marker], "a notice published earlier went out with the marker"
+    return before
+
+
 @pytest.fixture
 def publishers() -> Iterator[list[live.NoticePublisher]]:
     made: list[live.NoticePublisher] = []
@@ -68,10 +82,10 @@ def test_it_coalesces_a_burst_into_one_message_with_the_latest_seq_per_task(publ
     publisher.publish(notice("b", 1))
     publisher.publish(notice("a", 3))  # late and older: ignored
     assert sent.arrived.wait(2)
-    time.sleep(0.3)
-    assert len(sent.messages) == 1
-    assert {(n["task_id"], n["seq"]) for n in sent.messages[0]["tasks"]} == {("a", 5), ("b", 1)}
-    assert sent.messages[0]["resync"] is False
+    messages = sent_before_a_marker(publisher, sent)
+    assert len(messages) == 1
+    assert {(n["task_id"], n["seq"]) for n in messages[0]["tasks"]} == {("a", 5), ("b", 1)}
+    assert messages[0]["resync"] is False
 
 
 def test_a_notice_after_a_flush_goes_out_in_the_next_one(publishers: Any) -> None:
@@ -100,9 +114,9 @@ def test_too_many_tasks_in_one_window_become_a_resync(publishers: Any) -> None:
     for n in range(live.MAX_TASKS_PER_NOTICE + 5):
         publisher.publish(notice(f"t{n}", 1))
     assert sent.arrived.wait(2)
-    time.sleep(0.3)
-    assert sum(len(m["tasks"]) for m in sent.messages) <= live.MAX_TASKS_PER_NOTICE + 5
-    assert sent.messages[0]["resync"] is True
+    messages = sent_before_a_marker(publisher, sent)
+    assert sum(len(m["tasks"]) for m in messages) <= live.MAX_TASKS_PER_NOTICE + 5
+    assert messages[0]["resync"] is True
 
 
 @pytest.fixture
@@ -124,12 +138,17 @@ def test_a_rolled_back_write_announces_nothing(committed_db: None, recorded: Sen
     class Abandon(Exception):
         pass
 
+    rolled_back = uuid.uuid4()
     with pytest.raises(Abandon), transaction.atomic():
-        services.task_create_in_transaction(namespace="acme", kind="k", input={}, agent=None, task_id=uuid.uuid4(),
+        services.task_create_in_transaction(namespace="acme", kind="k", input={}, agent=None, task_id=rolled_back,
                                             parent_task_id=None, max_attempts=3, metadata={})
         raise Abandon
-    time.sleep(0.5)
-    assert recorded.messages == []
+    # A write committed afterwards is announced; a notice of the rolled-back one would have gone
+    # out before it or with it.
+    committed = make_task()
+    assert recorded.arrived.wait(2)
+    announced = [n["task_id"] for message in recorded.messages for n in message["tasks"]]
+    assert announced == [str(committed.pk)]
 
 
 # --- the real channel layer -----------------------------------------------------------------------

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
@@ -108,8 +110,9 @@ def test_the_overview_counts_idempotent_replays(olivia_client: Client, make_hist
                               lease_epoch=history.epoch)
     page = html(olivia_client.get("/"))
     assert tile_value(page, "replays-hour") == "2"
-    listed = html(olivia_client.get(re.search(r'data-tile="replays-hour"><a href="([^"]+)"', page).group(1)
-                                    .replace("&amp;", "&")))
+    link = re.search(r'data-tile="replays-hour"><a href="([^"]+)"', page)
+    assert link, "the replays tile links to its tasks"
+    listed = html(olivia_client.get(link.group(1).replace("&amp;", "&")))
     assert f'data-task-id="{history.task.pk}"' in listed
 
 
@@ -189,24 +192,21 @@ def test_it_filters_by_time_in_the_viewers_timezone(olivia_client: Client, make_
     assert listed(created_after=(task.created_at - timedelta(seconds=1)).isoformat())
 
 
-def test_it_pages_by_keyset_without_repeating_or_skipping(olivia_client: Client, make_task: Any) -> None:
+def test_it_pages_by_keyset_without_repeating_or_skipping(olivia_client: Client, make_task: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     made = {str(make_task(input={"n": n}).pk) for n in range(7)}
     seen: list[str] = []
     url = "/tasks/"
     from dashboard import selectors
 
-    original = selectors.task_page
-    try:
-        selectors.task_page = lambda filters, cursor=None, limit=3: original(filters, cursor=cursor, limit=limit)
-        for _ in range(5):
-            page = html(olivia_client.get(url))
-            seen += re.findall(r'data-task-id="([0-9a-f-]+)"', page)
-            more = re.search(r'id="next-page" href="([^"]+)"', page)
-            if not more:
-                break
-            url = "/tasks/" + more.group(1).replace("&amp;", "&")
-    finally:
-        selectors.task_page = original
+    monkeypatch.setattr(selectors, "task_page", functools.partial(selectors.task_page, limit=3))
+    for _ in range(5):
+        page = html(olivia_client.get(url))
+        seen += re.findall(r'data-task-id="([0-9a-f-]+)"', page)
+        more = re.search(r'id="next-page" href="([^"]+)"', page)
+        if not more:
+            break
+        url = "/tasks/" + more.group(1).replace("&amp;", "&")
     assert len(seen) == 7 and set(seen) == made
 
 

@@ -79,6 +79,7 @@ def call_tool(url: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
 def send_tool_request_without_reading(url: str, key: str, body: dict[str, Any]) -> None:
     """Put the whole request on the wire and return without reading a byte of the answer."""
     parts = urlsplit(url)
+    assert parts.hostname, f"no host in {url}"
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     payload = json.dumps(body).encode()
     connection.request(

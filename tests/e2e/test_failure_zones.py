@@ -302,7 +302,7 @@ def test_zone4_cross_agent_hand_off(zone: Zone) -> None:
     assert parent["output"]["subagent_output"] == child["output"]
     types = zone.types(task_id)
     assert (types["SubAgentDispatched"], types["SubAgentAccepted"], types["SubAgentResultReceived"]) == (1, 1, 1)
-    assert Task.objects.filter(parent_id=task_id).count() == 1
+    assert Task.objects.filter(parent_id=uuid.UUID(task_id)).count() == 1
     child_key = tool_key(child_id, TOOL_STEP, CHILD_TOOL)
     assert child["output"]["tool_result"] == zone.tool.answers[child_key]
     assert zone.tool.requests == Counter({tool_key(task_id, TOOL_STEP, TOOL): 1, child_key: 1})

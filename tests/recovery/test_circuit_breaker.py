@@ -48,7 +48,8 @@ def test_three_failures_open_it_and_claims_get_503_with_retry_after(flaky, setti
     services.task_create(namespace="acme", kind="k", input={"waiting": True}, agent="x")
     with pytest.raises(CircuitOpen) as caught:
         leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
-    assert 1 <= caught.value.retry_after <= settings.BACKPLANE_BREAKER_COOLDOWN_SECONDS
+    retry_after = caught.value.retry_after
+    assert retry_after is not None and 1 <= retry_after <= settings.BACKPLANE_BREAKER_COOLDOWN_SECONDS
 
     token = services.agent_rotate_token(agent_id=flaky.pk).token
     client = APIClient()
@@ -136,6 +137,7 @@ def test_an_expired_lease_counts_as_a_failure(flaky) -> None:  # type: ignore[no
     for _ in range(3):
         services.task_create(namespace="acme", kind="k", input={"t": timezone.now().isoformat()}, agent="x")
         claim = leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
+        assert claim is not None
         Task.objects.filter(pk=claim.task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
         detector.lease_expire_stalled()
     flaky.refresh_from_db()

@@ -104,7 +104,8 @@ def test_every_kind_of_transition_leaves_every_row_equal_to_its_replayed_log(wor
     lease = claim(worker, "beat")
     before = Task.objects.get(pk=beating.pk).lease_expires_at
     leases.lease_heartbeat(namespace="acme", task_id=beating.pk, lease_epoch=lease.lease_epoch)
-    assert Task.objects.get(pk=beating.pk).lease_expires_at > before
+    after = Task.objects.get(pk=beating.pk).lease_expires_at
+    assert before is not None and after is not None and after > before
     assert types_of(beating.pk) == [et.TASK_STARTED, et.TASK_CLAIMED]
 
     # Stall, then fail and retry, then complete.
@@ -164,6 +165,7 @@ def test_every_kind_of_transition_leaves_every_row_equal_to_its_replayed_log(wor
     edit = Event.objects.get(task=noisy, type=et.DEAD_LETTER_REQUEUED)
     assert edit.payload["edited_payload"] is True and edit.payload["payload"] == {"score": 8}
     assert edit.payload["original_payload"] == {"score": 7}
+    assert dead.outbox_message_id is not None
     assert OutboxMessage.objects.get(pk=dead.outbox_message_id).payload == {"score": 8}
     assert status_of(noisy.pk) == "pending"
 

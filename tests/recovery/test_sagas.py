@@ -20,7 +20,7 @@ def succeed_three_steps(client, task_id: str, lease_epoch: int | None = None) ->
                 "compensation": {"tool": f"undo-{tool}", "input": {"undo": step}}}
         key = client.post(f"/api/v1/tasks/{task_id}/tool-calls/", {k: v for k, v in body.items() if v is not None},
                           format="json").json()["idempotency_key"]
-        answer = {"status": "succeeded", "result": {"ok": step}}
+        answer: dict[str, object] = {"status": "succeeded", "result": {"ok": step}}
         if lease_epoch is not None:
             answer["lease_epoch"] = lease_epoch
         assert client.post(f"/api/v1/tool-calls/{key}/result/", answer, format="json").status_code == 201
@@ -86,6 +86,7 @@ def test_discarding_a_task_dead_letter_with_compensate_runs_the_saga(alice) -> N
     agent = services.agent_create(name="runner", namespace="acme").agent
     task = create_task(alice, max_attempts=1)
     lease = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert lease is not None
     succeed_three_steps(alice, task["task_id"], lease.lease_epoch)
     Task.objects.filter(pk=task["task_id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     detector.lease_expire_stalled()

@@ -4,7 +4,6 @@ detectors never double-expire."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -75,6 +74,7 @@ def test_a_lease_renewed_while_the_detector_runs_is_never_expired(committed_db) 
     task, epoch = claimed_task(lease_seconds=1)
     expire(task)
     renewing = threading.Event()
+    swept = threading.Event()
     done = threading.Event()
 
     # A heartbeat that holds the row lock across the detector's run, then commits a new expiry.
@@ -82,7 +82,7 @@ def test_a_lease_renewed_while_the_detector_runs_is_never_expired(committed_db) 
         with transaction.atomic():
             locked = Task.objects.select_for_update().get(pk=task.pk)
             renewing.set()
-            time.sleep(0.5)
+            swept.wait(5)  # the run below has returned (or, were it waiting for this lock, 5 s passed)
             locked.lease_expires_at = timezone.now() + timedelta(seconds=60)
             locked.save(update_fields=["lease_expires_at"])
         done.set()
@@ -92,6 +92,7 @@ def test_a_lease_renewed_while_the_detector_runs_is_never_expired(committed_db) 
     thread.start()
     assert renewing.wait(5)
     during = detector.lease_expire_stalled()
+    swept.set()
     thread.join()
     after = detector.lease_expire_stalled()
     assert (during.expired, after.expired) == (0, 0)

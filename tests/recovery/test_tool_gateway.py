@@ -442,7 +442,7 @@ def test_half_open_lets_exactly_one_call_through(committed_db, tool_server) -> N
     through = [r for r in results if not isinstance(r, BaseException)]
     refused = [r for r in results if isinstance(r, CircuitOpen)]
     assert len(through) == 1 and len(refused) == 7, results
-    assert all(r.retry_after >= 1 for r in refused)
+    assert all(r.retry_after is not None and r.retry_after >= 1 for r in refused)
     assert tool_server.calls() == 1 and ToolCall.objects.count() == 1
     tool.refresh_from_db()
     assert (tool.breaker_state, tool.consecutive_failures, tool.opened_at) == ("closed", 0, None)
@@ -522,6 +522,7 @@ def test_bad_bodies_are_400(alice, make_tool, tool_server) -> None:  # type: ign
     make_tool()
     task = new_task()
     before = row_counts()
+    body: dict[str, Any]
     for body in ({"step": -1}, {"step": "1"}, {"input": []}, {"task_id": "not-a-uuid"}, {"lease_epoch": "1"}):
         assert_error(invoke(alice, task, **body), 400, "validation_error")
     assert tool_server.calls() == 0 and row_counts() == before

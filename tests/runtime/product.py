@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ import psycopg
 
 from backplane.runtime import embedded_db
 from backplane.runtime.supervisor import is_alive, read_json
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # The duties that run every few seconds: each must run again within 30 s of any kill.
@@ -48,19 +49,6 @@ def new_var_dir(prefix: str) -> Path:
     # Not pytest's tmp_path: pytest keeps its parent at mode 0700, which the database's own
     # system user (when we run as root) cannot traverse.
     return Path(tempfile.mkdtemp(prefix=prefix)) / "var"
-
-
-def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1,
-               details: Callable[[], str] | None = None) -> Any:
-    """Poll until ``condition()`` is truthy and return it; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}\n" + (details() if details else ""))
-        time.sleep(interval)
 
 
 def launcher_env() -> dict[str, str]:

@@ -17,7 +17,8 @@ import pytest
 
 from backplane.runtime import embedded_db
 from backplane.runtime.supervisor import ProcessRecord, is_alive, write_json_atomically
-from tests.runtime.product import ROOT, new_var_dir, run_launcher, wait_until
+from tests.runtime.product import ROOT, new_var_dir, run_launcher
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -27,8 +27,8 @@ from tests.runtime.product import (
     new_var_dir,
     now,
     run_launcher,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

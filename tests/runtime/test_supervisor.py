@@ -23,7 +23,8 @@ from backplane.runtime.supervisor import (
     describe_exit,
     is_alive,
 )
-from tests.runtime.product import ROOT, wait_until
+from tests.runtime.product import ROOT
+from tests.support.waiting import wait_until
 
 
 def test_backoff_doubles_for_a_child_that_keeps_dying_young_and_resets_once_it_proved_itself() -> None:
@@ -47,8 +48,12 @@ def test_a_child_that_dies_is_restarted_and_the_restart_logged(caplog: pytest.Lo
     try:
         with caplog.at_level(logging.WARNING, logger="backplane.runtime.supervisor"):
             psutil.Process(first).kill()
-            wait_until(lambda: (supervisor.tick(), program.pid != first and program.state is State.RUNNING)[1],
-                       timeout=5, what="the sleeper was started again", interval=0.05)
+
+            def restarted() -> bool:
+                supervisor.tick()
+                return program.pid != first and program.state is State.RUNNING
+
+            wait_until(restarted, timeout=5, what="the sleeper was started again", interval=0.05)
         assert f"sleeper (pid {first}) killed by SIGKILL" in caplog.text
         assert "restarting it in 0.5 s (restart 1)" in caplog.text
     finally:

@@ -26,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from backplane.eventlog.models import Event
 from backplane.runtime.launcher import Launcher
 from backplane.telemetry.process_files import metrics_process_name
-from tests.runtime.product import ProductClient, RunningProduct, new_var_dir, wait_until
+from tests.runtime.product import ProductClient, RunningProduct, new_var_dir
 from tests.support.live_server import ROOT, database_url_of_test_db
+from tests.support.waiting import wait_until
 from tests.telemetry.metrics_scrape import scrape
 
 APPENDS = 40

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib
 import os
 import re
 import secrets
@@ -36,6 +37,7 @@ import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 COMMIT = "a7b5769"
 NAMESPACE = "acme"
@@ -55,20 +57,31 @@ def _env_for(var_dir: Path) -> dict[str, str]:
     }
 
 
+def _checkout(module: str) -> Any:
+    """``module`` of the a7b5769 checkout, which ``main`` puts first on ``sys.path``.
+
+    Imported by name, untyped: many of these modules have moved or gone since, so this tree's
+    types do not describe them."""
+    return importlib.import_module(module)
+
+
 def populate() -> dict[str, object]:
     """Representative data, written through a7b5769's services. Returns ids worth printing."""
-    from backplane.audit.export import audit_export_until_idle
-    from backplane.sealing import seal_new_events
-    from backplane.services import EventDraft, OutboxDraft
-    from backplane.tasks import _verify_chains
     from django.contrib.auth.models import Group, Permission, User
     from django.utils import timezone
 
-    from backplane import dead_letters, services
-    from backplane.models import Agent, DeadLetter, DeadLetterStatus, Task, WebhookSubscription
-    from recovery import services as recovery
-    from recovery.models import Tool
-    from recovery.sagas import compensation_key
+    audit_export_until_idle = _checkout("backplane.audit.export").audit_export_until_idle
+    seal_new_events = _checkout("backplane.sealing").seal_new_events
+    services = _checkout("backplane.services")
+    EventDraft, OutboxDraft = services.EventDraft, services.OutboxDraft
+    _verify_chains = _checkout("backplane.tasks")._verify_chains
+    dead_letters = _checkout("backplane.dead_letters")
+    models = _checkout("backplane.models")
+    Agent, DeadLetter, DeadLetterStatus, Task, WebhookSubscription = (
+        models.Agent, models.DeadLetter, models.DeadLetterStatus, models.Task, models.WebhookSubscription)
+    recovery = _checkout("recovery.services")
+    Tool = _checkout("recovery.models").Tool
+    compensation_key = _checkout("recovery.sagas").compensation_key
 
     # --- people and permissions ---------------------------------------------------------------
     User.objects.create_superuser("admin", "admin@example.com", "admin-password-not-secret")
@@ -94,7 +107,7 @@ def populate() -> dict[str, object]:
     }
     Agent.objects.filter(pk=created["summarizer"].pk).update(user=operator)
 
-    def agent(name: str) -> Agent:
+    def agent(name: str) -> Any:
         return Agent.objects.get(pk=created[name].pk)
 
     # --- webhook subscriptions (admin-only objects): lifecycle messages fan out to one ----------
@@ -109,12 +122,12 @@ def populate() -> dict[str, object]:
         name="paused-hook", topic_pattern="crm.#", url="https://paused.example.com/in", secret="k2", is_active=False,
     )
 
-    def claim(name: str, kind: str, lease_seconds: int = 300) -> recovery.Claim:
+    def claim(name: str, kind: str, lease_seconds: int = 300) -> Any:
         result = recovery.lease_claim(agent=agent(name), kinds=[kind], lease_seconds=lease_seconds)
         assert result is not None, f"{name} found no pending {kind} task"
         return result
 
-    def append(task: Task, type_: str, payload: dict, *, who: str, epoch: int | None, key: str | None = None,
+    def append(task: Any, type_: str, payload: dict, *, who: str, epoch: int | None, key: str | None = None,
                outbox: tuple = (), **extra: object) -> None:
         services.event_append(
             namespace=NAMESPACE, task_id=task.pk, agent=who, lease_epoch=epoch,
@@ -244,13 +257,13 @@ def populate() -> dict[str, object]:
 
 
 def _relay() -> None:
-    from backplane.outbox import PublishError, outbox_relay_once
-
-    from backplane.models import OutboxDestination
+    outbox = _checkout("backplane.outbox")
+    PublishError, outbox_relay_once = outbox.PublishError, outbox.outbox_relay_once
+    OutboxDestination = _checkout("backplane.models").OutboxDestination
 
     failed: list[int] = []
 
-    def publish(message, envelope) -> None:  # type: ignore[no-untyped-def]
+    def publish(message: Any, envelope: Any) -> None:
         if message.destination == OutboxDestination.WEBHOOK and not failed:
             failed.append(message.pk)
             raise PublishError("HTTP 503 from https://hooks.example.com/backplane")
@@ -306,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(_env_for(var_dir))
     sys.path.insert(0, str(checkout))
     os.chdir(checkout)
-    from backplane import embedded_db
+    embedded_db = _checkout("backplane.embedded_db")
 
     try:
         database_url = embedded_db.start(pgdata)

@@ -31,10 +31,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from psycopg import sql
 
-try:  # modules are being moved into subpackages; either home will do
-    from backplane.eventlog.chain import GENESIS_HASH, stored_row_hash
-except ImportError:
-    from backplane.chain import GENESIS_HASH, stored_row_hash
+from backplane.eventlog.chain import GENESIS_HASH, stored_row_hash
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +114,7 @@ def upgraded_url() -> Iterator[str]:
         # No parameters: psycopg sends the script as one simple query, every statement in one
         # transaction, and leaves the '%' in it alone.
         with psycopg.connect(url) as conn:
-            conn.execute(dump)  # type: ignore[call-overload]
+            conn.execute(dump)
         yield url
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
@@ -132,13 +129,11 @@ def test_a7b5769_database_upgrades_without_losing_data(upgraded_url: str) -> Non
     assert check.returncode == 0, f"models and migrations disagree:\n{check.stdout}\n{check.stderr}"
 
     with psycopg.connect(upgraded_url) as conn:
-        counts = {
-            table: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
-            for table in EXPECTED_COUNTS
-        }
+        counts = {table: _count_rows(conn, table) for table in EXPECTED_COUNTS}
         assert counts == EXPECTED_COUNTS
 
-        statuses = dict(conn.execute("SELECT status, count(*) FROM backplane_task GROUP BY status").fetchall())
+        statuses: dict[str, int] = dict(
+            conn.execute("SELECT status, count(*) FROM backplane_task GROUP BY status").fetchall())
         assert statuses == EXPECTED_TASK_STATUSES
         letters = {
             (source, status): n
@@ -184,6 +179,11 @@ def test_a7b5769_database_upgrades_without_losing_data(upgraded_url: str) -> Non
         assert reconciled.fetchone() == (1,)
     verify = _manage("verify_chain", "--all", database_url=upgraded_url)
     assert verify.returncode == 0 and "BROKEN" not in verify.stdout, verify.stdout + verify.stderr
+
+
+def _count_rows(conn: psycopg.Connection, table: str) -> int:
+    [(count,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchall()
+    return count
 
 
 def _assert_chains_verify(conn: psycopg.Connection) -> None:
