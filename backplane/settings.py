@@ -97,7 +97,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # HTTP requests by view and status on /metrics, under django-prometheus' names at a tenth of
+    # HTTP requests by view and status on /metrics, under django-prometheus' names for a fraction of
     # its middlewares' cost (backplane/telemetry/http.py). First: its latency covers the rest.
     "backplane.telemetry.http.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",

@@ -2,9 +2,8 @@
 tool-call dispatch and result), each served by one plain Django view for every request.
 
 DRF's request machinery (its Request wrapper, negotiation, authenticator, permission and
-throttle classes, serializer copies, Response rendering) cost several times the rest of an
-agent's request. A route here does the same steps as plain calls, in DRF's order, with DRF's
-answers:
+throttle classes, serializer copies, Response rendering) is most of the Python an agent's request
+would run. A route here does the same steps as plain calls, in DRF's order, with DRF's answers:
 
 1. who is calling and the rate limit's count (authentication.py: 401 with ``WWW-Authenticate``,
    403 for a write without CSRF on a session, 429 with ``Retry-After``);

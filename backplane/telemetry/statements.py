@@ -3,14 +3,14 @@
 They are made through Django's own database instrumentation hook (``execute_wrappers`` on each
 connection, installed as a connection opens) rather than by OpenTelemetry's psycopg
 instrumentation, for what they cost. That instrumentation wraps every cursor of the DB-API and
-makes each statement's span the current one, records two histograms and sets its attributes one by
-one. Measured here on the append path (``bench/append.py``), it added 140–220 µs of CPU to every
-statement and alone took the append rate 15 % below its rate with tracing off. The span here is
-started once with all its attributes, is never made current (nothing runs inside a statement),
-and costs about half as much. Names and attributes are those of OpenTelemetry's stable database
-conventions, as the psycopg instrumentation writes them: the span is named after the statement's
-first keyword, with ``db.system.name``, ``db.namespace``, ``db.query.text``, ``server.address``
-and ``server.port`` (when it is not 5432); a failed statement also gets ``error.type`` and an error status.
+makes each statement's span the current one, records two histograms and sets its attributes one
+by one, for every statement (``bench/append.py`` measures the cost of tracing). The span here is
+started once with all its attributes and is never made current (nothing runs inside a
+statement). Names and attributes are those of OpenTelemetry's stable database conventions, as
+the psycopg instrumentation writes them: the span is named after the statement's first keyword,
+with ``db.system.name``, ``db.namespace``, ``db.query.text``, ``server.address`` and
+``server.port`` (when it is not 5432); a failed statement also gets ``error.type`` and an error
+status.
 
 Only statements through Django are traced: the few connections the product opens with psycopg
 itself (the relay's LISTEN, the database gate's probe, the Channels layer) have no spans.
