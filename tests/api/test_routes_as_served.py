@@ -65,6 +65,12 @@ def test_every_agent_route_answers_by_its_schema_and_the_contract(served: WebPro
     events = route("/api/v1/tasks/{task_id}/events/", "GET")
     append = route("/api/v1/tasks/{task_id}/events/", "POST")
     batch = route("/api/v1/tasks/{task_id}/events/batch/", "POST")
+    listing = route("/api/v1/tasks/", "GET")
+    verify = route("/api/v1/tasks/{task_id}/verify/", "GET")
+    context = route("/api/v1/tasks/{task_id}/recovery-context/", "GET")
+    release = route("/api/v1/tasks/{task_id}/release/", "POST")
+    subtasks = route("/api/v1/tasks/{task_id}/subtasks/", "POST")
+    tool_call = route("/api/v1/tool-calls/{key}/", "GET")
     claim = route("/api/v1/leases/", "POST")
     heartbeat = route("/api/v1/tasks/{task_id}/heartbeat/", "POST")
     dispatch = route("/api/v1/tasks/{task_id}/tool-calls/", "POST")
@@ -119,11 +125,27 @@ def test_every_agent_route_answers_by_its_schema_and_the_contract(served: WebPro
     assert result(200, json=answer_body, at={"key": key}).json()["replayed"] is True
     result(422, code="idempotency_mismatch", json={**answer_body, "result": {"id": 8}}, at={"key": key})
     result(404, code="not_found", json=answer_body, at={"key": "0" * 64})
+    assert tool_call(200, at={"key": key}).json()["status"] == "succeeded"
+    tool_call(404, code="not_found", at={"key": "0" * 64})
+
+    # A hand-off, and what a recovering agent reads.
+    handoff = {"step": 3, "kind": "served-child", "input": {"q": 1}, "lease_epoch": epoch}
+    child = subtasks(201, json=handoff, at=ids).json()["task"]
+    assert subtasks(200, json=handoff, at=ids).json()["task"]["task_id"] == child["task_id"]
+    assert context(200, at=ids).json()["task_id"] == task_id
+    assert verify(200, at=ids).json()["valid"] is True
+    assert {t["task_id"] for t in listing(200).json()["results"]} == {task_id, child["task_id"]}
 
     # The end of the task, and what a closed task answers.
     append(201, json={"type": "TaskCompleted", "payload": {"output": {"ok": True}}, "lease_epoch": epoch}, at=ids)
     append(409, code="task_closed", json={"type": "Noted", "payload": {}}, at=ids)
     finished = read(200, at=ids).json()
-    assert (finished["status"], finished["lease"], finished["last_seq"]) == ("completed", None, 9)
+    assert (finished["status"], finished["lease"], finished["last_seq"]) == ("completed", None, 10)
     page = events(200, at=ids).json()["results"]
-    assert [e["seq"] for e in page] == list(range(1, 10))
+    assert [e["seq"] for e in page] == list(range(1, 11))
+
+    # A lease given back: the child, claimed and released, then a release with the old epoch.
+    child_ids = {"task_id": child["task_id"]}
+    child_lease = claim(200, json={"kinds": ["served-child"]}).json()
+    assert release(200, json={"lease_epoch": child_lease["lease_epoch"]}, at=child_ids).json()["status"] == "pending"
+    release(409, code="stale_lease", json={"lease_epoch": child_lease["lease_epoch"]}, at=child_ids)
