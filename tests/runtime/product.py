@@ -287,8 +287,9 @@ class ProductClient:
                 ).fetchall()
                 assert rows == [(ack.seq, ack.hash)], f"{ack} is stored as {rows}"
         for task_id in self.tasks:
-            verified = self.http.get(f"/api/v1/tasks/{task_id}/verify/").json()
-            assert verified["valid"] is True, verified
+            response = self.http.get(f"/api/v1/tasks/{task_id}/verify/")
+            assert response.status_code == 200, f"{response.status_code} {response.text}\n{self.product.log()}"
+            assert response.json()["valid"] is True, response.text
         env = {**launcher_env(), "DATABASE_URL": self.product.database_url(),
                "BACKPLANE_VAR_DIR": str(self.product.var_dir)}
         done = subprocess.run([sys.executable, "manage.py", "verify_chain", "--all"], cwd=ROOT, env=env,
