@@ -65,10 +65,9 @@ class Principal:
 
 @dataclass(frozen=True)
 class AgentCredentials:
-    """DRF's ``request.auth`` for an agent: the token and the rate limit's wait its request got
-    when the token was looked up (None: within the limit)."""
+    """DRF's ``request.auth`` for an agent: the rate limit's wait its request got when the token
+    was looked up (None: within the limit), which DRF's throttle then reports."""
 
-    token: str
     wait: float | None
 
 
@@ -119,7 +118,7 @@ def agent_authenticate(request: HttpRequest) -> tuple[Principal, AgentCredential
         raise exceptions.AuthenticationFailed("invalid or inactive token")
     _note_seen(agent)
     principal = Principal(name=agent.name, namespace=agent.namespace, agent=agent)
-    return principal, AgentCredentials(token=token, wait=window.wait_after(int(row[-1])))
+    return principal, AgentCredentials(wait=window.wait_after(int(row[-1])))
 
 
 def _note_seen(agent: Agent) -> None:

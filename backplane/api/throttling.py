@@ -68,6 +68,9 @@ def counter_key(principal_pk: str) -> str:
     return f"throttle:{principal_pk}"
 
 
+_COUNT_ONE_SQL = COUNT_SQL.format(source="VALUES (%s, '1', %s)")
+
+
 def count_request(principal_pk: str) -> float | None:
     """Count one request of a principal; the seconds until its window ends when it is over the
     limit, else None."""
@@ -78,6 +81,6 @@ def count_request(principal_pk: str) -> float | None:
 def count_into(key: str, window: Window) -> int:
     """Count one request into ``key``'s counter for ``window``; the count so far."""
     with connection.cursor() as cursor:
-        cursor.execute(COUNT_SQL.format(source="VALUES (%s, '1', %s)"), [key, window.expires])
+        cursor.execute(_COUNT_ONE_SQL, [key, window.expires])
         (count,) = cursor.fetchone()
     return int(count)

@@ -4,8 +4,9 @@
 signer and a session storage. Agents' API calls, health checks and metrics scrapes never use
 messages; only the admin and the dashboard's forms do. Here the storage is built when something
 first touches ``request._messages`` (adding a message, or a template listing them), and a
-request that never did has nothing to store: Django's own ``update`` would return at once for such a storage (it
-neither read nor added a message), so skipping it changes nothing in the response.
+request that never did has nothing to store: Django's own ``update`` would return at once for
+such a storage (it neither read nor added a message), so skipping it changes nothing in the
+response.
 """
 
 from __future__ import annotations

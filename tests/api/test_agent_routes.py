@@ -11,6 +11,8 @@ from django.urls import resolve
 from rest_framework.test import APIClient
 
 from backplane.api.routes import AgentRoute
+from backplane.eventlog import services
+from backplane.eventlog.models import Agent
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
 
 pytestmark = pytest.mark.django_db
@@ -140,9 +142,6 @@ def test_a_user_who_is_not_staff_is_not_authenticated(alice: AgentClient) -> Non
 
 
 def test_a_rotated_or_deactivated_token_stops_at_once(alice: AgentClient) -> None:
-    from backplane.eventlog import services
-    from backplane.eventlog.models import Agent
-
     task = create_task(alice)
     url = f"/api/v1/tasks/{task['task_id']}/"
     assert alice.get(url).status_code == 200
