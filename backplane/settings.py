@@ -313,6 +313,9 @@ BACKPLANE_VERIFY_BATCH_SIZE = env_int("BACKPLANE_VERIFY_BATCH_SIZE", 200, minimu
 # Retention (recovery/retention.py): how often finished tasks that their namespace's retention rule
 # has made due are pruned, once their events are exported (rules are set in the admin).
 BACKPLANE_RETENTION_SECONDS = env_int("BACKPLANE_RETENTION_SECONDS", 60, minimum=1)
+# How long a finished sandbox fork (a replay) is kept; the namespace's retention rules never
+# prune sandboxes, and a source is kept while any fork of it is (recovery/retention.py).
+BACKPLANE_SANDBOX_KEEP_SECONDS = env_int("BACKPLANE_SANDBOX_KEEP_SECONDS", 7 * 24 * 3600, minimum=1)
 # Audit export (backplane/integrity/audit/export.py): each new sealed range, up to a signed tree head, becomes
 # a segment (JSON Lines plus a signed manifest) in a directory, or in S3 with Object Lock in
 # compliance mode when a bucket is named. S3 credentials come from the usual AWS environment.

@@ -123,7 +123,9 @@ def tool_invoke(
         known = None
     # An answered call is replayed and a call with another input is refused (422) by
     # tool_call_dispatch without calling the tool; only calls that will go out pass the gate.
-    will_call = known is None or (known.status == ToolCallStatus.DISPATCHED and known.input == input)
+    # A sandbox never calls a tool: tool_call_dispatch answers it from the record or refuses it.
+    will_call = not task.sandbox and (
+        known is None or (known.status == ToolCallStatus.DISPATCHED and known.input == input))
     permit = _admit(tool, now=now) if will_call else None
 
     sent = False
@@ -146,7 +148,8 @@ def tool_invoke(
         sent = True
         try:
             with counters.tool_gateway_call_timed(tool=tool.name):
-                answer = _send(tool=tool, key=key, input=input)
+                # The effect's key: a fork's call of a step its source dispatched is the same effect.
+                answer = _send(tool=tool, key=outcome.call.effect_key, input=input)
         except ToolUnavailable as exc:
             tool_breaker_record_failure(tool_id=tool.pk, reason=exc.message)
             raise

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.models import Task, TaskStatus
-from backplane.eventlog.writer import EventDraft, WrittenEvents, write_events
+from backplane.eventlog.writer import WrittenEvents, write_events
 from recovery.breakers import breaker_record_failure, breaker_record_success
 from recovery.sagas import saga_start_if_due
+from recovery.subtasks import adopters_of, child_result_draft
 
 
 def feed_agent_breakers(written: WrittenEvents) -> None:
@@ -50,29 +51,14 @@ def report_to_parent(written: WrittenEvents) -> None:
     child = written.task
     if not written.was_open or written.status not in REPORTED_TO_PARENT or child.parent_id is None:
         return
-    parent = Task.objects.select_for_update().get(pk=child.parent_id)
-    write_events(
-        parent,
-        [
-            EventDraft(
-                type=et.SUB_AGENT_RESULT_RECEIVED,
-                payload={
-                    "child_task_id": str(child.pk),
-                    "dispatch_key": child.dispatch_key,
-                    "kind": child.kind,
-                    # What the child's final event made of it, even if its saga has begun since.
-                    "status": written.status,
-                    "output": child.output,
-                    "error": child.error,
-                },
-                causation_id=f"{child.pk}:{child.last_seq}",
-            )
-        ],
-        agent=None,
-        now=written.now,
-        # A parent that already finished still gets the record: nothing is dropped.
-        allow_closed=True,
-    )
+    # What the child's final event made of it, even if its saga has begun since.
+    result = child_result_draft(child, status=written.status)
+    # A parent that already finished still gets the record: nothing is dropped.
+    write_events(Task.objects.select_for_update().get(pk=child.parent_id), [result], agent=None, now=written.now,
+                 allow_closed=True)
+    # Then the forks of the parent that adopted the child (recovery/subtasks.py), locked in id order.
+    for adopter in adopters_of(child):
+        write_events(Task.objects.get(pk=adopter), [result], agent=None, now=written.now, allow_closed=True)
 
 
 FOLLOW_UPS = (feed_agent_breakers, start_saga_on_failure, report_to_parent)

@@ -32,11 +32,15 @@ class Claim:
     recovered: bool
 
 
-def lease_claim(*, agent: Agent, kinds: Sequence[str] | None, lease_seconds: int) -> Claim | None:
+def lease_claim(
+    *, agent: Agent, kinds: Sequence[str] | None, lease_seconds: int, task_id: uuid.UUID | None = None
+) -> Claim | None:
     """Give ``agent`` the oldest pending task of ``kinds`` under a new lease, or None.
 
     ``SKIP LOCKED`` makes concurrent claimers pass over rows another claimer is taking
     instead of queueing behind it, so two agents never win the same task and neither waits.
+    Sandbox forks are never handed out this way: they are claimed by ``task_id`` (this very
+    task, if it is pending and of an allowed kind), which is how a replay runs one.
     """
     allowed = list(kinds) if kinds else list(agent.kinds)
     if agent.kinds and not set(allowed) <= set(agent.kinds):
@@ -46,17 +50,20 @@ def lease_claim(*, agent: Agent, kinds: Sequence[str] | None, lease_seconds: int
         )
     # Before the claim's own transaction: see recovery/breakers.py on lock order.
     gate = breaker_gate_claim(agent_id=agent.pk)
-    claim = _claim_oldest_pending(agent=agent, kinds=allowed, lease_seconds=lease_seconds)
+    claim = _claim_oldest_pending(agent=agent, kinds=allowed, lease_seconds=lease_seconds, task_id=task_id)
     if claim is None and gate.trial:
         breaker_trial_unused(agent_id=agent.pk, trial_started_at=gate.trial_started_at)
     return claim
 
 
-def _claim_oldest_pending(*, agent: Agent, kinds: list[str], lease_seconds: int) -> Claim | None:
+def _claim_oldest_pending(
+    *, agent: Agent, kinds: list[str], lease_seconds: int, task_id: uuid.UUID | None
+) -> Claim | None:
     with transaction.atomic(durable=True):
         candidates = Task.objects.select_for_update(skip_locked=True, of=("self",)).filter(
             namespace=agent.namespace, status=TaskStatus.PENDING
         )
+        candidates = candidates.filter(pk=task_id) if task_id is not None else candidates.filter(sandbox=False)
         if kinds:
             candidates = candidates.filter(kind__in=kinds)
         task = candidates.order_by("created_at", "id").first()

@@ -25,6 +25,10 @@ class ToolCall(models.Model):
     """
 
     idempotency_key = models.CharField(max_length=64, primary_key=True)
+    # The key the tool itself sees (its ``Idempotency-Key``): the call's own key, except in a
+    # fork whose history holds this step's dispatch (backplane/eventlog/forks.py). There it is
+    # the key the source dispatched with, so the tool acts once across a source and its forks.
+    effect_key = models.CharField(max_length=64)
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="tool_calls")
     step = models.PositiveIntegerField()
     tool = models.CharField(max_length=200)
@@ -45,6 +49,12 @@ class ToolCall(models.Model):
             models.Index(fields=["task", "step"], name="toolcall_task_step_idx"),
             models.Index(
                 fields=["dispatched_at"], name="toolcall_in_flight_idx", condition=Q(status="dispatched")
+            ),
+            # Forks' calls of their sources' effects, found by the effect (recovery/tool_calls.py);
+            # partial, so a call that is its own effect costs the index nothing.
+            models.Index(
+                fields=["effect_key"], name="toolcall_effect_idx",
+                condition=~Q(effect_key=models.F("idempotency_key")),
             ),
         ]
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import F
@@ -46,7 +47,7 @@ _CLOSED = sorted(status.value for status in CLOSED_STATUSES)
 _PAGE_SQL = """
 SELECT c.id, c.finished_last_event_at, backplane_task_prunable(c.id) FROM (
     SELECT t.id, t.finished_last_event_at FROM backplane_task t
-    WHERE t.namespace = %(namespace)s {kind}
+    WHERE {scope}
       AND t.finished_last_event_at IS NOT NULL AND t.status = ANY(%(statuses)s)
       AND t.finished_last_event_at < %(cutoff)s
       AND t.finished_last_event_at >= %(after_at)s
@@ -57,6 +58,11 @@ SELECT c.id, c.finished_last_event_at, backplane_task_prunable(c.id) FROM (
 ORDER BY c.finished_last_event_at, c.id
 """
 PAGE_SIZE = 500
+# Whose tasks a page reads: a rule's (never a sandbox: rules are for the fleet's work), a rule's
+# of one kind, or every namespace's finished sandboxes (kept for their own time).
+RULE_SCOPE = "t.namespace = %(namespace)s AND NOT t.sandbox"
+RULE_KIND_SCOPE = RULE_SCOPE + " AND t.kind = %(kind)s"
+SANDBOX_SCOPE = "t.sandbox"
 
 
 def retention_prune_batch(*, now: datetime | None = None, limit: int = 200) -> int:
@@ -85,6 +91,15 @@ def retention_prune_batch(*, now: datetime | None = None, limit: int = 200) -> i
                 continue
             tasks += 1
             events += pruned
+    if tasks < limit:
+        sandbox_cutoff = min(now - timedelta(seconds=settings.BACKPLANE_SANDBOX_KEEP_SECONDS), exported.exported_at)
+        for task_id in _sandbox_candidates(cutoff=sandbox_cutoff, limit=limit - tasks):
+            pruned = _prune_one(None, task_id, now=now)
+            if pruned is None:
+                skipped += 1
+                continue
+            tasks += 1
+            events += pruned
     logger.info("retention: pruned %d task(s) and %d event(s) exported up to tree size %d; %d candidate(s) skipped",
                 tasks, events, exported.tree_size, skipped)
     return tasks
@@ -95,15 +110,28 @@ def _candidates(rule: RetentionRule, *, cutoff: datetime, limit: int) -> list[uu
     long run of tasks that must stay (awaiting a decision, say) costs reading, never a check of
     every task the rule covers before a sort."""
     statuses = [status for status in rule.statuses if status in _CLOSED]
-    found: list[uuid.UUID] = []
     params: dict[str, Any] = {"namespace": rule.namespace, "statuses": statuses, "cutoff": cutoff,
                               "after_at": datetime.min.replace(tzinfo=UTC), "after_id": uuid.UUID(int=0),
                               "page": PAGE_SIZE}
-    kind = ""
+    scope = RULE_SCOPE
     if rule.kind:
-        kind, params["kind"] = "AND t.kind = %(kind)s", rule.kind
-    sql = _PAGE_SQL.format(kind=kind)
-    while statuses and len(found) < limit:
+        scope, params["kind"] = RULE_KIND_SCOPE, rule.kind
+    return _due_pages(_PAGE_SQL.format(scope=scope), params, limit=limit) if statuses else []
+
+
+def _sandbox_candidates(*, cutoff: datetime, limit: int) -> list[uuid.UUID]:
+    """Up to ``limit`` finished sandbox forks past their keep time that may go now, oldest first
+    (``task_sandbox_retention_idx``): replays are kept for BACKPLANE_SANDBOX_KEEP_SECONDS, in every
+    namespace, whatever its rules say."""
+    params: dict[str, Any] = {"statuses": _CLOSED, "cutoff": cutoff,
+                              "after_at": datetime.min.replace(tzinfo=UTC), "after_id": uuid.UUID(int=0),
+                              "page": PAGE_SIZE}
+    return _due_pages(_PAGE_SQL.format(scope=SANDBOX_SCOPE), params, limit=limit)
+
+
+def _due_pages(sql: str, params: dict[str, Any], *, limit: int) -> list[uuid.UUID]:
+    found: list[uuid.UUID] = []
+    while len(found) < limit:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
@@ -114,8 +142,9 @@ def _candidates(rule: RetentionRule, *, cutoff: datetime, limit: int) -> list[uu
     return found[:limit]
 
 
-def _prune_one(rule: RetentionRule, task_id: uuid.UUID, *, now: datetime) -> int | None:
-    """One task in one transaction: the database's check and deletion, and the rule's totals.
+def _prune_one(rule: RetentionRule | None, task_id: uuid.UUID, *, now: datetime) -> int | None:
+    """One task in one transaction: the database's check and deletion, and the rule's totals
+    (``rule`` None: a sandbox, pruned by its keep time, not by a rule).
     Returns the events deleted, or None when the database kept the task (held, or no longer due)."""
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
@@ -123,6 +152,8 @@ def _prune_one(rule: RetentionRule, task_id: uuid.UUID, *, now: datetime) -> int
             (events,) = cursor.fetchone()
         if events is None:
             return None
+        if rule is None:
+            return int(events)
         RetentionRule.objects.filter(pk=rule.pk).update(
             tasks_pruned=F("tasks_pruned") + 1, events_pruned=F("events_pruned") + events, last_pruned_at=now
         )

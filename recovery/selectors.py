@@ -17,7 +17,8 @@ from django.utils import timezone
 from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import NotFound
-from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
+from backplane.eventlog.lineage import history_of
+from backplane.eventlog.models import Agent, BreakerTransition, Task
 from backplane.eventlog.selectors import task_visible
 from recovery.models import Tool, ToolCall
 
@@ -33,26 +34,31 @@ def tool_call_visible(*, namespace: str | None, key: str) -> ToolCall:
 
 
 def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, Any]:
-    """Replay the task's log into what a new holder needs to continue without redoing work.
+    """Replay the task's history into what a new holder needs to continue without redoing work.
 
     Only the event log is read (not the tool-call records, which expire), so the answer
-    is the same for as long as the log exists.
+    is the same for as long as the log exists. A fork's history includes its source's events
+    up to the fork point (``backplane.eventlog.lineage``): they are confirmed history, and
+    each entry names the task whose log holds it (``task_id``).
     """
     task = task_visible(namespace=namespace, task_id=task_id)
     calls: dict[str, dict[str, Any]] = {}
     subtasks: dict[str, dict[str, Any]] = {}
     completed_steps: list[dict[str, Any]] = []
+    model_calls: list[dict[str, Any]] = []
     last_reasoning: dict[str, Any] | None = None
 
-    for event in Event.objects.filter(task=task).order_by("seq").iterator(chunk_size=2000):
+    for event in history_of(task):
         payload = event.payload
+        origin = str(event.task_id)
         if event.type == et.REASONING_STEP_COMPLETED:
-            entry = {"seq": event.seq, "step": payload.get("step"), "payload": payload}
+            entry = {"seq": event.seq, "task_id": origin, "step": payload.get("step"), "payload": payload}
             completed_steps.append(entry)
             last_reasoning = entry
         elif event.type == et.TOOL_CALL_DISPATCHED:
             calls[payload["idempotency_key"]] = {
                 "idempotency_key": payload["idempotency_key"],
+                "task_id": origin,
                 "step": payload["step"],
                 "tool": payload["tool"],
                 "input": payload["input"],
@@ -62,10 +68,15 @@ def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, 
                 "dispatched_at": format_timestamp(event.recorded_at),
                 "result_seq": None,
             }
-        elif event.type == et.TOOL_CALL_RESULT_RECEIVED and payload["idempotency_key"] in calls:
-            calls[payload["idempotency_key"]].update(
-                status=payload["status"], result=payload["result"], result_seq=event.seq
-            )
+        elif event.type == et.TOOL_CALL_RESULT_RECEIVED:
+            # A fork's answer to a call its source dispatched names the source's key as its effect.
+            effect = payload.get("effect_key") or payload["idempotency_key"]
+            if effect in calls:
+                calls[effect].update(status=payload["status"], result=payload["result"], result_seq=event.seq)
+        elif event.type == et.LLM_CALLED:
+            model_calls.append({"seq": event.seq, "task_id": origin, "step": payload.get("step"),
+                                "model": payload["model"], "prompt_sha256": payload["prompt_sha256"],
+                                "output": payload["output"], "usage": payload.get("usage")})
         elif event.type == et.SUB_AGENT_DISPATCHED:
             subtasks[payload["child_task_id"]] = {
                 "child_task_id": payload["child_task_id"],
@@ -85,17 +96,25 @@ def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, 
             entry.update(status=payload["status"], output=payload.get("output"), error=payload.get("error"))
 
     in_flight = [c for c in calls.values() if c["status"] == "in_flight"]
-    # Everything before the first unanswered call is confirmed; with none, the whole log is.
-    recovery_point = min((c["dispatched_seq"] for c in in_flight), default=task.last_seq + 1) - 1
-    tool_calls = sorted(calls.values(), key=lambda c: c["dispatched_seq"])
+    own = str(task.pk)
+    # Everything before the first unanswered call is confirmed; with none, the whole log is. A
+    # call still in flight in a fork's history came in with its TaskForked (seq 2).
+    recovery_point = min((c["dispatched_seq"] if c["task_id"] == own else 2 for c in in_flight),
+                         default=task.last_seq + 1) - 1
+    tool_calls = list(calls.values())
     context = {
-        "task_id": str(task.pk),
+        "task_id": own,
         "attempt": task.attempts + 1,
         "recovery_point_seq": recovery_point,
+        "forked_from": (
+            {"task_id": str(task.forked_from_id), "at_seq": task.forked_at_seq, "sandbox": task.sandbox}
+            if task.forked_from_id is not None else None
+        ),
         "completed_steps": completed_steps,
         "tool_calls": tool_calls,
         "in_flight_tool_calls": in_flight,
         "subtasks": list(subtasks.values()),
+        "model_calls": model_calls,
         "last_reasoning": last_reasoning,
     }
     context["resume_prompt"] = resume_prompt(task_kind=task.kind, task_input=task.input, context=context)
@@ -114,6 +133,12 @@ def resume_prompt(*, task_kind: str, task_input: dict[str, Any], context: dict[s
         f"Task input: {_compact(task_input)}",
         f"Everything up to event {context['recovery_point_seq']} is confirmed; do not redo it.",
     ]
+    fork = context.get("forked_from")
+    if fork is not None:
+        lines.append(
+            f"This task is a {'sandbox ' if fork['sandbox'] else ''}fork of task {fork['task_id']} after its event"
+            f" {fork['at_seq']}: that task's steps up to there are this task's history, listed below."
+        )
     if context["completed_steps"]:
         steps = ", ".join(str(s["step"]) for s in context["completed_steps"])
         lines.append(f"Completed reasoning steps: {steps}.")

@@ -6,17 +6,19 @@ final event: see ``recovery.handlers``."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import IdempotencyMismatch, TaskClosed
+from backplane.eventlog.errors import IdempotencyMismatch, SandboxRefused, TaskClosed
+from backplane.eventlog.lineage import TO_HEAD, SeqRange, find_in_history, history_ranges, inherited_ranges
 from backplane.eventlog.models import Task
 from backplane.eventlog.services import ensure_storable_json, task_create_in_transaction
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
@@ -47,6 +49,12 @@ def subtask_dispatch(
     with transaction.atomic(durable=True):
         parent = lock_task(namespace=namespace, task_id=parent_task_id)
         check_lease(parent, lease_epoch)
+        if parent.forked_from_id is not None:
+            inherited = _inherited_child(parent, step=step, kind=kind, input=input, agent=agent)
+            if inherited is None and parent.sandbox:
+                inherited = _recorded_child(parent, step=step, kind=kind, input=input, agent=agent)
+            if inherited is not None:
+                return SubtaskOutcome(child=inherited, dispatch_key=dispatch_key, created=False)
         existing = Task.objects.filter(dispatch_key=dispatch_key).first()
         if existing is not None:
             if existing.input != input:
@@ -84,3 +92,119 @@ def subtask_dispatch(
     return SubtaskOutcome(child=child, dispatch_key=dispatch_key, created=True)
 
 
+
+
+# --- forks: a hand-off the source already made --------------------------------------------------
+
+
+def _inherited_child(parent: Task, *, step: int, kind: str, input: dict[str, Any], agent: str | None) -> Task | None:
+    """The child a fork's source dispatched for this step and kind before the fork point, or
+    None when its history holds no such hand-off (then the fork dispatches its own child).
+
+    There is one child for both: the source's. A finished child's result is written into the
+    fork's log now, answered from the record; an unfinished one is adopted (a
+    ``SubAgentDispatched`` of the same child in the fork's log), and its result reaches the
+    fork too when it finishes (``report_to_adopters``). Its work is never started twice.
+    """
+    dispatched = find_in_history(inherited_ranges(parent), event_type=et.SUB_AGENT_DISPATCHED,
+                                 matches=[{"step": step, "kind": kind}])
+    if dispatched is None:
+        return None
+    if dispatched.payload["input"] != input:
+        raise IdempotencyMismatch(
+            "this step handed work of this kind to a sub-agent with another input before the fork point",
+            {"child_task_id": dispatched.payload["child_task_id"], "source_task_id": str(dispatched.task_id)},
+        )
+    child = Task.objects.get(pk=dispatched.payload["child_task_id"])
+    own_log = [SeqRange(parent.pk, 1, TO_HEAD)]
+    if find_in_history(own_log, event_type=et.SUB_AGENT_RESULT_RECEIVED,
+                       matches=[{"child_task_id": str(child.pk)}]) is not None:
+        return child  # answered before: a repeat of this dispatch
+    if child.is_closed:
+        write_events(parent, [child_result_draft(child, status=child.status)], agent=agent, now=timezone.now())
+        return child
+    if find_in_history(own_log, event_type=et.SUB_AGENT_DISPATCHED, matches=[{"child_task_id": str(child.pk)}]) is None:
+        write_events(parent, [EventDraft(type=et.SUB_AGENT_DISPATCHED, payload={
+            "child_task_id": str(child.pk), "dispatch_key": child.dispatch_key, "step": step, "kind": kind,
+            "input": input, "adopted_from": str(dispatched.task_id)})], agent=agent, now=timezone.now())
+    return child
+
+
+def _recorded_child(parent: Task, *, step: int, kind: str, input: dict[str, Any], agent: str | None) -> Task:
+    """A sandbox's hand-off, answered from its source's record: the recorded child's result, with
+    the dispatch as the sandbox asked it (its input may differ; a diff shows it). A child with no
+    result on record would need an agent to run it, which a sandbox never starts: refused."""
+    assert parent.forked_from_id is not None  # a sandbox is a fork
+    source = Task.objects.get(pk=parent.forked_from_id)
+    dispatched = find_in_history(history_ranges(source), event_type=et.SUB_AGENT_DISPATCHED,
+                                 matches=[{"step": step, "kind": kind}])
+    child = Task.objects.get(pk=dispatched.payload["child_task_id"]) if dispatched is not None else None
+    if child is None or not child.is_closed:
+        raise SandboxRefused(
+            f"the record has no finished {kind} sub-agent at step {step}, and a sandbox starts no agent",
+            {"step": step, "kind": kind, "source_task_id": str(source.pk)},
+        )
+    if find_in_history([SeqRange(parent.pk, 1, TO_HEAD)], event_type=et.SUB_AGENT_RESULT_RECEIVED,
+                       matches=[{"child_task_id": str(child.pk)}]) is None:
+        recorded_from = {"task_id": str(dispatched.task_id), "seq": dispatched.seq} if dispatched else {}
+        write_events(parent, [
+            EventDraft(type=et.SUB_AGENT_DISPATCHED, payload={
+                "child_task_id": str(child.pk), "dispatch_key": child.dispatch_key, "step": step, "kind": kind,
+                "input": input, "recorded_from": recorded_from}),
+            child_result_draft(child, status=child.status),
+        ], agent=agent, now=timezone.now())
+    return child
+
+
+def child_result_draft(child: Task, *, status: str) -> EventDraft:
+    """``SubAgentResultReceived``: what a child's final event made of it, for a parent's log."""
+    return EventDraft(
+        type=et.SUB_AGENT_RESULT_RECEIVED,
+        payload={
+            "child_task_id": str(child.pk),
+            "dispatch_key": child.dispatch_key,
+            "kind": child.kind,
+            "status": status,
+            "output": child.output,
+            "error": child.error,
+        },
+        causation_id=f"{child.pk}:{child.last_seq}",
+    )
+
+
+# Every fork of the child's parent, at any depth, locked: a fork adopting the child holds its own
+# row's lock until it commits, so waiting here means its adoption is seen by the next statement.
+_LOCK_FORKS_SQL = """
+WITH RECURSIVE forks(id) AS (
+    SELECT id FROM backplane_task WHERE forked_from_id = %s
+    UNION
+    SELECT t.id FROM backplane_task t JOIN forks f ON t.forked_from_id = f.id
+)
+SELECT id FROM backplane_task WHERE id IN (SELECT id FROM forks) ORDER BY id FOR UPDATE
+"""
+# Of those, the ones whose own log adopted the child and has not heard of its result yet.
+_WAITING_SQL = """
+SELECT t.id FROM unnest(%(forks)s::uuid[]) AS t(id)
+ WHERE EXISTS (SELECT 1 FROM backplane_event e WHERE e.task_id = t.id AND e.type = 'SubAgentDispatched'
+                  AND e.payload @> %(child)s::jsonb)
+   AND NOT EXISTS (SELECT 1 FROM backplane_event e WHERE e.task_id = t.id AND e.type = 'SubAgentResultReceived'
+                      AND e.payload @> %(child)s::jsonb)
+ ORDER BY t.id
+"""
+
+
+def adopters_of(child: Task) -> list[uuid.UUID]:
+    """The forks waiting on ``child`` besides its parent (``_inherited_child``), in id order.
+
+    Runs in the child's finishing transaction, after the parent's result is written: lock
+    order child, parent, then the forks (locked here, in id order).
+    """
+    if child.parent_id is None:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_FORKS_SQL, [child.parent_id])
+        forks = [row[0] for row in cursor.fetchall()]
+        if not forks:
+            return []
+        cursor.execute(_WAITING_SQL, {"forks": forks, "child": json.dumps({"child_task_id": str(child.pk)})})
+        return [row[0] for row in cursor.fetchall()]

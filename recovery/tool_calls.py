@@ -12,10 +12,21 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, TaskClosed
+from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, SandboxRefused, TaskClosed
+from backplane.eventlog.lineage import (
+    TO_HEAD,
+    HistoryEvent,
+    SeqRange,
+    find_in_history,
+    fork_point_event,
+    history_ranges,
+    inherited_ranges,
+)
+from backplane.eventlog.models import Task
 from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
 from backplane.telemetry import counters
@@ -61,7 +72,10 @@ def tool_call_dispatch(
         check_lease(task, lease_epoch)
         existing = ToolCall.objects.filter(pk=key).first()
         if existing is not None:
-            if existing.input != input or existing.compensation != compensation:
+            # A call answered from a fork's record keeps no compensation (the effect and its undo
+            # are the source's), so only a call that made its own effect compares one.
+            owns_effect = existing.effect_key == key and not task.sandbox
+            if existing.input != input or (owns_effect and existing.compensation != compensation):
                 raise IdempotencyMismatch(
                     "this step and tool were dispatched with a different input",
                     {"idempotency_key": key, "step": step, "tool": tool},
@@ -71,8 +85,21 @@ def tool_call_dispatch(
         if task.is_closed:
             raise TaskClosed(f"task is {task.status}", {"status": task.status})
         now = timezone.now()
+        ttl = timedelta(seconds=ttl_seconds or settings.BACKPLANE_TOOL_CALL_TTL_SECONDS)
+        if task.forked_from_id is not None:
+            recorded = recorded_call(task, step=step, tool=tool)
+            if task.sandbox and (recorded is None or recorded.status is None):
+                raise SandboxRefused(
+                    f"the record has no answer for {tool} at step {step}, and a sandbox never calls a tool",
+                    {"step": step, "tool": tool, "source_task_id": str(task.forked_from_id)},
+                )
+            if recorded is not None:
+                call = _answer_from_record(task, key=key, step=step, tool=tool, recorded=recorded, input=input,
+                                           agent=agent, now=now, ttl=ttl)
+                return ToolCallOutcome(call=call, replayed=True)
         call = ToolCall.objects.create(
             idempotency_key=key,
+            effect_key=key,
             task=task,
             step=step,
             tool=tool,
@@ -80,7 +107,7 @@ def tool_call_dispatch(
             compensation=compensation,
             dispatched_by=agent,
             dispatched_at=now,
-            expires_at=now + timedelta(seconds=ttl_seconds or settings.BACKPLANE_TOOL_CALL_TTL_SECONDS),
+            expires_at=now + ttl,
         )
         write_events(
             task,
@@ -147,19 +174,145 @@ def tool_call_record_result(
         if call.compensation_of is not None:
             saga_record_compensation_result(task, call, agent=agent, now=now)
             return ToolCallOutcome(call=call, replayed=False)
-        write_events(
-            task,
-            [
-                EventDraft(
-                    type=et.TOOL_CALL_RESULT_RECEIVED,
-                    payload={"idempotency_key": key, "step": call.step, "tool": call.tool, "status": status,
-                             "result": result},
-                )
-            ],
-            agent=agent,
-            now=now,
-        )
+        payload = {"idempotency_key": key, "step": call.step, "tool": call.tool, "status": status, "result": result}
+        if call.effect_key != key:
+            # A fork's answer to a call its source dispatched: the key the tool saw, so the
+            # recovery context pairs this answer with the inherited dispatch.
+            payload["effect_key"] = call.effect_key
+        write_events(task, [EventDraft(type=et.TOOL_CALL_RESULT_RECEIVED, payload=payload)], agent=agent, now=now)
     return ToolCallOutcome(call=call, replayed=False)
+
+
+# --- forks: calls answered from the record -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """A call of the same step and tool found in the record a fork answers from."""
+
+    dispatch: HistoryEvent | None  # None: only an edit of a sandbox's record answers it
+    effect_key: str
+    inherited: bool  # in the fork's history (confirmed), not only in a sandbox's recording
+    status: str | None  # None: the record has no answer yet (it was in flight)
+    result: dict[str, Any] | None
+    answer_in_history: bool
+    answered_by: dict[str, Any] | None
+
+
+def recorded_call(task: Task, *, step: int, tool: str) -> RecordedCall | None:
+    """What the record says about ``tool`` at ``step`` for a fork, or None when it says nothing.
+
+    1. A dispatch in the fork's history (its sources up to where it was forked) is the fork's
+       own past: it is answered from whatever answer the effect got anywhere — in the history,
+       later in the source's log, or in a sibling fork's record — and stays in flight, under the
+       source's key, when none did.
+    2. Otherwise a sandbox answers from its source's whole record, with the edits its
+       ``TaskForked`` carries (``tool_answers``) in place of the recorded answers.
+    """
+    inherited = inherited_ranges(task)
+    asked = [{"step": step, "tool": tool}]
+    dispatch = find_in_history(inherited, event_type=et.TOOL_CALL_DISPATCHED, matches=asked)
+    if dispatch is not None:
+        return _effect_answer(dispatch, inherited, inherited=True)
+    if not task.sandbox:
+        return None
+    assert task.forked_from_id is not None  # a sandbox is a fork
+    recording = history_ranges(Task.objects.get(pk=task.forked_from_id))
+    dispatch = find_in_history(recording, event_type=et.TOOL_CALL_DISPATCHED, matches=asked)
+    edit = _sandbox_edit(task, step=step, tool=tool)
+    if edit is not None:
+        effect = dispatch.payload["idempotency_key"] if dispatch else tool_call_key(task_id=task.pk, step=step,
+                                                                                    tool=tool)
+        return RecordedCall(dispatch=dispatch, effect_key=effect, inherited=False, status=edit["status"],
+                            result=edit["result"], answer_in_history=False, answered_by={"tool_answers": True})
+    return None if dispatch is None else _effect_answer(dispatch, recording, inherited=False)
+
+
+def _effect_answer(dispatch: HistoryEvent, ranges: list[SeqRange], *, inherited: bool) -> RecordedCall:
+    """The one answer the effect ``dispatch`` started has, wherever it was recorded, if any."""
+    effect = dispatch.payload["idempotency_key"]
+
+    def found(status: str, result: dict[str, Any], *, in_history: bool, by: dict[str, Any]) -> RecordedCall:
+        return RecordedCall(dispatch=dispatch, effect_key=effect, inherited=inherited, status=status,
+                            result=result, answer_in_history=in_history, answered_by=by)
+
+    answer = find_in_history(ranges, event_type=et.TOOL_CALL_RESULT_RECEIVED,
+                             matches=[{"idempotency_key": effect}, {"effect_key": effect}])
+    if answer is not None:
+        # In a fork's history it is already the fork's past; a sandbox's replay records it anew.
+        return found(answer.payload["status"], answer.payload["result"], in_history=inherited,
+                     by={"task_id": str(answer.task_id), "seq": answer.seq})
+    # Past the fork point: the source may have recorded the answer later, or a sibling fork may
+    # have (its record is kept for the tool's TTL); either is the one answer the effect has.
+    later = find_in_history([SeqRange(dispatch.task_id, dispatch.seq + 1, TO_HEAD)],
+                            event_type=et.TOOL_CALL_RESULT_RECEIVED, matches=[{"idempotency_key": effect}])
+    if later is not None:
+        return found(later.payload["status"], later.payload["result"], in_history=False,
+                     by={"task_id": str(later.task_id), "seq": later.seq})
+    record = (ToolCall.objects.filter(Q(pk=effect) | Q(effect_key=effect))
+              .exclude(status=ToolCallStatus.DISPATCHED).order_by("completed_at").first())
+    if record is not None and record.result is not None:
+        return found(record.status, record.result, in_history=False,
+                     by={"task_id": str(record.task_id), "idempotency_key": record.pk})
+    return RecordedCall(dispatch=dispatch, effect_key=effect, inherited=inherited, status=None, result=None,
+                        answer_in_history=False, answered_by=None)
+
+
+def _sandbox_edit(task: Task, *, step: int, tool: str) -> dict[str, Any] | None:
+    forked = fork_point_event(task)
+    assert forked is not None  # a sandbox is a fork
+    return next((answer for answer in forked.payload.get("tool_answers", [])
+                 if answer["step"] == step and answer["tool"] == tool), None)
+
+
+def _answer_from_record(
+    task: Task, *, key: str, step: int, tool: str, recorded: RecordedCall, input: dict[str, Any],
+    agent: str | None, now: datetime, ttl: timedelta,
+) -> ToolCall:
+    """Record a fork's call of a step its record holds, without calling the tool.
+
+    A call in the fork's history must be asked with the input it was made with (it happened;
+    another input is 422, as for any key). A sandbox's call may differ from the recording's:
+    the replay gets the recorded answer and its own dispatch shows what it asked, which is
+    what a diff then points at. No compensation is kept: the effect is its source's, and so
+    is undoing it.
+    """
+    if recorded.inherited and recorded.dispatch is not None and recorded.dispatch.payload["input"] != input:
+        raise IdempotencyMismatch(
+            "this step and tool were dispatched with a different input before the fork point",
+            {"idempotency_key": recorded.effect_key, "step": recorded.dispatch.payload["step"],
+             "tool": recorded.dispatch.payload["tool"], "source_task_id": str(recorded.dispatch.task_id)},
+        )
+    answered = recorded.status is not None
+    call = ToolCall.objects.create(
+        idempotency_key=key,
+        effect_key=recorded.effect_key,
+        task=task,
+        step=step,
+        tool=tool,
+        input=input,
+        compensation=None,
+        status=recorded.status or ToolCallStatus.DISPATCHED,
+        result=recorded.result,
+        dispatched_by=agent,
+        dispatched_at=now,
+        completed_at=now if answered else None,
+        expires_at=now + ttl,
+    )
+    drafts = []
+    provenance = recorded.answered_by or {}
+    if not recorded.inherited:
+        # A sandbox's own run: the dispatch as it asked, then the recorded answer.
+        drafts.append(EventDraft(type=et.TOOL_CALL_DISPATCHED, payload={
+            "idempotency_key": key, "step": call.step, "tool": call.tool, "input": input, "compensation": None,
+            "recorded_from": provenance}))
+    if answered and not recorded.answer_in_history:
+        drafts.append(EventDraft(type=et.TOOL_CALL_RESULT_RECEIVED, payload={
+            "idempotency_key": key, "effect_key": recorded.effect_key, "step": call.step, "tool": call.tool,
+            "status": recorded.status, "result": recorded.result, "recorded_from": provenance}))
+    if drafts:
+        write_events(task, drafts, agent=agent, now=now)
+    return call
 
 
 def tool_call_purge_expired(*, now: datetime | None = None, batch_size: int = 1000) -> int:

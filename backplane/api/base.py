@@ -81,7 +81,12 @@ CONFLICT_EXAMPLES = {
                             "this task_id is not available for this task; create it under a new UUID",
                             {"task_id": "already taken; use a new UUID"}),
     "already_decided": _example("already decided", "already_decided", "this dead letter was already requeued"),
+    "sandbox_refused": _example("sandbox_refused", "sandbox_refused",
+                                "the record has no answer for email-send at step 6, and a sandbox never calls a tool",
+                                {"step": 6, "tool": "email-send"}),
 }
+# What a sandbox refuses (backplane/eventlog/forks.py), beside the usual conflicts of a write.
+SANDBOX_CONFLICTS = ("seq_conflict", "stale_lease", "task_closed", "sandbox_refused")
 
 
 def errors(*statuses: int, conflicts: tuple[str, ...] = ("seq_conflict", "stale_lease", "task_closed"),

@@ -15,6 +15,7 @@ field cannot slip past the agent routes unchecked.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,23 @@ def _integer_check(field: StrictIntegerField) -> Check:
         if type(value) is not int or (low is not None and value < low) or (high is not None and value > high):
             return _DOUBT
         return value
+
+    return check
+
+
+# The form a UUID is printed in (lowercase, hyphenated): the one the fast check takes as is.
+_CANONICAL_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _uuid_check(field: serializers.UUIDField) -> Check:
+    allow_null = field.allow_null
+    _regexes(field)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        # The serializer's validated value is a UUID object: the same one, from the same text.
+        return uuid.UUID(value) if type(value) is str and _CANONICAL_UUID.match(value) else _DOUBT
 
     return check
 
@@ -197,6 +215,8 @@ def _field_check(field: serializers.Field) -> Check:
         return _integer_check(field)
     if type(field) is JSONObjectField:
         return _object_check(field)
+    if type(field) is serializers.UUIDField:
+        return _uuid_check(field)
     raise NotCompilable(f"{field.field_name}: {type(field).__name__} is not supported")
 
 

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from backplane.api.authentication import Principal
 from backplane.api.base import (
     REPLAY_HEADER,
+    SANDBOX_CONFLICTS,
     Answer,
     ApiView,
     errors,
@@ -45,6 +46,7 @@ from recovery.models import ToolCall, ToolCallStatus
 class LeaseClaimIn(StrictSerializer):
     kinds = serializers.ListField(child=name_field(), required=False, min_length=1, max_length=100)
     lease_seconds = StrictIntegerField(required=False, min_value=1, max_value=3600)
+    task_id = serializers.UUIDField(required=False)
 
 
 class LeaseClaimOut(serializers.Serializer):
@@ -77,6 +79,7 @@ class ToolCallDispatchIn(StrictSerializer):
 
 class ToolCallDispatchOut(serializers.Serializer):
     idempotency_key = serializers.CharField()
+    effect_key = serializers.CharField()
     status = serializers.ChoiceField(choices=["dispatched", "in_flight", "succeeded", "failed"])
     dispatched_at = serializers.CharField(required=False)
     result = JSONObjectField(required=False, allow_null=True)
@@ -91,6 +94,7 @@ class ToolCallResultIn(StrictSerializer):
 
 class ToolCallOut(serializers.Serializer):
     idempotency_key = serializers.CharField()
+    effect_key = serializers.CharField()
     task_id = serializers.UUIDField()
     step = serializers.IntegerField()
     tool = serializers.CharField()
@@ -124,6 +128,7 @@ def _public_status(call: ToolCall) -> str:
 def tool_call_as_api_dict(call: ToolCall) -> dict[str, Any]:
     return {
         "idempotency_key": call.idempotency_key,
+        "effect_key": call.effect_key,
         "task_id": str(call.task_id),
         "step": call.step,
         "tool": call.tool,
@@ -152,6 +157,7 @@ def lease_claim(principal: Principal, data: dict[str, Any]) -> Answer:
         agent=calling_agent(principal),
         kinds=data.get("kinds"),
         lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS),
+        task_id=data.get("task_id"),
     )
     if claim is None:
         return Answer(None, status.HTTP_204_NO_CONTENT)
@@ -183,6 +189,7 @@ def tool_call_dispatch(principal: Principal, data: dict[str, Any], *, task_id: u
     if not outcome.replayed:
         return Answer({
             "idempotency_key": call.idempotency_key,
+            "effect_key": call.effect_key,
             "status": "dispatched",
             "dispatched_at": optional_timestamp(call.dispatched_at),
             "replayed": False,
@@ -190,13 +197,14 @@ def tool_call_dispatch(principal: Principal, data: dict[str, Any], *, task_id: u
     if call.status == ToolCallStatus.DISPATCHED:
         body = {
             "idempotency_key": call.idempotency_key,
+            "effect_key": call.effect_key,
             "status": "in_flight",
             "dispatched_at": optional_timestamp(call.dispatched_at),
             "replayed": True,
         }
     else:
-        body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
-                "replayed": True}
+        body = {"idempotency_key": call.idempotency_key, "effect_key": call.effect_key, "status": call.status,
+                "result": call.result, "replayed": True}
     return Answer(body, status.HTTP_200_OK, {REPLAY_HEADER: "true"})
 
 
@@ -227,7 +235,9 @@ leases_route = AgentRoute(
             "`TaskClaimed`. Send the returned `lease_epoch` with every write to the task, heartbeat before "
             "`expires_at`, and finish with `TaskCompleted` or `TaskFailed` (see the append operation). "
             "`recovered` is true when an earlier attempt stalled or failed: read `recovery-context` first. "
-            "`204` with no body when nothing is pending."
+            "`204` with no body when nothing is pending.\n\n"
+            "With `task_id`, claims that very task if it is `pending` and of a kind the agent may claim (`204` "
+            "otherwise): how a sandbox replay runs its sandbox fork, which is never handed out by kind."
         ),
         request=LeaseClaimIn,
         examples=[OpenApiExample("claim", request_only=True, value={"kinds": ["lead-qualification"],
@@ -290,13 +300,20 @@ tool_calls_route = AgentRoute(
             "the same step and tool: `200`, `replayed: true`, with `status` `succeeded` or `failed` and the "
             "`result`, or `in_flight` when no answer was recorded. The same key with other `input` is "
             "`422 idempotency_mismatch`. `compensation` names the tool call that undoes this one if the task "
-            "fails for good."
+            "fails for good.\n\n"
+            "`effect_key` is the key to send the tool as its `Idempotency-Key`. It equals `idempotency_key`, "
+            "except in a fork (`tasks_fork`) for a step its source dispatched before the fork point: there the "
+            "call is answered from the source's record (`200`, `replayed: true`), or, when the source never "
+            "recorded an answer, is `in_flight` under the source's `effect_key`, so the tool sees the same key "
+            "and acts once across the source and its forks. A sandbox fork answers only from the record: a "
+            "call with no recorded answer is `409 sandbox_refused`, and nothing is written."
         ),
         request=ToolCallDispatchIn,
         examples=[OpenApiExample("dispatch", request_only=True, value={
             "step": 3, "tool": "crm.lookup", "input": {"email": "alice@example.com"}, "lease_epoch": 4,
             "compensation": {"tool": "crm.forget", "input": {"email": "alice@example.com"}}})],
-        responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut, **errors(404, 409, 422, body=True)},
+        responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut,
+                   **errors(404, 409, 422, conflicts=SANDBOX_CONFLICTS, body=True)},
     )),
 )
 
@@ -346,12 +363,17 @@ class SubtasksView(ApiView):
             "Creates a child task of `kind` in the parent's namespace and writes `SubAgentDispatched` into the "
             "parent's log, in one transaction. The same step and kind again is `200` with the same child. "
             "Claiming the child writes `SubAgentAccepted` into the parent; the child's end writes "
-            "`SubAgentResultReceived` there."
+            "`SubAgentResultReceived` there.\n\n"
+            "In a fork, a step whose hand-off the source made before the fork point gets the source's child, "
+            "never a second one: a finished child's result is written into the fork's log at once; an "
+            "unfinished one is adopted, and its result is written into the fork too when it ends. A sandbox "
+            "gets recorded children only (`409 sandbox_refused` for a hand-off with no finished child on "
+            "record)."
         ),
         request=SubtaskIn,
         examples=[OpenApiExample("delegate", request_only=True, value={
             "step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": 4})],
-        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422, body=True)},
+        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422, conflicts=SANDBOX_CONFLICTS, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)
@@ -429,7 +451,7 @@ class ToolInvokeView(ApiView):
         examples=[OpenApiExample("invoke", request_only=True, value={
             "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "step": 3, "input": {"email": "alice@example.com"},
             "lease_epoch": 4})],
-        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502, body=True)},
+        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502, conflicts=SANDBOX_CONFLICTS, body=True)},
     )
     def post(self, request: Request, name: str) -> Response:
         principal = principal_of(request)

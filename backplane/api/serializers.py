@@ -84,8 +84,14 @@ class LeaseOut(serializers.Serializer):
     expires_at = serializers.CharField(allow_null=True)
 
 
+class ForkedFromOut(serializers.Serializer):
+    task_id = serializers.UUIDField()
+    at_seq = serializers.IntegerField()
+
+
 class TaskOut(serializers.Serializer):
-    """The Task object of API.md."""
+    """The Task object of API.md, with where a fork continues from (``forked_from``, null for a
+    task that is no fork) and whether it is a sandbox."""
 
     task_id = serializers.UUIDField()
     namespace = serializers.CharField()
@@ -105,6 +111,8 @@ class TaskOut(serializers.Serializer):
     created_at = serializers.CharField()
     updated_at = serializers.CharField()
     last_event_at = serializers.CharField(allow_null=True)
+    forked_from = ForkedFromOut(allow_null=True)
+    sandbox = serializers.BooleanField()
 
     def to_representation(self, task: Task) -> dict[str, Any]:
         return task_as_api_dict(task)
@@ -140,6 +148,11 @@ def task_as_api_dict(task: Task | TaskRow) -> dict[str, Any]:
         "created_at": optional_timestamp(task.created_at),
         "updated_at": optional_timestamp(task.updated_at),
         "last_event_at": optional_timestamp(task.last_event_at),
+        "forked_from": (
+            {"task_id": str(task.forked_from_id), "at_seq": task.forked_at_seq}
+            if task.forked_from_id is not None else None
+        ),
+        "sandbox": task.sandbox,
     }
 
 

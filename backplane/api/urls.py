@@ -1,6 +1,6 @@
 from django.urls import path
 
-from backplane.api import dead_letters, integrity, views
+from backplane.api import dead_letters, forks, integrity, views
 from backplane.api import recovery as recovery_api
 
 urlpatterns = [
@@ -10,6 +10,8 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/events/", views.task_events_route, name="task-events"),
     path("tasks/<uuid:task_id>/events/batch/", views.task_events_batch_route, name="task-events-batch"),
     path("tasks/<uuid:task_id>/verify/", views.TaskVerifyView.as_view(), name="task-verify"),
+    path("tasks/<uuid:task_id>/fork/", forks.TaskForkView.as_view(), name="task-fork"),
+    path("tasks/<uuid:task_id>/diff/<uuid:other_id>/", forks.TaskDiffView.as_view(), name="task-diff"),
     path("leases/", recovery_api.leases_route, name="leases"),
     path("tasks/<uuid:task_id>/heartbeat/", recovery_api.heartbeat_route, name="task-heartbeat"),
     path("tasks/<uuid:task_id>/release/", recovery_api.ReleaseView.as_view(), name="task-release"),

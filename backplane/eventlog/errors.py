@@ -52,6 +52,13 @@ class IdempotencyMismatch(BackplaneError):
     code = "idempotency_mismatch"
 
 
+class SandboxRefused(BackplaneError):
+    """What a sandbox never does: call an external tool, send a message, become production."""
+
+    status = 409
+    code = "sandbox_refused"
+
+
 class AlreadyDecided(BackplaneError):
     status = 409
     code = "already_decided"

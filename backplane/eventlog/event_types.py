@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.errors import InvalidInput
 
 TASK_STARTED = "TaskStarted"
@@ -32,6 +33,11 @@ TASK_COMPENSATED = "TaskCompensated"
 # An operator decided a task row is right where its log falls short (histories written before
 # every transition was an event): the log records the row's values, who decided and why.
 PROJECTION_RECONCILED = "ProjectionReconciled"
+# The second event of a fork's log: which task, up to which seq and at which hash it continues
+# (backplane/eventlog/forks.py). It changes nothing in the fork's projection.
+TASK_FORKED = "TaskForked"
+# A model call an agent made, as the agent records it: what a sandbox replay answers from.
+LLM_CALLED = "LLMCalled"
 
 # Written only by the backplane itself; a client sending one gets 400 (API.md).
 SERVER_ONLY_TYPES = frozenset(
@@ -53,6 +59,7 @@ SERVER_ONLY_TYPES = frozenset(
         COMPENSATION_STARTED,
         TASK_COMPENSATED,
         PROJECTION_RECONCILED,
+        TASK_FORKED,
     }
 )
 
@@ -86,3 +93,39 @@ def validate_client_event(event_type: str, payload: dict[str, Any]) -> None:
     elif event_type == TASK_FAILED:
         _require(payload, "error", str, "a string")
         _require(payload, "retryable", bool, "a boolean")
+    elif event_type == LLM_CALLED:
+        validate_llm_called(payload)
+
+
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def prompt_sha256(prompt: Any) -> str:
+    """The hash an ``LLMCalled`` names its prompt by: SHA-256 of the prompt's RFC 8785 canonical
+    JSON (a string prompt hashes as its JSON string), so any language computes the same one."""
+    return canonical_sha256(prompt)
+
+
+def validate_llm_called(payload: dict[str, Any]) -> None:
+    """``model`` and ``prompt_sha256`` are required and ``output`` must be present; ``prompt``,
+    when sent, must be what ``prompt_sha256`` names (it may be left out when it is too large to
+    record); ``usage`` maps token kinds to counts; ``step``, when sent, is an integer."""
+    _require(payload, "model", str, "a string")
+    _require(payload, "prompt_sha256", str, "64 lowercase hex digits")
+    if not SHA256_HEX.match(payload["prompt_sha256"]):
+        raise InvalidInput("payload.prompt_sha256 must be 64 lowercase hex digits",
+                           {"payload.prompt_sha256": "the SHA-256 of the prompt's canonical JSON, in hex"})
+    if "output" not in payload:
+        raise InvalidInput("payload.output is required", {"payload.output": "required: the model's answer"})
+    if "prompt" in payload and prompt_sha256(payload["prompt"]) != payload["prompt_sha256"]:
+        raise InvalidInput("payload.prompt_sha256 is not the hash of payload.prompt",
+                           {"payload.prompt_sha256": "SHA-256 of the RFC 8785 canonical JSON of payload.prompt"})
+    if "step" in payload:
+        _require(payload, "step", int, "an integer")
+    usage = payload.get("usage")
+    if usage is not None and not (
+        isinstance(usage, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in usage.values())
+    ):
+        raise InvalidInput("payload.usage must map token kinds to counts",
+                           {"payload.usage": "an object of non-negative integers, e.g. {\"input_tokens\": 812}"})

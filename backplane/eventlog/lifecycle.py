@@ -18,8 +18,9 @@ def lifecycle_message(
     *, task: Task, previous_status: str | None, seq: int, event_hash: str, now: datetime
 ) -> Message | None:
     """The announcement that a task became pending, completed, failed or dead-lettered; None
-    when its status did not change to one of those."""
-    if task.status == previous_status or task.status not in LIFECYCLE_STATUSES:
+    when its status did not change to one of those, and always for a sandbox (no consumer may
+    act on a replay)."""
+    if task.sandbox or task.status == previous_status or task.status not in LIFECYCLE_STATUSES:
         return None
     return Message(
         topic=LIFECYCLE_TOPIC.format(kind=task.kind),

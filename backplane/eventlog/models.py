@@ -141,6 +141,18 @@ class Task(models.Model):
     last_event_at = models.DateTimeField(null=True, blank=True)
     # last_event_at once the task has finished, None while it runs (reducer.TaskState says why).
     finished_last_event_at = models.DateTimeField(null=True, blank=True)
+    # A fork (backplane/eventlog/forks.py): the task it was forked from and the seq of the
+    # source's log it continues after. Set when the fork is created, like ``parent``, and
+    # recorded in its ``TaskForked`` event; the source's events up to there are the fork's
+    # history, read from the source, never copied. PROTECT: a source outlives its forks.
+    forked_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks"
+    )
+    forked_at_seq = models.PositiveIntegerField(null=True, blank=True)
+    # A sandbox fork replays an agent against its source's record: no external tool is called,
+    # no message is sent, no compensation runs, fleet agents never claim it, and the fleet's
+    # figures leave it out.
+    sandbox = models.BooleanField(default=False)
 
     class Meta:
         indexes = [
@@ -175,6 +187,22 @@ class Task(models.Model):
                 name="task_retention_kind_idx",
                 condition=Q(finished_last_event_at__isnull=False),
             ),
+            # Finished sandboxes, kept for their own time whatever their namespace's rules say.
+            models.Index(
+                fields=["finished_last_event_at"],
+                name="task_sandbox_retention_idx",
+                condition=Q(sandbox=True, finished_last_event_at__isnull=False),
+            ),
+        ]
+        constraints = [
+            # A fork names where it continues from, and only a fork does.
+            models.CheckConstraint(
+                condition=Q(forked_from__isnull=True, forked_at_seq__isnull=True)
+                | Q(forked_from__isnull=False, forked_at_seq__gte=1),
+                name="task_fork_has_seq",
+            ),
+            models.CheckConstraint(condition=Q(sandbox=False) | Q(forked_from__isnull=False),
+                                   name="task_sandbox_is_a_fork"),
         ]
 
     def __str__(self) -> str:

@@ -230,13 +230,17 @@ class TaskRow(NamedTuple):
     created_at: str
     updated_at: str
     last_event_at: str | None
+    forked_from_id: uuid.UUID | None
+    forked_at_seq: int | None
+    sandbox: bool
 
 
 # JSON columns as text (decoded once below, as the model's field would); a primary-key lookup.
 _TASK_ROW_SQL = f"""
 SELECT id, namespace, kind, status, input::text, output::text, error, parent_id, attempts, max_attempts,
        lease_holder, lease_epoch, {api_time_sql("lease_expires_at")}, last_seq, head_hash,
-       {api_time_sql("created_at")}, {api_time_sql("updated_at")}, {api_time_sql("last_event_at")}
+       {api_time_sql("created_at")}, {api_time_sql("updated_at")}, {api_time_sql("last_event_at")},
+       forked_from_id, forked_at_seq, sandbox
 FROM backplane_task WHERE id = %s
 """
 

@@ -51,6 +51,17 @@ class TaskCreateOutcome:
 
 
 @dataclass(frozen=True)
+class ForkOrigin:
+    """What a fork continues from (``backplane.eventlog.forks``): its ``TaskForked`` payload
+    names the source, ``at_seq`` and the source's hash there."""
+
+    source: Task
+    at_seq: int
+    sandbox: bool
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class AgentCreated:
     agent: Agent
     token: str
@@ -99,7 +110,10 @@ def task_create_in_transaction(
     parent_task_id: uuid.UUID | None,
     max_attempts: int,
     metadata: dict[str, Any],
+    fork: ForkOrigin | None = None,
 ) -> TaskCreateOutcome:
+    """Create the task row and its first events (``TaskStarted``, then ``TaskForked`` for a
+    fork) in the caller's transaction; an existing ``task_id`` with the same content is a replay."""
     parent = None
     if parent_task_id is not None:
         parent = Task.objects.filter(pk=parent_task_id, namespace=namespace).first()
@@ -119,6 +133,9 @@ def task_create_in_transaction(
                 metadata=metadata,
                 parent=parent,
                 max_attempts=max_attempts,
+                forked_from=fork.source if fork else None,
+                forked_at_seq=fork.at_seq if fork else None,
+                sandbox=fork.sandbox if fork else False,
                 created_by=agent,
                 created_at=now,
                 updated_at=now,
@@ -132,7 +149,9 @@ def task_create_in_transaction(
         # whatever the content: the caller learns that the id is not available, never where
         # it is used, nor whether its kind or input match (identical content elsewhere is not
         # a replay). A free id could only answer alike with a second row under the same id.
-        if existing.namespace != namespace or existing.kind != kind or existing.input != input:
+        same_origin = (existing.forked_from_id, existing.forked_at_seq, existing.sandbox) == (
+            (fork.source.pk, fork.at_seq, fork.sandbox) if fork else (None, None, False))
+        if existing.namespace != namespace or existing.kind != kind or existing.input != input or not same_origin:
             raise TaskExists(TASK_ID_TAKEN, {"task_id": "already taken; use a new UUID"}) from None
         replay_count(task_id=existing.pk, kind="task_create", now=now)
         return TaskCreateOutcome(task=existing, created=False)
@@ -149,7 +168,8 @@ def task_create_in_transaction(
                     "max_attempts": max_attempts,
                     "metadata": metadata,
                 },
-            )
+            ),
+            *([EventDraft(type=et.TASK_FORKED, payload=fork.payload)] if fork else []),
         ],
         agent=agent,
         now=now,

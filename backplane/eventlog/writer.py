@@ -29,7 +29,7 @@ from django.utils import timezone
 from backplane.delivery.outbox import Message, outbox_enqueue_many
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_timestamp
-from backplane.eventlog.errors import NotFound, StaleLease, TaskClosed
+from backplane.eventlog.errors import NotFound, SandboxRefused, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.reducer import REDUCED_FIELDS, TaskState, task_reduce, task_state_apply, task_state_of
@@ -147,6 +147,9 @@ def write_events(
     after the task closed (e.g. the second half of a batch) is refused here, unless the
     backplane itself records something that arrived late (``allow_closed``).
     """
+    if task.sandbox and any(draft.outbox for draft in drafts):
+        raise SandboxRefused("a sandbox sends no messages: replay the agent without its outbox",
+                             {"outbox": "not accepted on a sandbox task"})
     was_open = not task.is_closed
     previous_status = task.status
     before = task_state_of(task)

@@ -7,6 +7,7 @@ serializer itself, so the answer is DRF's whatever the check thought.)
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -145,14 +146,32 @@ def test_a_serializer_it_cannot_reproduce_is_refused_at_compile_time() -> None:
 
 
 def test_a_field_type_it_does_not_know_is_refused_at_compile_time() -> None:
+    class WithTime(StrictSerializer):
+        at = serializers.DateTimeField()  # parsing times is DRF's job
+
     with pytest.raises(fastcheck.NotCompilable):
-        fastcheck.compile_check(TaskCreateIn)  # a UUIDField: parsing it is DRF's job
+        fastcheck.compile_check(WithTime)
+
+
+@pytest.mark.parametrize("value", ["6B1C9A7E-3F1D-4C36-9D0E-2A5C8B7D4E11", "6b1c9a7e3f1d4c369d0e2a5c8b7d4e11",
+                                   " 6b1c9a7e-3f1d-4c36-9d0e-2a5c8b7d4e11", "6b1c9a7e", 7, None])
+def test_a_uuid_in_any_other_form_than_the_printed_one_is_left_to_the_serializer(value: Any) -> None:
+    assert fastcheck.compile_check(TaskCreateIn)({"kind": "k", "input": {}, "task_id": value}) is None
+
+
+def test_a_printed_uuid_is_taken_as_the_serializer_takes_it() -> None:
+    printed = "6b1c9a7e-3f1d-4c36-9d0e-2a5c8b7d4e11"
+    body = {"kind": "k", "input": {}, "task_id": printed}
+    assert fastcheck.compile_check(TaskCreateIn)(body) == {**body, "task_id": uuid.UUID(printed)}
+    assert assert_never_looser(TaskCreateIn, body)
 
 
 tool_call_fields = st.dictionaries(
     st.sampled_from(["step", "tool", "input", "lease_epoch", "compensation", "status", "result", "kinds",
-                     "lease_seconds", "other"]),
-    st.one_of(field_values, st.sampled_from(["succeeded", "failed", "dispatched", " succeeded"]),
+                     "lease_seconds", "task_id", "other"]),
+    st.one_of(field_values, st.sampled_from(["succeeded", "failed", "dispatched", " succeeded",
+                                             "6b1c9a7e-3f1d-4c36-9d0e-2a5c8b7d4e11",
+                                             "6B1C9A7E-3F1D-4C36-9D0E-2A5C8B7D4E11"]),
               st.fixed_dictionaries({"tool": st.sampled_from(["undo", " undo", ""]), "input": st.just({})}),
               st.lists(st.sampled_from(["kind-a", " b", "", "x" * 101]), max_size=3)),
     max_size=6,
@@ -173,6 +192,7 @@ def test_the_lease_and_tool_call_bodies_agents_send_take_the_fast_path() -> None
 
     for serializer_class, body in (
         (LeaseClaimIn, {"kinds": ["lead-qualification"], "lease_seconds": 60}),
+        (LeaseClaimIn, {"task_id": "6b1c9a7e-3f1d-4c36-9d0e-2a5c8b7d4e11"}),
         (LeaseEpochIn, {"lease_epoch": 4}),
         (ToolCallDispatchIn, {"step": 3, "tool": "crm.lookup", "input": {"email": "a@b"}, "lease_epoch": 4,
                               "compensation": {"tool": "crm.forget", "input": {}}}),

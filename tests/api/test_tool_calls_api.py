@@ -52,7 +52,8 @@ def test_the_lifecycle_dispatch_replay_answer_replay(alice, counts) -> None:  # 
                             format="json"), 422, "idempotency_mismatch")
     replay = dispatch(alice, task)
     assert replay.status_code == 200
-    assert replay.json() == {"idempotency_key": key, "status": "succeeded", "result": {"id": "m-1"}, "replayed": True}
+    assert replay.json() == {"idempotency_key": key, "effect_key": key, "status": "succeeded", "result": {"id": "m-1"},
+                             "replayed": True}
     assert counts() == before
 
     record = alice.get(f"/api/v1/tool-calls/{key}/").json()

@@ -564,11 +564,14 @@ def test_rules_are_made_for_finished_statuses_only(db: None) -> None:
 # --- the candidate query -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "index"), [("", "task_retention_idx"), ("quick", "task_retention_kind_idx")])
-def test_a_page_of_candidates_is_read_from_a_retention_index(db: None, kind: str, index: str) -> None:
+@pytest.mark.parametrize(("scope", "index"), [(retention.RULE_SCOPE, "task_retention_idx"),
+                                               (retention.RULE_KIND_SCOPE, "task_retention_kind_idx"),
+                                               (retention.SANDBOX_SCOPE, "task_sandbox_retention_idx")])
+def test_a_page_of_candidates_is_read_from_a_retention_index(db: None, scope: str, index: str) -> None:
+    kind = "quick"
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN " + retention._PAGE_SQL.format(kind="AND t.kind = %(kind)s" if kind else ""),
+        cursor.execute("EXPLAIN " + retention._PAGE_SQL.format(scope=scope),
                        {"namespace": "acme", "kind": kind, "statuses": ["completed"], "cutoff": timezone.now(),
                         "after_at": timezone.now() - timedelta(days=1), "after_id": uuid.UUID(int=0), "page": 500})
         plan = "\n".join(row[0] for row in cursor.fetchall())

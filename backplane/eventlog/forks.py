@@ -1,0 +1,230 @@
+"""Forks: a new task that continues another's history from any of its events.
+
+A fork of S at ``at_seq`` is a new task of S's namespace and kind. Its log opens with its own
+``TaskStarted`` (S's input, or a replacement) and ``TaskForked``, which names S, ``at_seq`` and
+the hash of S's event there: anyone holding both logs can check where the fork came from, and
+the fork's chain covers that hash. S's events up to ``at_seq`` are the fork's history, read
+through S (``backplane.eventlog.lineage``), never copied and never written: forking costs two
+events whatever the length of S, and S does not change.
+
+The fork's own projection starts afresh (``pending``, no attempts): its history is what its
+agent resumes from, through the recovery context, and what the tool-call proxy answers the
+steps it already took from (recovery/tool_calls.py), so an effect happens once across a task
+and all its forks.
+
+A *sandbox* fork is for replaying an agent against the record: its tool calls are answered
+only from the source's record (``tool_answers`` edits that record for the replay, and the
+edit is in ``TaskForked``), it sends no message and runs no compensation, fleet agents never
+claim it, and it can only be forked into another sandbox.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from backplane.eventlog import event_types as et
+from backplane.eventlog.errors import BackplaneError, InvalidInput, NotFound, SandboxRefused
+from backplane.eventlog.lineage import MAX_FORK_DEPTH, fork_chain
+from backplane.eventlog.models import Event, Task
+from backplane.eventlog.services import (
+    ForkOrigin,
+    TaskCreateOutcome,
+    ensure_storable_json,
+    task_create_in_transaction,
+)
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """An edit of the record for a sandbox: the answer its call of ``tool`` at ``step`` gets."""
+
+    step: int
+    tool: str
+    status: str
+    result: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"step": self.step, "tool": self.tool, "status": self.status, "result": self.result}
+
+
+def task_fork(
+    *,
+    namespace: str | None,
+    source_task_id: uuid.UUID,
+    at_seq: int,
+    reason: str,
+    forked_by: str,
+    by_staff: bool,
+    input: dict[str, Any] | None = None,
+    task_id: uuid.UUID | None = None,
+    sandbox: bool = False,
+    tool_answers: Sequence[ToolAnswer] = (),
+) -> TaskCreateOutcome:
+    """Fork ``source_task_id`` after its event ``at_seq``. Idempotent on ``task_id`` like a
+    create: the same fork again is the same task, anything else under that id is 409.
+
+    ``namespace=None``: staff, any namespace; the fork is made in the source's namespace.
+    """
+    if input is not None:
+        ensure_storable_json(input, "input")
+    if tool_answers and not sandbox:
+        raise InvalidInput("only a sandbox takes edited tool answers; a fork's tools answer for real",
+                           {"tool_answers": "allowed with sandbox: true"})
+    for answer in tool_answers:
+        ensure_storable_json(answer.result, "tool_answers")
+    with transaction.atomic(durable=True):
+        source = _source_for_fork(namespace=namespace, source_task_id=source_task_id, at_seq=at_seq,
+                                  sandbox=sandbox)
+        at_event = Event.objects.only("seq", "hash", "type").get(task=source, seq=at_seq)
+        replaced = input is not None and input != source.input
+        payload = {
+            "source_task_id": str(source.pk),
+            "at_seq": at_seq,
+            "source_hash": at_event.hash,
+            "source_type": at_event.type,
+            "reason": reason,
+            "forked_by": forked_by,
+            "by_staff": by_staff,
+            "sandbox": sandbox,
+            "input_replaced": replaced,
+            "tool_answers": [answer.as_json() for answer in tool_answers],
+        }
+        return task_create_in_transaction(
+            namespace=source.namespace,
+            kind=source.kind,
+            input=input if input is not None else source.input,
+            agent=forked_by,
+            task_id=task_id or uuid.uuid4(),
+            parent_task_id=None,
+            max_attempts=source.max_attempts,
+            metadata=source.metadata,
+            fork=ForkOrigin(source=source, at_seq=at_seq, sandbox=sandbox, payload=payload),
+        )
+
+
+def _source_for_fork(*, namespace: str | None, source_task_id: uuid.UUID, at_seq: int, sandbox: bool) -> Task:
+    sources = Task.objects.filter(pk=source_task_id)
+    if namespace is not None:
+        sources = sources.filter(namespace=namespace)
+    source = sources.first()
+    if source is None:
+        raise NotFound("task not found", {"task_id": str(source_task_id)})
+    if source.sandbox and not sandbox:
+        raise SandboxRefused(
+            "a sandbox's history is a replay; it can only be forked into another sandbox",
+            {"sandbox": "must be true when forking a sandbox", "source_task_id": str(source.pk)},
+        )
+    if not 1 <= at_seq <= source.last_seq:
+        raise InvalidInput(
+            f"at_seq must be between 1 and the task's last seq, {source.last_seq}",
+            {"at_seq": f"between 1 and {source.last_seq}"},
+        )
+    if len(fork_chain(source)) >= MAX_FORK_DEPTH:
+        raise InvalidInput(f"forks may be {MAX_FORK_DEPTH} deep at most",
+                           {"task_id": "fork the source of this fork instead"})
+    return source
+
+
+# The events after which a task had failed (or been taken back) for the last time: a fork from
+# failure continues from just before the last of them.
+_FAILURE_TYPES = (et.TASK_FAILED, et.TASK_STALLED, et.TASK_DEAD_LETTERED)
+
+
+def failure_point(task: Task) -> int | None:
+    """The seq a fork "from failure" continues after: the event before the task's last failure
+    (``TaskFailed``, ``TaskStalled`` or ``TaskDeadLettered``), or None when it never failed.
+
+    So the fork keeps every step the failed attempt confirmed and redoes the rest; a
+    ``TaskClaimed`` in that history is the failed attempt's and changes nothing in the fork.
+    """
+    last_failure = (
+        Event.objects.filter(task=task, type__in=_FAILURE_TYPES).order_by("-seq").values_list("seq", flat=True).first()
+    )
+    if last_failure is None:
+        return None
+    # Consecutive failure events (a stall that dead-letters) are one failure: fork before the first.
+    seqs = set(
+        Event.objects.filter(task=task, type__in=_FAILURE_TYPES, seq__lte=last_failure).values_list("seq", flat=True)
+    )
+    first = last_failure
+    while first - 1 in seqs:
+        first -= 1
+    return max(1, first - 1)
+
+
+
+# --- many at once: fork from failure --------------------------------------------------------
+
+BULK_MAX_ITEMS = 1000
+# Forks made by one confirmed batch get ids derived from the batch and the source, so a batch
+# submitted twice (a double click, a retried request) finds its forks instead of making more.
+_BATCH_NAMESPACE = uuid.UUID("5f7d0e8c-6d1b-4f57-9a0e-3c1b2a4d5e6f")
+
+
+@dataclass(frozen=True)
+class ForkPlanItem:
+    """What a fork from failure will do with one task: fork it after ``at_seq``, or skip it."""
+
+    task: Task
+    at_seq: int | None
+    skip_reason: str | None
+
+
+def fork_from_failure_plan(task_ids: Sequence[uuid.UUID]) -> list[ForkPlanItem]:
+    """The dry run: for each task (each once, in the order given, at most ``BULK_MAX_ITEMS``),
+    where a fork from failure would continue, or why it will be skipped. Writes nothing."""
+    wanted = list(dict.fromkeys(task_ids))[:BULK_MAX_ITEMS]
+    tasks = Task.objects.in_bulk(wanted)
+    plan = []
+    for task_id in wanted:
+        task = tasks.get(task_id)
+        if task is None:
+            continue
+        at_seq = None if task.sandbox else failure_point(task)
+        reason = ("a sandbox is replayed, not forked into production" if task.sandbox
+                  else "it never failed" if at_seq is None else None)
+        plan.append(ForkPlanItem(task=task, at_seq=at_seq, skip_reason=reason))
+    return plan
+
+
+@dataclass(frozen=True)
+class ForkItemResult:
+    task_id: uuid.UUID
+    outcome: str  # "done" | "skipped" (nothing to fork, or this batch forked it already) | "failed"
+    detail: str
+    fork_task_id: uuid.UUID | None = None
+
+
+def tasks_fork_from_failure(
+    *, task_ids: Sequence[uuid.UUID], reason: str, forked_by: str, batch: str
+) -> list[ForkItemResult]:
+    """Fork each task from just before its last failure, each in its own transaction (a
+    failure on one does not undo the others), reported per item, as staff (any namespace).
+
+    ``batch`` names the confirmed dry run: the same batch again forks nothing twice.
+    """
+    if len(task_ids) > BULK_MAX_ITEMS:
+        raise InvalidInput(f"at most {BULK_MAX_ITEMS} tasks at once", {"task_ids": f"at most {BULK_MAX_ITEMS}"})
+    results: list[ForkItemResult] = []
+    for item in fork_from_failure_plan(task_ids):
+        source = item.task
+        if item.at_seq is None:
+            results.append(ForkItemResult(source.pk, "skipped", item.skip_reason or ""))
+            continue
+        fork_id = uuid.uuid5(_BATCH_NAMESPACE, f"{batch}:{source.pk}")
+        try:
+            outcome = task_fork(namespace=None, source_task_id=source.pk, at_seq=item.at_seq, reason=reason,
+                                forked_by=forked_by, by_staff=True, task_id=fork_id)
+        except BackplaneError as exc:
+            results.append(ForkItemResult(source.pk, "failed", exc.message))
+            continue
+        if outcome.created:
+            results.append(ForkItemResult(source.pk, "done", f"forked after seq {item.at_seq}", outcome.task.pk))
+        else:
+            results.append(ForkItemResult(source.pk, "skipped", "this batch forked it already", outcome.task.pk))
+    return results
