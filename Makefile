@@ -93,7 +93,8 @@ fuzz: $(STAMP)
 # PostgreSQL, bench/append.py (its report printed), bench/proof.py, and two durable-execution
 # peers with 8 threads each (bench/peers.py: DBOS, LangGraph) from requirements-bench.txt, which
 # live in a venv of their own (.venv/bench): langsmith would add a pytest plugin to .venv.
-# The table goes to var/bench/summary.md (and summary.json).
+# The table goes to var/bench/summary.md (and summary.json). Then forking and diffing 10,000-event
+# histories beside a plain INSERT … SELECT of the same rows (bench/fork.py, var/bench/fork.json).
 BENCH_VENV := .venv/bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 $(BENCH_STAMP): requirements-bench.txt requirements.txt
@@ -105,6 +106,7 @@ $(BENCH_STAMP): requirements-bench.txt requirements.txt
 
 bench: $(STAMP) $(BENCH_STAMP) wrk
 	$(PY) bench/http_bench.py --peers-python $(BENCH_VENV)/bin/python --out var/bench
+	$(PY) bench/fork.py --out var/bench
 
 # Where each hot route's time goes in the web process under wrk's load: py-spy's samples, summed
 # by part of the request (bench/profile_http.py; collapsed stacks in var/bench/profile-*.txt).

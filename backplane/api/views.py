@@ -36,7 +36,7 @@ from backplane.api.serializers import (
     event_as_api_dict,
     task_as_api_dict,
 )
-from backplane.eventlog import selectors, services
+from backplane.eventlog import lineage, selectors, services
 from backplane.eventlog.errors import InvalidInput
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.eventlog.models import TaskStatus
@@ -280,7 +280,8 @@ class TaskVerifyView(ApiView):
         summary="Check the task's hash chain",
         description=(
             "Recomputes every event's hash (RFC 8785 canonical JSON, SHA-256, each covering the one before) and "
-            "reports whether the chain holds, how many events were checked and the first seq that does not."
+            "reports whether the chain holds, how many events were checked and the first seq that does not. "
+            "For a fork, its `TaskForked` (seq 2) must also name the hash its source's event at `at_seq` has."
         ),
         responses={200: ChainVerifyOut, **errors(404)},
     )
@@ -289,12 +290,10 @@ class TaskVerifyView(ApiView):
         # Hashed by integrity's own RFC 8785 implementation, not the writer's: a check that
         # shared the writer's code would agree with any mistake the writer makes.
         result = selectors.chain_verify(task=task, row_hash=independent_hash.row_hash)
-        return Response(
-            {
-                "valid": result.valid,
-                "checked": result.checked,
-                "head_hash": result.head_hash,
-                "first_invalid_seq": result.first_invalid_seq,
-            }
-        )
+        valid, first_invalid = result.valid, result.first_invalid_seq
+        if valid and not lineage.fork_provenance_holds(task):
+            # A fork's chain covers its TaskForked (seq 2), which must name its source's event.
+            valid, first_invalid = False, 2
+        return Response({"valid": valid, "checked": result.checked, "head_hash": result.head_hash,
+                         "first_invalid_seq": first_invalid})
 

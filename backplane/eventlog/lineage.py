@@ -199,3 +199,24 @@ def tasks_drift(*, namespace: str | None, a_id: uuid.UUID, b_id: uuid.UUID) -> D
 def tasks_diff(*, namespace: str | None, a_id: uuid.UUID, b_id: uuid.UUID) -> dict[str, Any]:
     """``tasks_drift`` as the API answers it: the first divergence and the counts."""
     return drift_as_json(tasks_drift(namespace=namespace, a_id=a_id, b_id=b_id))
+
+
+def fork_provenance_holds(task: Task) -> bool:
+    """For a fork: its ``TaskForked`` names the source and seq its row does, and the hash of the
+    source's event there is the one recorded. True for a task that is no fork."""
+    if task.forked_from_id is None:
+        return True
+    forked = fork_point_event(task)
+    if forked is None:
+        return False
+    payload = forked.payload
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT hash FROM backplane_event WHERE task_id = %s AND seq = %s",
+                       [task.forked_from_id, task.forked_at_seq])
+        row = cursor.fetchone()
+    return (
+        row is not None
+        and payload.get("source_task_id") == str(task.forked_from_id)
+        and payload.get("at_seq") == task.forked_at_seq
+        and payload.get("source_hash") == row[0]
+    )

@@ -14,6 +14,7 @@ from backplane.eventlog import forks
 from backplane.eventlog.models import Event, Task
 from recovery.models import ToolCall
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
+from tests.backplane.audit_support import rewrite_history
 
 Counts = Callable[[], dict[str, int]]
 
@@ -298,3 +299,14 @@ def test_llm_called_is_checked(alice: AgentClient) -> None:
         response = alice.post(f"/api/v1/tasks/{task['task_id']}/events/", {"type": "LLMCalled", "payload": bad},
                               format="json")
         assert_error(response, 400, "validation_error")
+
+
+def test_a_forks_verify_checks_its_provenance(alice: AgentClient, worked: dict[str, Any]) -> None:
+    forked = fork(alice, worked["task_id"], at_seq=2).json()
+    assert alice.get(f"/api/v1/tasks/{forked['task_id']}/verify/").json()["valid"] is True
+    # Someone with the database rewrites the source's history and re-chains it consistently:
+    # the source's own chain holds again, but the fork recorded the hash that was there.
+    rewrite_history(Task.objects.get(pk=worked["task_id"]), seq=2, payload={"step": 1, "thought": "never mind"})
+    assert alice.get(f"/api/v1/tasks/{worked['task_id']}/verify/").json()["valid"] is True
+    verify = alice.get(f"/api/v1/tasks/{forked['task_id']}/verify/").json()
+    assert (verify["valid"], verify["first_invalid_seq"]) == (False, 2)

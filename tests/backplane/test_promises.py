@@ -121,11 +121,12 @@ def test_a_tool_call_replay_after_later_calls_returns_the_original_call(alice) -
 
     replay = dispatch(0)
     assert replay.status_code == 200
-    assert replay.json() == {"idempotency_key": first["idempotency_key"], "status": "succeeded",
-                             "result": {"answer": 0}, "replayed": True}
+    assert replay.json() == {"idempotency_key": first["idempotency_key"], "effect_key": first["idempotency_key"],
+                             "status": "succeeded", "result": {"answer": 0}, "replayed": True}
     replay = dispatch(1)
     assert replay.status_code == 200
-    assert replay.json() == {"idempotency_key": in_flight["idempotency_key"], "status": "in_flight",
+    assert replay.json() == {"idempotency_key": in_flight["idempotency_key"],
+                             "effect_key": in_flight["idempotency_key"], "status": "in_flight",
                              "dispatched_at": in_flight["dispatched_at"], "replayed": True}
 
 

@@ -320,6 +320,36 @@ def test_a_parent_stays_while_a_child_no_rule_covers_is_there(make_agent: Any) -
     assert exists(parent_id) and exists(child_id)
 
 
+def finish_fork(client: AgentClient, source: uuid.UUID, *, sandbox: bool) -> uuid.UUID:
+    forked = client.post(f"/api/v1/tasks/{source}/fork/", {"at_seq": 1, "reason": "again", "sandbox": sandbox},
+                         format="json")
+    assert forked.status_code == 201, forked.content
+    fork_id = forked.json()["task_id"]
+    epoch = claim(client, task_id=fork_id)["lease_epoch"]
+    done = client.post(f"/api/v1/tasks/{fork_id}/events/",
+                       {"type": "TaskCompleted", "payload": {"output": {}}, "lease_epoch": epoch}, format="json")
+    assert done.status_code == 201, done.content
+    return uuid.UUID(fork_id)
+
+
+def test_forks_go_first_and_sandboxes_are_kept_for_their_own_time(alice: AgentClient,
+                                                                   quick_rule: RetentionRule) -> None:
+    source = finish(alice)
+    fork = finish_fork(alice, source, sandbox=False)
+    sandbox = finish_fork(alice, source, sandbox=True)
+    deliver_outbox()
+    seal_and_export()
+
+    # The rule takes the fork; the source waits for its forks; the sandbox is outside the rule.
+    assert prune_task_sql(source) is None
+    assert prune(now=later(hours=2)) == 1
+    assert exists(source) and not exists(fork) and exists(sandbox)
+    # Past the sandbox's own keep time it goes, and then its source.
+    keep = timedelta(seconds=settings.BACKPLANE_SANDBOX_KEEP_SECONDS)
+    assert prune(now=timezone.now() + keep + timedelta(hours=1)) == 2
+    assert not exists(sandbox) and not exists(source)
+
+
 # --- the tree, the seals and the export after pruning --------------------------------------------
 
 
