@@ -578,3 +578,59 @@ def test_tools_are_registered_in_the_admin_and_tool_calls_are_read_only(make_too
     staff.post("/admin/recovery/tool/", {"action": "reset_breakers", "_selected_action": [tool.pk]})
     tool.refresh_from_db()
     assert (tool.breaker_state, tool.consecutive_failures) == ("closed", 0)
+
+
+# --- forks and sandboxes -----------------------------------------------------------------------
+
+
+def fork_of(client: APIClient, task: Task, **body: Any) -> Task:
+    response = client.post(f"/api/v1/tasks/{task.pk}/fork/", {"reason": "again", **body}, format="json")
+    assert response.status_code == 201, response.content
+    return Task.objects.get(pk=response.json()["task_id"])
+
+
+def test_a_fork_sends_an_in_flight_step_with_the_sources_key_and_the_tool_acts_once(
+    alice: AgentClient, make_tool: Callable[..., Tool], tool_server: ToolServer
+) -> None:
+    """The source's agent dispatched through the proxy, the tool acted, the answer was never
+    recorded; a fork's gateway call of that step sends the source's key, and an honest tool
+    answers from its own record."""
+    make_tool()
+    source = new_task()
+    dispatched = alice.post(f"/api/v1/tasks/{source.pk}/tool-calls/",
+                            {"step": 1, "tool": "send-email", "input": {"to": "bob@example.com"}}, format="json")
+    source_key = dispatched.json()["idempotency_key"]
+    tool_server.handle("/honest", source_key, {"to": "bob@example.com"})  # it reached the tool; nobody heard
+    fork = fork_of(alice, source, at_seq=2)
+
+    response = invoke(alice, fork)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["result"] == {"message_id": "m-1", "to": "bob@example.com"}
+    assert [s.key for s in tool_server.seen] == [source_key, source_key] and tool_server.effects[source_key] == 1
+    # The fork's log has the answer, naming the effect the source started; the source is untouched.
+    assert [t for t, _ in tool_events(fork)] == ["ToolCallResultReceived"]
+    assert tool_events(fork)[0][1]["effect_key"] == source_key
+    assert [t for t, _ in tool_events(source)] == ["ToolCallDispatched"]
+
+
+def test_a_sandbox_never_calls_a_tool(
+    alice: AgentClient, make_tool: Callable[..., Tool], tool_server: ToolServer
+) -> None:
+    make_tool()
+    make_tool(name="crm-lookup")
+    source = new_task()
+    assert invoke(alice, source, step=1).status_code == 200
+    assert tool_server.calls() == 1
+    sandbox = fork_of(alice, source, at_seq=1, sandbox=True)
+    before = row_counts()
+
+    refused = invoke(alice, sandbox, tool="crm-lookup", step=2)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "sandbox_refused"
+    assert row_counts() == before
+
+    answered = invoke(alice, sandbox, step=1)
+    assert answered.status_code == 200 and answered.json()["replayed"] is True
+    assert answered.json()["result"] == {"message_id": "m-1", "to": "bob@example.com"}
+    assert tool_server.calls() == 1  # neither call reached the tool
+    assert [t for t, _ in tool_events(sandbox)] == ["ToolCallDispatched", "ToolCallResultReceived"]
