@@ -36,7 +36,7 @@ STEP_TAIL_EVENTS = 16
 _STEP_LATENCY_SQL = """
 WITH active AS (
     SELECT id, last_seq FROM backplane_task
-    WHERE status = %(running)s AND last_event_at >= %(since)s
+    WHERE status = %(running)s AND last_event_at >= %(since)s AND NOT sandbox
     ORDER BY last_event_at DESC
     LIMIT %(tasks)s
 ), steps AS (

@@ -9,6 +9,7 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from backplane.eventlog import forks
 from backplane.eventlog.models import Task
 
 
@@ -16,7 +17,10 @@ def test_it_reports_outbox_and_task_figures(client: Client, make_task: Callable[
     from backplane.delivery.models import OutboxMessage
 
     make_task()
-    make_task()
+    replayed = make_task()
+    # A sandbox fork (a replay) is not the fleet's work: it is left out of the task figures.
+    forks.task_fork(namespace=replayed.namespace, source_task_id=replayed.pk, at_seq=1, reason="replay",
+                    forked_by="alice", by_staff=False, sandbox=True)
     # One of the two lifecycle messages is under a relay's claim right now.
     first = OutboxMessage.objects.earliest("id")
     OutboxMessage.objects.filter(pk=first.pk).update(claimed_until=timezone.now() + timedelta(seconds=30))
