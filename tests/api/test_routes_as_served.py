@@ -149,3 +149,24 @@ def test_every_agent_route_answers_by_its_schema_and_the_contract(served: WebPro
     child_lease = claim(200, json={"kinds": ["served-child"]}).json()
     assert release(200, json={"lease_epoch": child_lease["lease_epoch"]}, at=child_ids).json()["status"] == "pending"
     release(409, code="stale_lease", json={"lease_epoch": child_lease["lease_epoch"]}, at=child_ids)
+
+    # Forks of the finished task, a sandbox's refusals, and the diff.
+    fork = route("/api/v1/tasks/{task_id}/fork/", "POST")
+    diff = route("/api/v1/tasks/{task_id}/diff/{other_id}/", "GET")
+    forked = fork(201, json={"at_seq": 8, "reason": "again"}, at=ids).json()  # after the call's answer
+    assert forked["forked_from"] == {"task_id": task_id, "at_seq": 8} and forked["status"] == "pending"
+    fork(400, code="validation_error", json={"at_seq": 99, "reason": "past the head"}, at=ids)
+    fork(404, code="not_found", json={"at_seq": 1, "reason": "nobody's"}, at=missing)
+    fork_ids = {"task_id": forked["task_id"]}
+    sandbox = fork(201, json={"at_seq": 1, "reason": "replay", "sandbox": True}, at=ids).json()
+    fork(409, code="sandbox_refused", json={"at_seq": 1, "reason": "to production"}, at={"task_id": sandbox["task_id"]})
+    sandbox_lease = claim(200, json={"task_id": sandbox["task_id"]}).json()
+    dispatch(409, code="sandbox_refused", json={"step": 9, "tool": "never", "input": {},
+                                                "lease_epoch": sandbox_lease["lease_epoch"]},
+             at={"task_id": sandbox["task_id"]})
+    unleased = {name: value for name, value in call.items() if name != "lease_epoch"}
+    recorded = dispatch(200, json=unleased, at=fork_ids).json()  # the source's step, from its record
+    assert recorded["status"] == "succeeded" and recorded["effect_key"] == key
+    drift = diff(200, at={**ids, "other_id": forked["task_id"]}).json()
+    assert drift["first_divergence"]["kind"] == "only_in_a" and drift["counts"]["same"] == 8
+    diff(404, code="not_found", at={**ids, "other_id": str(uuid.uuid4())})
