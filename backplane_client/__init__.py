@@ -6,11 +6,15 @@ Django-free: :mod:`backplane_client.signing` needs only the standard library and
 - :func:`verify` checks a webhook's ``Backplane-Signature`` header (HMAC-SHA256, Stripe style).
 - :func:`process_once` drops redelivered messages: delivery is at least once, every message
   carries a stable ``message_id``, and the id is recorded in the consumer's own transaction.
+- :func:`prompt_sha256` (RFC 8785, needs rfc8785): the hash an ``LLMCalled`` event names its
+  prompt by, SHA-256 of the prompt's RFC 8785 canonical JSON (:func:`canonical_json`).
 - The agent SDK (needs httpx; docs/sdk.md): :class:`AgentClient` and :class:`AsyncAgentClient`,
   the REST clients with retries (:class:`RetryPolicy`); :class:`TaskSession`, a claimed task with
-  a background heartbeat, fenced writes and resumable steps (:class:`ToolCall`); the errors
-  :class:`BackplaneAPIError`, :class:`LeaseLost`, :class:`ToolCallFailed`. They are imported on
-  first use, so the helpers above keep working without httpx.
+  a background heartbeat, fenced writes and resumable steps and model calls (:class:`ToolCall`);
+  :func:`replay`, an agent run against a task's record in a sandbox (:class:`ReplayResult`,
+  docs/replay.md); the errors :class:`BackplaneAPIError`, :class:`LeaseLost`,
+  :class:`SandboxRefused`, :class:`ToolCallFailed`, :class:`ModelCallNotRecorded`. They are
+  imported on first use, so the helpers above keep working without httpx.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from backplane_client.canonical import CanonicalizationError, canonical_json, prompt_sha256
 from backplane_client.consumer import (
     DEFAULT_TABLE,
     Envelope,
@@ -33,8 +38,9 @@ if TYPE_CHECKING:
     from backplane_client.agent import AgentClient
     from backplane_client.aio import AsyncAgentClient
     from backplane_client.calls import Lease, event_draft
-    from backplane_client.errors import BackplaneAPIError, LeaseLost, ToolCallFailed
+    from backplane_client.errors import BackplaneAPIError, LeaseLost, SandboxRefused, ToolCallFailed
     from backplane_client.retry import RetryPolicy
+    from backplane_client.sandbox import ModelCallNotRecorded, ReplayResult, replay
     from backplane_client.session import TaskSession, ToolCall
 
 __all__ = [
@@ -43,20 +49,27 @@ __all__ = [
     "AgentClient",
     "AsyncAgentClient",
     "BackplaneAPIError",
+    "CanonicalizationError",
     "Envelope",
     "Handler",
     "Lease",
     "LeaseLost",
+    "ModelCallNotRecorded",
+    "ReplayResult",
     "RetryPolicy",
+    "SandboxRefused",
     "SignatureError",
     "TaskSession",
     "ToolCall",
     "ToolCallFailed",
+    "canonical_json",
     "ensure_processed_table",
     "event_draft",
     "handle_kombu_message",
     "parse_envelope",
     "process_once",
+    "prompt_sha256",
+    "replay",
     "sign",
     "verify",
 ]
@@ -68,11 +81,15 @@ _AGENT_EXPORTS = {
     "BackplaneAPIError": "backplane_client.errors",
     "Lease": "backplane_client.calls",
     "LeaseLost": "backplane_client.errors",
+    "ModelCallNotRecorded": "backplane_client.sandbox",
+    "ReplayResult": "backplane_client.sandbox",
     "RetryPolicy": "backplane_client.retry",
+    "SandboxRefused": "backplane_client.errors",
     "TaskSession": "backplane_client.session",
     "ToolCall": "backplane_client.session",
     "ToolCallFailed": "backplane_client.errors",
     "event_draft": "backplane_client.calls",
+    "replay": "backplane_client.sandbox",
 }
 
 

@@ -161,9 +161,10 @@ class AgentClient:
         *,
         lease_seconds: int | None = None,
         heartbeat_interval: float | None = None,
+        task_id: TaskId | None = None,
     ) -> TaskSession | None:
         """:meth:`claim` and :meth:`session` in one: a session on the claimed task, or None."""
-        lease = self.claim(kinds, lease_seconds=lease_seconds)
+        lease = self.claim(kinds, lease_seconds=lease_seconds, task_id=task_id)
         return None if lease is None else self.session(lease, heartbeat_interval=heartbeat_interval)
 
     # --- tasks ---------------------------------------------------------------------------
@@ -265,14 +266,19 @@ class AgentClient:
 
     # --- leases and recovery -------------------------------------------------------------
 
-    def claim(self, kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None) -> Lease | None:
+    def claim(
+        self, kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None, task_id: TaskId | None = None
+    ) -> Lease | None:
         """Claim the oldest pending task of ``kinds`` (default: all this agent may claim), or ``None`` (204).
+
+        With ``task_id``, claim that very task if it is pending and of a kind allowed (``None``
+        otherwise): how a sandbox fork, which is never handed out by kind, is run.
 
         Not idempotent on the server: if an answer is lost and the claim retried, the retry
         may lease another task, and the first lease simply expires (the stall detector hands
         that task on, counting one attempt). Nothing is done twice; a task is only delayed.
         """
-        return self.send(calls.claim(kinds, lease_seconds=lease_seconds))
+        return self.send(calls.claim(kinds, lease_seconds=lease_seconds, task_id=task_id))
 
     def heartbeat(self, task_id: TaskId, lease_epoch: int) -> JSON:
         """Extend the lease: ``{"expires_at"}``; ``409 stale_lease`` (:class:`LeaseLost`) once it is lost."""
@@ -286,6 +292,35 @@ class AgentClient:
         """What a (new) holder needs to resume: completed steps, tool calls with results,
         in-flight calls with their original keys, sub-agents, and a ``resume_prompt``."""
         return self.send(calls.recovery_context(task_id))
+
+    # --- forks and drift -----------------------------------------------------------------
+
+    def fork(
+        self,
+        source_task_id: TaskId,
+        *,
+        at_seq: int,
+        reason: str,
+        input: Mapping[str, Any] | None = None,
+        task_id: TaskId | None = None,
+        sandbox: bool = False,
+        tool_answers: Sequence[Mapping[str, Any]] | None = None,
+    ) -> JSON:
+        """Fork a task after its event ``at_seq``: a new ``pending`` task (the Task) whose history
+        is the source's up to there, answered from the source's record (docs/replay.md).
+
+        ``input`` replaces the source's; ``sandbox`` makes a replay that never reaches a tool
+        (claim it with ``claim(task_id=...)``); ``tool_answers`` (``[{"step", "tool", "status",
+        "result"}]``, sandboxes only) edits the record it answers from. Without ``task_id`` the
+        client picks a uuid4, once, so a retry after a lost answer returns the same fork.
+        """
+        return self.send(calls.fork(source_task_id, at_seq=at_seq, reason=reason, input=input, task_id=task_id,
+                                    sandbox=sandbox, tool_answers=tool_answers))
+
+    def diff(self, a: TaskId, b: TaskId) -> JSON:
+        """Where the histories of tasks ``a`` and ``b`` drift apart: ``{"a", "b", "first_divergence",
+        "counts"}`` (``first_divergence`` is None when they do the same thing)."""
+        return self.send(calls.diff(a, b))
 
     # --- tool calls ----------------------------------------------------------------------
 
@@ -302,8 +337,10 @@ class AgentClient:
         """Record a tool call before making it (write before you act).
 
         The answer's ``status`` says what to do: ``dispatched`` (new: call the tool with
-        ``Idempotency-Key: <idempotency_key>``), ``in_flight`` (dispatched earlier, never
-        answered: call again with the same key), ``succeeded``/``failed`` (answered: use ``result``).
+        ``Idempotency-Key: <effect_key>``), ``in_flight`` (dispatched earlier, never answered:
+        call again with the same key), ``succeeded``/``failed`` (answered: use ``result``).
+        ``effect_key`` equals ``idempotency_key`` except in a fork, for a step its source
+        dispatched: the tool must then see the source's key, so the effect happens once.
         """
         return self.send(calls.dispatch_tool_call(task_id, step, tool, input, lease_epoch=lease_epoch,
                                                   compensation=compensation))

@@ -179,9 +179,11 @@ class AsyncAgentClient:
 
     # --- leases and recovery ---------------------------------------------------------------
 
-    async def claim(self, kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None) -> Lease | None:
+    async def claim(
+        self, kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None, task_id: TaskId | None = None
+    ) -> Lease | None:
         """:meth:`AgentClient.claim` (not idempotent on the server: see there)."""
-        return await self.send(calls.claim(kinds, lease_seconds=lease_seconds))
+        return await self.send(calls.claim(kinds, lease_seconds=lease_seconds, task_id=task_id))
 
     async def heartbeat(self, task_id: TaskId, lease_epoch: int) -> JSON:
         """:meth:`AgentClient.heartbeat`."""
@@ -194,6 +196,27 @@ class AsyncAgentClient:
     async def recovery_context(self, task_id: TaskId) -> JSON:
         """:meth:`AgentClient.recovery_context`."""
         return await self.send(calls.recovery_context(task_id))
+
+    # --- forks and drift -------------------------------------------------------------------
+
+    async def fork(
+        self,
+        source_task_id: TaskId,
+        *,
+        at_seq: int,
+        reason: str,
+        input: Mapping[str, Any] | None = None,
+        task_id: TaskId | None = None,
+        sandbox: bool = False,
+        tool_answers: Sequence[Mapping[str, Any]] | None = None,
+    ) -> JSON:
+        """:meth:`AgentClient.fork` (the fork's id is picked once per call when none is given)."""
+        return await self.send(calls.fork(source_task_id, at_seq=at_seq, reason=reason, input=input,
+                                          task_id=task_id, sandbox=sandbox, tool_answers=tool_answers))
+
+    async def diff(self, a: TaskId, b: TaskId) -> JSON:
+        """:meth:`AgentClient.diff`."""
+        return await self.send(calls.diff(a, b))
 
     # --- tool calls and sub-agents ---------------------------------------------------------
 

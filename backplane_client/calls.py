@@ -211,7 +211,9 @@ def append_batch(
 # --- leases and recovery ---------------------------------------------------------------------
 
 
-def claim(kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None) -> Call[Lease | None]:
+def claim(
+    kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None, task_id: TaskId | None = None
+) -> Call[Lease | None]:
     def read(response: httpx.Response) -> Lease | None:
         if response.status_code == 204:
             return None
@@ -219,7 +221,8 @@ def claim(kinds: Sequence[str] | None = None, *, lease_seconds: int | None = Non
         return Lease(task=data["task"], lease_epoch=data["lease_epoch"], expires_at=data["expires_at"],
                      recovered=data["recovered"], lease_seconds=lease_seconds)
 
-    body = _without_none(kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds)
+    body = _without_none(kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds,
+                         task_id=_str_or_none(task_id))
     return Call("POST", "/leases/", read, json=body)
 
 
@@ -233,6 +236,33 @@ def release(task_id: TaskId, lease_epoch: int) -> Call[JSON]:
 
 def recovery_context(task_id: TaskId) -> Call[JSON]:
     return Call("GET", f"/tasks/{task_id}/recovery-context/", _body)
+
+
+# --- forks and drift ------------------------------------------------------------------------
+
+
+def fork(
+    source_task_id: TaskId,
+    *,
+    at_seq: int,
+    reason: str,
+    input: Mapping[str, Any] | None = None,
+    task_id: TaskId | None = None,
+    sandbox: bool = False,
+    tool_answers: Sequence[Mapping[str, Any]] | None = None,
+) -> Call[JSON]:
+    # As for create_task, the fork's id is chosen here: a retry after a lost 201 sends the same
+    # id and gets the same fork back (200) instead of a second one.
+    body = {"at_seq": at_seq, "reason": reason, "task_id": str(task_id or uuid.uuid4())} | _without_none(
+        input=dict(input) if input is not None else None,
+        sandbox=True if sandbox else None,
+        tool_answers=[dict(answer) for answer in tool_answers] if tool_answers else None,
+    )
+    return Call("POST", f"/tasks/{source_task_id}/fork/", _body, json=body)
+
+
+def diff(a: TaskId, b: TaskId) -> Call[JSON]:
+    return Call("GET", f"/tasks/{a}/diff/{b}/", _body)
 
 
 # --- tool calls and sub-agents ---------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["BackplaneAPIError", "LeaseLost", "ToolCallFailed", "ToolOutcomeMissing"]
+__all__ = ["BackplaneAPIError", "LeaseLost", "SandboxRefused", "ToolCallFailed", "ToolOutcomeMissing"]
 
 #: The codes that mean "this lease is no longer yours" when a heartbeat or write gets them.
 LEASE_LOST_CODES = frozenset({"stale_lease", "task_closed", "not_found"})
@@ -52,8 +52,9 @@ class BackplaneAPIError(Exception):
     def from_response(cls, response: httpx.Response, *, attempts: int = 1) -> BackplaneAPIError:
         """Build the error from an answer's status, headers and (contract-shaped) body.
 
-        ``409 stale_lease`` comes back as :class:`LeaseLost` (a subclass), so code that only
-        knows :class:`BackplaneAPIError` keeps catching it.
+        ``409 stale_lease`` comes back as :class:`LeaseLost` and ``409 sandbox_refused`` as
+        :class:`SandboxRefused` (subclasses), so code that only knows :class:`BackplaneAPIError`
+        keeps catching them.
         """
         code, message, details = f"http_{response.status_code}", response.reason_phrase, {}
         try:
@@ -68,7 +69,7 @@ class BackplaneAPIError(Exception):
             details = raw_details if isinstance(raw_details, dict) else {}
         elif response.text:
             message = response.text[:200]
-        kind = LeaseLost if code == "stale_lease" else BackplaneAPIError
+        kind = _SUBCLASS_OF_CODE.get(code, BackplaneAPIError)
         return kind(
             response.status_code,
             code,
@@ -115,6 +116,18 @@ class LeaseLost(BackplaneAPIError):
         return cls(status, code, f"task {task_id}: {why}; nothing was sent", sent=False)
 
 
+class SandboxRefused(BackplaneAPIError):
+    """``409 sandbox_refused``: a sandbox (a replay of a task against its record) was asked for
+    something the record cannot answer, and a sandbox never reaches the outside world.
+
+    A tool call or sub-agent hand-off at a step the source never recorded an answer for (the
+    message names the step and the tool or kind; ``details`` carries ``step``, ``tool`` or
+    ``kind``, and ``source_task_id``), an ``outbox`` message, or forking a sandbox into a task
+    that is not one. Nothing was written. In a replay (:func:`backplane_client.replay`) it ends
+    the agent function, and the result's ``error`` holds it.
+    """
+
+
 class ToolCallFailed(Exception):
     """Raise inside the function given to :meth:`TaskSession.call_tool` when the tool answered
     with a refusal that should be recorded as the call's ``failed`` outcome (so no later attempt
@@ -128,6 +141,12 @@ class ToolCallFailed(Exception):
 class ToolOutcomeMissing(RuntimeError):
     """A ``tool_call`` block that had to run the tool ended without an outcome: set
     ``call.result`` or call ``succeeded()``/``failed()`` before leaving the block."""
+
+
+_SUBCLASS_OF_CODE: dict[str, type[BackplaneAPIError]] = {
+    "stale_lease": LeaseLost,
+    "sandbox_refused": SandboxRefused,
+}
 
 
 def retry_after_of(response: httpx.Response) -> float | None:

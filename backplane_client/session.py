@@ -10,9 +10,9 @@ exists so that the three rules of working under a lease are kept without thinkin
    the server refuses as stale marks the session lost too. A replaced holder must stop: the
    new holder is already resuming from the log.
 3. *Never do a step twice*: the recovery context (read once, cached) says which reasoning steps
-   are logged, which tool calls have answers and which sub-agents have results; ``reason``,
-   ``tool_call``/``call_tool`` and ``subtask`` use it, and the contract's stable keys make even
-   a blind repeat harmless.
+   are logged, which model calls and tool calls have answers and which sub-agents have results;
+   ``reason``, ``resume``, ``model_call``, ``tool_call``/``call_tool`` and ``subtask`` use it, and
+   the contract's stable keys make even a blind repeat harmless.
 
 A session writes nothing when its block ends, not even on an exception: an agent that failed
 in the middle leaves its lease to expire, so the stall detector counts the attempt (a release
@@ -22,6 +22,7 @@ would not, and a crashing bug would loop forever). Call :meth:`TaskSession.fail`
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ import httpx
 
 from backplane_client import calls
 from backplane_client.calls import JSON, Lease, TaskId, event_draft
+from backplane_client.canonical import canonical_json
 from backplane_client.errors import (
     LEASE_LOST_CODES,
     BackplaneAPIError,
@@ -47,19 +49,43 @@ from backplane_client.retry import RetryPolicy
 if TYPE_CHECKING:
     from backplane_client.agent import AgentClient
 
-__all__ = ["TaskSession", "ToolCall", "ToolFunction", "heartbeat_interval_for"]
+__all__ = ["ModelFunction", "TaskSession", "ToolCall", "ToolFunction", "heartbeat_interval_for", "llm_called_payload"]
 
 logger = logging.getLogger("backplane_client")
 
 T = TypeVar("T")
-#: What ``call_tool`` runs when the call needs making: ``fn(idempotency_key, input) -> result``.
+#: What ``call_tool`` runs when the call needs making: ``fn(effect_key, input) -> result``.
 ToolFunction = Callable[[str, dict[str, Any]], Mapping[str, Any]]
+#: What ``model_call`` runs when the step has no recorded answer: ``call(prompt)`` returns the
+#: model's answer as ``{"output": <any JSON>, "usage": {"input_tokens": int, ...}}`` (usage optional).
+ModelFunction = Callable[[Any], Mapping[str, Any]]
 
 MIN_HEARTBEAT_INTERVAL = 0.2
 DEFAULT_LEASE_SECONDS = 30.0  # the contract's default, for a lease whose deadline cannot be read
 ANSWERED = frozenset({"succeeded", "failed"})
 NEEDS_CALLING = frozenset({"dispatched", "in_flight"})
 TERMINAL_SUBTASK = frozenset({"completed", "failed", "dead_lettered", "compensated"})
+#: A prompt whose canonical JSON is longer than this is recorded by its hash only.
+PROMPT_RECORD_LIMIT = 64 * 1024
+
+
+def llm_called_payload(
+    *, step: int, model: str, prompt: Any, output: Any, usage: Mapping[str, int] | None = None,
+    provider: str | None = None,
+) -> JSON:
+    """An ``LLMCalled`` payload: the model, the prompt's hash (SHA-256 of its RFC 8785 canonical
+    JSON) and the prompt itself unless that is over ``PROMPT_RECORD_LIMIT`` bytes, the output,
+    and ``usage``, ``step`` and ``provider``."""
+    canonical = canonical_json(prompt)
+    payload: JSON = {"step": step, "model": model, "prompt_sha256": hashlib.sha256(canonical).hexdigest(),
+                     "output": output}
+    if len(canonical) <= PROMPT_RECORD_LIMIT:
+        payload["prompt"] = prompt
+    if usage is not None:
+        payload["usage"] = dict(usage)
+    if provider is not None:
+        payload["provider"] = provider
+    return payload
 
 
 def heartbeat_interval_for(lease: Lease, *, now: datetime | None = None) -> float:
@@ -85,10 +111,15 @@ class ToolCall:
 
     ``needed`` is true when the tool must be called now (``status`` ``dispatched``, or
     ``in_flight``: dispatched by an earlier attempt that never recorded an answer). Call it with
-    the header ``Idempotency-Key: <key>`` — a well-behaved tool then acts at most once per key,
-    however often it is asked — and set the outcome with :meth:`succeeded` or :meth:`failed`
+    the header ``Idempotency-Key: <effect_key>`` — a well-behaved tool then acts at most once per
+    key, however often it is asked — and set the outcome with :meth:`succeeded` or :meth:`failed`
     (or assign ``result``, which counts as success). When ``needed`` is false the proxy already
     had the answer: ``status`` is ``succeeded`` or ``failed`` and ``result`` holds it.
+
+    ``key`` is the call's own idempotency key (its record is kept under it); ``effect_key`` is
+    the key of the effect, the one the tool must see. They are equal but in a fork, for a step
+    its source dispatched before the fork point and never heard back from: the tool may have
+    acted on the source's key already, so the fork asks with that key again.
     """
 
     def __init__(self, *, step: int, tool: str, input: Mapping[str, Any], answer: Mapping[str, Any]) -> None:
@@ -96,6 +127,8 @@ class ToolCall:
         self.tool = tool
         self.input: JSON = dict(input)
         self.key: str = answer["idempotency_key"]
+        # Older servers answer without it; their key is the effect's.
+        self.effect_key: str = answer.get("effect_key") or self.key
         self.status: str = answer["status"]
         self.replayed: bool = bool(answer.get("replayed", False))
         self.needed: bool = self.status in NEEDS_CALLING
@@ -165,6 +198,7 @@ class TaskSession:
         self._steps_done: set[int] = set()
         self._step_payloads: dict[int, JSON] = {}
         self._answers: dict[tuple[int, str], JSON] = {}
+        self._model_calls: dict[int, JSON] = {}
         self._lost = threading.Event()
         self._lost_error: BackplaneAPIError | None = None
         self._ended: str | None = None
@@ -189,6 +223,11 @@ class TaskSession:
     def lost_error(self) -> BackplaneAPIError | None:
         """The answer that showed the lease lost, if it is."""
         return self._lost_error
+
+    @property
+    def ended(self) -> str | None:
+        """How this session ended the task (``completed``, ``failed`` or ``released``), or None."""
+        return self._ended
 
     def start(self) -> TaskSession:
         """Start heartbeating (what entering the ``with`` block does)."""
@@ -363,6 +402,69 @@ class TaskSession:
         self._step_payloads[step] = payload
         return dict(payload)
 
+    def recorded_model_call(self, step: int) -> JSON | None:
+        """The model call the task's history holds for ``step`` (the context's ``model_calls``
+        entry: ``seq``, ``task_id``, ``step``, ``model``, ``prompt_sha256``, ``output``,
+        ``usage``), or None. With several, the first: that is the decision the rest was built on."""
+        if step in self._model_calls:
+            return dict(self._model_calls[step])
+        for entry in self.context()["model_calls"]:
+            if entry["step"] == step:
+                return dict(entry)
+        return None
+
+    def model_call(self, step: int, model: str, prompt: Any, call: ModelFunction, *,
+                   provider: str | None = None) -> Any:
+        """The model's output for step ``step``, decided once across every attempt at the task.
+
+        When the task's history (a fork's includes its source's, up to the fork point) already
+        has a model call at this step, its recorded output comes back and ``call`` is not run: a
+        model asked again rarely says the same, and what happened next was built on the first
+        answer. Otherwise ``call(prompt)`` asks the model and must return ``{"output": <any
+        JSON>, "usage": {"input_tokens": 812, "output_tokens": 64}}`` (``usage`` optional, token
+        counts as non-negative integers); the call is recorded as ``LLMCalled`` (keyed
+        ``{task_id}:llm:{step}``, see :func:`llm_called_payload`) and its output returned.
+
+        ``prompt`` is any JSON (a string, a list of messages, ...): its hash is always recorded,
+        the prompt itself unless its canonical JSON is over 64 KiB. A crash between the model's
+        answer and the record loses that answer (the next attempt asks again), never a decision
+        the task went on with.
+        """
+        known = self.recorded_model_call(step)
+        if known is not None:
+            return known["output"]
+        answer, provenance = self._ask_model(step, model, prompt, call)
+        if not isinstance(answer, Mapping) or "output" not in answer:
+            raise TypeError(f"the model call at step {step} must return {{'output': ..., 'usage': {{...}}}}, "
+                            f"not {answer!r:.200}")
+        usage = answer.get("usage")
+        payload = llm_called_payload(step=step, model=model, prompt=prompt, output=answer["output"], usage=usage,
+                                     provider=provider) | provenance
+        try:
+            event = self.append("LLMCalled", payload, idempotency_key=self._model_call_key(step))
+        except BackplaneAPIError as exc:
+            if exc.code != "idempotency_mismatch":
+                raise
+            # Recorded meanwhile with another answer (the context was older than the log): the
+            # log's answer stands, as in resume.
+            self.refresh_context()
+            recorded = self.recorded_model_call(step)
+            if recorded is None:
+                raise
+            return recorded["output"]
+        self._model_calls[step] = {"seq": event["seq"], "task_id": self.task_id, "step": step, "model": model,
+                                   "prompt_sha256": payload["prompt_sha256"], "output": payload["output"],
+                                   "usage": payload.get("usage")}
+        return payload["output"]
+
+    def _ask_model(self, step: int, model: str, prompt: Any, call: ModelFunction) -> tuple[Mapping[str, Any], JSON]:
+        """The answer for a step the history has no model call for, and what its ``LLMCalled``
+        adds about where it came from (a replay answering from a record says so)."""
+        return call(prompt), {}
+
+    def _model_call_key(self, step: int) -> str:
+        return f"{self.task_id}:llm:{step}"
+
     @property
     def resume_prompt(self) -> str:
         """The recovery context's ``resume_prompt``: where the task stands, for the model."""
@@ -378,7 +480,7 @@ class TaskSession:
         """Make a tool call at most once across attempts: record it, make it if needed, record the answer.
 
         Entering dispatches the call to the idempotency proxy. Inside the block, if
-        ``call.needed``, call the tool with ``Idempotency-Key: call.key`` and set the outcome.
+        ``call.needed``, call the tool with ``Idempotency-Key: call.effect_key`` and set the outcome.
         Leaving normally records it (``POST /tool-calls/{key}/result/``); ``call.status`` and
         ``call.result`` then hold the recorded answer (a ``failed`` one does not raise). An
         exception in the block records nothing: the call stays in flight, and a later attempt
@@ -406,7 +508,8 @@ class TaskSession:
         *,
         compensation: Mapping[str, Any] | None = None,
     ) -> ToolCall:
-        """:meth:`tool_call` as a function: ``fn(key, input)`` runs only when the call needs making.
+        """:meth:`tool_call` as a function: ``fn(effect_key, input)`` runs only when the call needs
+        making; send the key as the tool's ``Idempotency-Key``.
 
         Its return value is recorded as the success; :class:`ToolCallFailed` raised in ``fn``
         is recorded as the failure (``call.status == "failed"``); any other exception propagates
@@ -415,7 +518,7 @@ class TaskSession:
         with self.tool_call(step, tool, input, compensation=compensation) as call:
             if call.needed:
                 try:
-                    call.succeeded(fn(call.key, dict(input)))
+                    call.succeeded(fn(call.effect_key, dict(input)))
                 except ToolCallFailed as refusal:
                     call.failed(refusal.result)
         return call

@@ -7,7 +7,7 @@ written by a customer: nothing here touches the database.
 Two kinds:
 
 ``lead-qualification`` (the orchestrator)
-    1. plan (``ReasoningStepCompleted``); 2. ``crm-lookup`` through the backplane's gateway;
+    1. plan (``LLMCalled``, then ``ReasoningStepCompleted``); 2. ``crm-lookup`` through the backplane's gateway;
     3. hand the lead to a ``lead-research`` sub-agent and wait for its score; 4. decide;
     5. ``crm-write`` (qualified leads; compensated by ``crm-revert``); 6. ``email-send``
     (compensated by ``email-recall``); 7. ``payments-charge`` (leads who buy; compensated by
@@ -19,6 +19,15 @@ Two kinds:
 ``lead-research`` (the sub-agent)
     1. think; 2. ``web-enrich``; 3. score and ``TaskCompleted``.
 
+Decisions (the plan, the score, the qualification, the summary) are model calls: a prompt
+rendered from a template in ``demo.llm``, answered by its stand-in through
+``TaskSession.model_call``, so each is recorded (``LLMCalled``) and decided once across attempts,
+and a sandbox replay (``backplane_client.replay``) can serve them from the record.
+
+Tool inputs carry nothing of the task's own identity: a fork (docs/replay.md) asks the calls
+its source made with the inputs they were made with. The tool service links an effect to the
+task whose lead it is (``task_id`` in the body): for a fork, its first source.
+
 Crashes: each attempt at a task is SIGKILLed with probability ``--crash-rate`` at one of the
 failure zones its kind passes through (DESIGN.md), chosen by a seeded generator:
 
@@ -26,6 +35,8 @@ failure zones its kind passes through (DESIGN.md), chosen by a seeded generator:
 - zone 2: the call is dispatched and the request has left for the tool; no answer is read;
 - zone 3: the tool answered; the answer is not recorded yet;
 - zone 4 (orchestrator): the sub-agent's result is in this task's log; nothing recorded about it.
+
+``--crash-zone N`` makes every crash strike in zone N (with ``--crash-rate 1``: every attempt).
 
 Before dying, the agent tells the demo's tool service (``POST /observations``), which is how the
 crash report knows when and where each crash happened.
@@ -69,7 +80,9 @@ class Stop(BaseException):
 
 class Agent:
     def __init__(self, *, bp: AgentClient, name: str, kind: str, tools_url: str, seed: int, crash_rate: float,
-                 lease_seconds: int) -> None:
+                 lease_seconds: int, crash_zone: int | None = None) -> None:
+        if crash_zone is not None and crash_zone not in ZONES_OF[kind]:
+            raise ValueError(f"a {kind} agent passes through zones {ZONES_OF[kind]}, not {crash_zone}")
         self.bp = bp
         self.name = name
         self.kind = kind
@@ -78,7 +91,9 @@ class Agent:
         self.crash_rate = crash_rate
         self.lease_seconds = lease_seconds
         self.http = httpx.Client(timeout=10)
+        self.forced_zone = crash_zone
         self.crash_zone: int | None = None
+        self._origins: dict[str, str] = {}
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -158,7 +173,8 @@ class Agent:
         r = llm.rng(self.seed, session.task_id, session.lease_epoch, "crash")
         if r.random() >= self.crash_rate:
             return None
-        return r.choice(ZONES_OF[self.kind])
+        zone = r.choice(ZONES_OF[self.kind])
+        return self.forced_zone or zone
 
     def crash_here(self, session: TaskSession, zone: int, *, step: int, tool: str = "") -> None:
         if self.crash_zone != zone:
@@ -177,14 +193,32 @@ class Agent:
 
     # --- the orchestrator --------------------------------------------------------------------
 
+    def origin_task_id(self, s: TaskSession) -> str:
+        """The task whose lead this is: the task itself, or for a fork its first source (read once).
+
+        The tool service files effects under it; a fork must ask its source's calls with their
+        recorded inputs, so an input never names the fork itself."""
+        if s.task_id not in self._origins:
+            task = s.task
+            while task.get("forked_from"):
+                task = self.bp.get_task(task["forked_from"]["task_id"])
+            self._origins[s.task_id] = str(task["task_id"])
+        return self._origins[s.task_id]
+
+    def think(self, s: TaskSession, step: int, prompt: llm.Prompt, call: llm.ModelFunction) -> dict[str, Any]:
+        """A decision of the model, recorded (``LLMCalled``) and made once across attempts."""
+        output: dict[str, Any] = s.model_call(step, llm.MODEL, prompt, call, provider=llm.PROVIDER)
+        return output
+
     def qualify(self, s: TaskSession) -> None:
         lead = s.input["lead"]
-        s.reason(1, llm.plan(self.seed, s.task_id, lead))
+        plan = self.think(s, 1, llm.plan_prompt(lead), llm.plan(self.seed, lead))
+        s.reason(1, {**plan, "model": llm.MODEL})
 
         # 2. The CRM through the backplane's gateway: it calls the tool with the key, records
         #    both events and keeps the answer; its circuit breaker protects the CRM.
-        crm = self.invoke_with_patience(s, 2, "crm-lookup", {"lead_id": lead["id"], "task_id": s.task_id,
-                                                             "ref": f"{s.task_id}:2"})
+        crm = self.invoke_with_patience(s, 2, "crm-lookup", {"lead_id": lead["id"],
+                                                             "task_id": self.origin_task_id(s)})
         if crm is None:
             return
 
@@ -199,9 +233,10 @@ class Agent:
         score = int((sub.get("output") or {}).get("score", 0))
 
         # 4. Decide.
-        # Decided once: a later attempt goes on with the logged decision, whatever a model
+        # Decided once: a later attempt goes on with the recorded answer, whatever a model
         # (a real one is not deterministic) would say now.
-        decision = s.resume(4, lambda: llm.qualify(self.seed, s.task_id, lead, score))
+        decision = self.think(s, 4, llm.qualify_prompt(lead, score), llm.qualify(self.seed, lead, score))
+        s.reason(4, {**decision, "model": llm.MODEL})
         qualified, buys = decision["decision"]["qualified"], decision["decision"]["buys"]
         outcome: dict[str, Any] = {"score": score, "qualified": qualified}
 
@@ -226,7 +261,8 @@ class Agent:
             if charge is None:
                 return
             outcome["charge"] = charge.get("charge")
-        s.complete(outcome, reasoning={"step": 8, **llm.summary(lead, outcome)})
+        summary = self.think(s, 8, llm.summary_prompt(lead, outcome), llm.summary(lead, outcome))
+        s.complete(outcome, reasoning={"step": 8, **summary, "model": llm.MODEL})
 
     def invoke_with_patience(self, s: TaskSession, step: int, tool: str,
                              input: dict[str, Any]) -> dict[str, Any] | None:
@@ -250,13 +286,13 @@ class Agent:
 
     def research(self, s: TaskSession) -> None:
         lead = s.input["lead"]
-        s.reason(1, {"thought": f"Enrich {lead['company']} before scoring.", "model": llm.MODEL, "tokens": 12})
+        s.reason(1, {"thought": f"Enrich {lead['company']} before scoring.", "model": llm.MODEL})
         enrichment = self.tool(s, 2, "web-enrich", {"company": lead["company"], "lead_id": lead["id"]})
         if enrichment is None:
             return
-        judgement = llm.research(self.seed, s.task_id, lead, enrichment)
+        judgement = self.think(s, 3, llm.research_prompt(lead, enrichment), llm.research(self.seed, lead, enrichment))
         s.complete({"score": judgement["decision"]["score"], "signals": judgement["decision"]["signals"]},
-                   reasoning={"step": 3, **judgement})
+                   reasoning={"step": 3, **judgement, "model": llm.MODEL})
 
     # --- one direct tool call, through the idempotency proxy --------------------------------
 
@@ -267,7 +303,7 @@ class Agent:
         Returns the result, or None when the task was failed (a permanent failure, or a tool
         that stayed unavailable) and the caller must stop.
         """
-        body = {**input, "task_id": s.task_id, "ref": f"{s.task_id}:{step}"}
+        body = {**input, "task_id": self.origin_task_id(s)}
         if step == CRASH_STEP[self.kind] and not any(c["step"] == step and c["tool"] == tool
                                                      for c in s.context()["tool_calls"]):
             # Zone 1 is "decided, not yet dispatched": not true once an earlier attempt dispatched.
@@ -277,10 +313,12 @@ class Agent:
                 if not call.needed:
                     self.observe("proxy_replay", s, step=step, tool=tool)
                 else:
+                    # The effect's key: in a fork, a call its source left in flight is asked
+                    # again under the source's key, so the tool acts once across both.
                     if step == CRASH_STEP[self.kind] and self.crash_zone == 2:
-                        self._send_without_reading(tool, call.key, body)
+                        self._send_without_reading(tool, call.effect_key, body)
                         self.crash_here(s, 2, step=step, tool=tool)
-                    status, answer = self._call(s, step, tool, call.key, body)
+                    status, answer = self._call(s, step, tool, call.effect_key, body)
                     if status is None:
                         raise _Unavailable(answer)
                     if step == CRASH_STEP[self.kind]:
@@ -349,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--crash-rate", type=float, default=0.1)
     parser.add_argument("--lease-seconds", type=int, default=5)
+    parser.add_argument("--crash-zone", type=int, choices=(1, 2, 3, 4),
+                        help="every crash strikes in this zone (default: one of the kind's, at random)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s demo agent {args.name}: %(message)s")
     signal.signal(signal.SIGTERM, _stop)
@@ -356,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     with AgentClient(args.base_url, token, retry=RetryPolicy(attempts=8, max_delay=5.0)) as bp:
         try:
             Agent(bp=bp, name=args.name, kind=args.kind, tools_url=args.tools_url, seed=args.seed,
-                  crash_rate=args.crash_rate, lease_seconds=args.lease_seconds).run_forever()
+                  crash_rate=args.crash_rate, lease_seconds=args.lease_seconds,
+                  crash_zone=args.crash_zone).run_forever()
         except Stop:
             pass  # stopped between tasks
     return 0

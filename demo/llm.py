@@ -1,22 +1,55 @@
-"""A deterministic stand-in for the LLM: the same task and step always "think" the same thing.
+"""A deterministic stand-in for the LLM, and the prompts the demo agents ask it.
 
-No network, no model: a generator seeded by the run's seed and the task picks among canned
-thoughts, so the same task always gets the same thoughts. (A run as a whole is not repeatable:
-task ids are new each time.) The agents still go through ``TaskSession.resume``, which gives a
-recovered attempt the decision its crashed predecessor logged, as a real, non-deterministic
-model needs. The payloads look like what a real agent records in ``ReasoningStepCompleted``: the
-thought, the decision, the model and a token count.
+No network, no model. Each decision the agents make (the plan, the research sub-agent's score,
+the qualification, the summary) is a real prompt rendered from one of the templates below and a
+*model function* that answers it the way ``TaskSession.model_call`` expects:
+``call(prompt) -> {"output": ..., "usage": {"input_tokens": n, "output_tokens": m}}``. The agents
+go through ``model_call``, so every answer is recorded (``LLMCalled``: model, prompt, output,
+usage), a recovered attempt gets the answer its crashed predecessor recorded, and a sandbox
+replay can serve the answers from the record or ask the stand-in again.
 
-Django-free: the agent processes import it.
+The stand-in picks among canned thoughts with a generator seeded by the run's seed and the
+prompt itself: the same prompt always gets the same answer (a replay with the prompts unchanged
+agrees with the run it replays), and a changed prompt gets another one, as from a real model.
+The model functions also see the structured values the prompt was rendered from (a score, an
+enrichment), which a real model would read out of the prompt.
+
+The templates are module constants, read when a prompt is rendered: a test changes one and
+replays a task to see the drift. Django-free: the agent processes import it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
+from collections.abc import Callable, Mapping
+from string import Template
 from typing import Any
 
 MODEL = "stand-in-1 (deterministic, seeded)"
+PROVIDER = "demo"
+
+# A prompt: chat messages, as most model APIs take them.
+Prompt = list[dict[str, str]]
+ModelFunction = Callable[[Any], Mapping[str, Any]]
+
+SYSTEM_PROMPT = "You are the sales-operations agent of a B2B software company. Answer with one JSON object only."
+PLAN_PROMPT = (
+    "Plan how to qualify lead $lead_id, a contact at $company. You can look the lead up in the CRM, have a research "
+    "sub-agent score how well the company fits, write the CRM, send an email and charge a card. "
+    'Answer {"thought": "...", "decision": "..."}.'
+)
+RESEARCH_PROMPT = (
+    "Score from 0 to 100 how well $company fits our product, from what the enrichment service found: $enrichment. "
+    'Answer {"thought": "...", "decision": {"score": 0-100, "signals": ["three signals"]}}.'
+)
+QUALIFY_PROMPT = (
+    "Lead $lead_id at $company has a fit score of $score. Is the lead qualified (a score of 50 or more), and did "
+    'they ask for the starter plan? Answer {"thought": "...", "decision": {"qualified": true|false, '
+    '"buys": true|false}}.'
+)
+SUMMARY_PROMPT = "Summarise for the CRM what was done for lead $lead_id: $outcome. Answer {\"thought\": \"...\"}."
 
 _PLANS = (
     "Look the lead up in the CRM, have research score the company, then decide.",
@@ -37,31 +70,76 @@ def _tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def plan(seed: int | str, task_id: str, lead: dict[str, Any]) -> dict[str, Any]:
-    thought = rng(seed, task_id, "plan").choice(_PLANS)
-    return {"thought": f"{thought} Lead {lead['id']} at {lead['company']}.", "decision": "research-then-decide",
-            "model": MODEL, "tokens": _tokens(thought)}
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
-def research(seed: int | str, task_id: str, lead: dict[str, Any], enrichment: dict[str, Any]) -> dict[str, Any]:
+def render(template: str, **fields: Any) -> Prompt:
+    """The chat messages for a template (``$name`` placeholders; objects are written as JSON)."""
+    values = {name: value if isinstance(value, str | int) else _json(value) for name, value in fields.items()}
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": Template(template).substitute(values)}]
+
+
+def _answer(prompt: Any, output: dict[str, Any]) -> dict[str, Any]:
+    """The model's answer as ``model_call`` takes it: the output and what it cost in tokens."""
+    return {"output": output, "usage": {"input_tokens": _tokens(_json(prompt)),
+                                        "output_tokens": _tokens(_json(output))}}
+
+
+# --- the prompts -------------------------------------------------------------------------------
+
+
+def plan_prompt(lead: Mapping[str, Any]) -> Prompt:
+    return render(PLAN_PROMPT, lead_id=lead["id"], company=lead["company"])
+
+
+def research_prompt(lead: Mapping[str, Any], enrichment: Mapping[str, Any]) -> Prompt:
+    return render(RESEARCH_PROMPT, company=lead["company"], enrichment=dict(enrichment))
+
+
+def qualify_prompt(lead: Mapping[str, Any], score: int) -> Prompt:
+    return render(QUALIFY_PROMPT, lead_id=lead["id"], company=lead["company"], score=score)
+
+
+def summary_prompt(lead: Mapping[str, Any], outcome: Mapping[str, Any]) -> Prompt:
+    return render(SUMMARY_PROMPT, lead_id=lead["id"], outcome=dict(outcome))
+
+
+# --- the stand-in's answers --------------------------------------------------------------------
+
+
+def plan(seed: int | str, lead: Mapping[str, Any]) -> ModelFunction:
+    def call(prompt: Any) -> dict[str, Any]:
+        thought = rng(seed, "plan", _json(prompt)).choice(_PLANS)
+        return _answer(prompt, {"thought": f"{thought} Lead {lead['id']} at {lead['company']}.",
+                                "decision": "research-then-decide"})
+    return call
+
+
+def research(seed: int | str, lead: Mapping[str, Any], enrichment: Mapping[str, Any]) -> ModelFunction:
     """The research sub-agent's judgement: a fit score from 0 to 100 and the signals behind it."""
-    r = rng(seed, task_id, "research")
-    signals = r.sample(_SIGNALS, 3)
-    score = min(100, int(enrichment.get("employees", 50) ** 0.5) + r.randint(20, 80))
-    thought = f"{lead['company']}: {', '.join(signals)}; fit score {score}."
-    return {"thought": thought, "decision": {"score": score, "signals": signals}, "model": MODEL,
-            "tokens": _tokens(thought)}
+    def call(prompt: Any) -> dict[str, Any]:
+        r = rng(seed, "research", _json(prompt))
+        signals = r.sample(_SIGNALS, 3)
+        score = min(100, int(enrichment.get("employees", 50) ** 0.5) + r.randint(20, 80))
+        thought = f"{lead['company']}: {', '.join(signals)}; fit score {score}."
+        return _answer(prompt, {"thought": thought, "decision": {"score": score, "signals": signals}})
+    return call
 
 
-def qualify(seed: int | str, task_id: str, lead: dict[str, Any], score: int) -> dict[str, Any]:
-    qualified = score >= 50
-    buys = qualified and rng(seed, task_id, "buys").random() < 0.6
-    thought = (f"Score {score}: " + ("qualified" if qualified else "not a fit yet")
-               + ("; they asked for the starter plan." if buys else "."))
-    return {"thought": thought, "decision": {"qualified": qualified, "buys": buys}, "model": MODEL,
-            "tokens": _tokens(thought)}
+def qualify(seed: int | str, lead: Mapping[str, Any], score: int) -> ModelFunction:
+    def call(prompt: Any) -> dict[str, Any]:
+        qualified = score >= 50
+        buys = qualified and rng(seed, "buys", _json(prompt)).random() < 0.6
+        thought = (f"Score {score}: " + ("qualified" if qualified else "not a fit yet")
+                   + ("; they asked for the starter plan." if buys else "."))
+        return _answer(prompt, {"thought": thought, "decision": {"qualified": qualified, "buys": buys}})
+    return call
 
 
-def summary(lead: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
-    thought = f"Done with {lead['id']}: " + ", ".join(f"{k}={v}" for k, v in sorted(outcome.items()))
-    return {"thought": thought, "model": MODEL, "tokens": _tokens(thought)}
+def summary(lead: Mapping[str, Any], outcome: Mapping[str, Any]) -> ModelFunction:
+    def call(prompt: Any) -> dict[str, Any]:
+        thought = f"Done with {lead['id']}: " + ", ".join(f"{k}={v}" for k, v in sorted(outcome.items()))
+        return _answer(prompt, {"thought": thought})
+    return call

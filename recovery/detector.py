@@ -130,7 +130,9 @@ def _lease_expire_stalled(*, now: datetime, batch_size: int, spans: list[TaskSpa
             writes.append(TaskWrite(task=task, drafts=drafts))
             holder = task.lease_holder
             stalls.append((task, reason, holder, exhausted))
-            if holder:
+            # A sandbox (a replay) is nobody's production work: its stalls count against no
+            # breaker and its last one leaves no dead letter for the fleet's reviewers.
+            if holder and not task.sandbox:
                 count, _ = failed_holders.get((task.namespace, holder), (0, task.pk))
                 failed_holders[(task.namespace, holder)] = (count + 1, task.pk)
         write_events_many(writes, agent=None, now=now)
@@ -146,7 +148,7 @@ def _lease_expire_stalled(*, now: datetime, batch_size: int, spans: list[TaskSpa
                 created_at=now,
             )
             for task, reason, holder, exhausted in stalls
-            if exhausted
+            if exhausted and not task.sandbox
         ]
         DeadLetter.objects.bulk_create(dead_letters)
         announce_dead_letters(source=DeadLetterSource.TASK, count=len(dead_letters))

@@ -20,8 +20,11 @@ def feed_agent_breakers(written: WrittenEvents) -> None:
     """Completions and failures count towards the circuit breaker of the agent behind them.
 
     Expired leases count too, but the stall detector records those itself, once per agent
-    per sweep and in id order, so concurrent sweeps cannot deadlock on agent rows."""
+    per sweep and in id order, so concurrent sweeps cannot deadlock on agent rows. A sandbox's
+    (a replay's) end says nothing about the agent's production work and counts for nothing."""
     task = written.task
+    if task.sandbox:
+        return
     for event in written.events:
         if event.type == et.TASK_COMPLETED:
             breaker_record_success(namespace=task.namespace, agent_name=event.agent, task_id=task.pk,

@@ -117,9 +117,9 @@ def _inherited_child(parent: Task, *, step: int, kind: str, input: dict[str, Any
         )
     child = Task.objects.get(pk=dispatched.payload["child_task_id"])
     own_log = [SeqRange(parent.pk, 1, TO_HEAD)]
-    if find_in_history(own_log, event_type=et.SUB_AGENT_RESULT_RECEIVED,
+    if find_in_history(history_ranges(parent), event_type=et.SUB_AGENT_RESULT_RECEIVED,
                        matches=[{"child_task_id": str(child.pk)}]) is not None:
-        return child  # answered before: a repeat of this dispatch
+        return child  # its result is in the history already (before the fork point, or a repeat)
     if child.is_closed:
         write_events(parent, [child_result_draft(child, status=child.status)], agent=agent, now=timezone.now())
         return child

@@ -95,7 +95,7 @@ def tool_call_dispatch(
                 )
             if recorded is not None:
                 call = _answer_from_record(task, key=key, step=step, tool=tool, recorded=recorded, input=input,
-                                           agent=agent, now=now, ttl=ttl)
+                                           compensation=compensation, agent=agent, now=now, ttl=ttl)
                 return ToolCallOutcome(call=call, replayed=True)
         call = ToolCall.objects.create(
             idempotency_key=key,
@@ -267,15 +267,16 @@ def _sandbox_edit(task: Task, *, step: int, tool: str) -> dict[str, Any] | None:
 
 def _answer_from_record(
     task: Task, *, key: str, step: int, tool: str, recorded: RecordedCall, input: dict[str, Any],
-    agent: str | None, now: datetime, ttl: timedelta,
+    compensation: dict[str, Any] | None, agent: str | None, now: datetime, ttl: timedelta,
 ) -> ToolCall:
     """Record a fork's call of a step its record holds, without calling the tool.
 
     A call in the fork's history must be asked with the input it was made with (it happened;
     another input is 422, as for any key). A sandbox's call may differ from the recording's:
     the replay gets the recorded answer and its own dispatch shows what it asked, which is
-    what a diff then points at. No compensation is kept: the effect is its source's, and so
-    is undoing it.
+    what a diff then points at. No compensation is kept on the record (no saga of the fork's
+    ever undoes it): the effect is its source's, and so is undoing it. A sandbox's dispatch
+    event still shows the compensation its agent asked for, as the source's did.
     """
     if recorded.inherited and recorded.dispatch is not None and recorded.dispatch.payload["input"] != input:
         raise IdempotencyMismatch(
@@ -304,8 +305,8 @@ def _answer_from_record(
     if not recorded.inherited:
         # A sandbox's own run: the dispatch as it asked, then the recorded answer.
         drafts.append(EventDraft(type=et.TOOL_CALL_DISPATCHED, payload={
-            "idempotency_key": key, "step": call.step, "tool": call.tool, "input": input, "compensation": None,
-            "recorded_from": provenance}))
+            "idempotency_key": key, "step": call.step, "tool": call.tool, "input": input,
+            "compensation": compensation, "recorded_from": provenance}))
     if answered and not recorded.answer_in_history:
         drafts.append(EventDraft(type=et.TOOL_CALL_RESULT_RECEIVED, payload={
             "idempotency_key": key, "effect_key": recorded.effect_key, "step": call.step, "tool": call.tool,

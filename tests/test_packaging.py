@@ -177,13 +177,13 @@ def test_the_dockerfile_installs_only_the_runtime_set_and_make_installs_both() -
     assert not (REPO / ".dockerignore").read_text().count("requirements")
 
 
-def test_the_client_package_declares_httpx_as_its_only_dependency() -> None:
+def test_the_client_package_declares_httpx_and_rfc8785_as_its_only_dependencies() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["tool"]["setuptools"]["packages"] == ["backplane_client"]
-    assert [Requirement(r).name for r in project["project"]["dependencies"]] == ["httpx"]
+    assert [Requirement(r).name for r in project["project"]["dependencies"]] == ["httpx", "rfc8785"]
     client_imports = distributions_of(imported_modules(["backplane_client"]))
     # psycopg is imported inside the consumer helpers only, and is the "consumer" extra.
-    assert client_imports <= {"httpx", "psycopg", "psycopg-binary"}, client_imports
+    assert client_imports <= {"httpx", "rfc8785", "psycopg", "psycopg-binary"}, client_imports
 
 
 @pytest.mark.slow
@@ -208,7 +208,7 @@ def test_the_client_installs_and_imports_in_a_fresh_venv_without_django(tmp_path
     installed = {canonical(item["name"]) for item in json.loads(run("-m", "pip", "list", "--format", "json"))}
     assert "agent-backplane-client" in installed
     assert not installed & {"django", "djangorestframework", "celery", "psycopg"}, installed
-    assert installed - {"pip", "setuptools", "wheel"} <= {"agent-backplane-client"} | closure(["httpx"]) | {
+    assert installed - {"pip", "setuptools", "wheel"} <= {"agent-backplane-client"} | closure(["httpx", "rfc8785"]) | {
         "sniffio", "exceptiongroup", "typing-extensions"}, installed
     script = (
         f"venv = {str(venv)!r}\n"

@@ -2,7 +2,8 @@
 
 A run is a task's history, oldest first (a fork's history includes its source's events). Two
 runs drift where their events differ once everything that differs between any two runs by
-construction is set aside: ``TaskForked`` markers and the run-specific payload keys below.
+construction is set aside: ``TaskForked`` markers, lease bookkeeping (``NOT_BEHAVIOUR``) and
+the run-specific payload keys below.
 
 The runs are aligned before they are compared, so one extra or missing event shows up as one
 ``only_in_b`` or ``only_in_a`` pair instead of shifting every later event into a "changed" one.
@@ -23,12 +24,18 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any, Final, Literal
 
-from backplane.eventlog.event_types import TASK_FORKED
+from backplane.eventlog import event_types as et
 
 # Type, step, tool, kind: which step or call an event belongs to.
 _Key = tuple[str, int | None, str | None, str | None]
 PairKind = Literal["same", "changed", "only_in_a", "only_in_b"]
 KINDS: Final[tuple[PairKind, ...]] = ("same", "changed", "only_in_a", "only_in_b")
+
+# Events that record who held a lease, never what the agent did: a fork's marker, a claim (a
+# sandbox forked after its source's claim has one more), a lease given back, a child's claim
+# seen from its parent. Their payloads hold only run-specific keys. A stall is kept: it is a
+# crash, and two runs that crashed differently did drift.
+NOT_BEHAVIOUR: Final = frozenset({et.TASK_FORKED, et.TASK_CLAIMED, et.LEASE_RELEASED, et.SUB_AGENT_ACCEPTED})
 
 # Payload keys dropped at every depth before comparing: their values differ between any two
 # runs by construction, so a difference in them says nothing about the agent's behaviour.
@@ -87,8 +94,8 @@ class Drift:
 
 def runs_diff(a: Sequence[HistoryEntry], b: Sequence[HistoryEntry]) -> Drift:
     """Align two runs (by type, step, tool and kind) and compare the aligned events."""
-    entries_a = [entry for entry in a if entry.type != TASK_FORKED]
-    entries_b = [entry for entry in b if entry.type != TASK_FORKED]
+    entries_a = [entry for entry in a if entry.type not in NOT_BEHAVIOUR]
+    entries_b = [entry for entry in b if entry.type not in NOT_BEHAVIOUR]
     keys_a = [_alignment_key(entry) for entry in entries_a]
     keys_b = [_alignment_key(entry) for entry in entries_b]
     pairs: list[Pair] = []

@@ -247,27 +247,35 @@ def test_a_forks_hand_off_gets_the_sources_child(alice: AgentClient, make_agent:
     researcher = make_agent("researcher", "acme")
     parent = create_task(alice)
     pid = parent["task_id"]
-    finished = alice.post(f"/api/v1/tasks/{pid}/subtasks/", {"step": 1, "kind": "research", "input": {"n": 1}},
-                          format="json").json()["task"]
-    unfinished = alice.post(f"/api/v1/tasks/{pid}/subtasks/", {"step": 2, "kind": "research", "input": {"n": 2}},
-                            format="json").json()["task"]
+
+    def hand_off(task_id: str, n: int) -> Any:
+        return alice.post(f"/api/v1/tasks/{task_id}/subtasks/", {"step": n, "kind": "research", "input": {"n": n}},
+                          format="json")
+
+    finished = hand_off(pid, 1).json()["task"]
+    unfinished = hand_off(pid, 2).json()["task"]
+    at = Task.objects.get(pk=pid).last_seq  # both dispatched; no result yet
     lease = claim(researcher, task_id=finished["task_id"])
     append(researcher, finished["task_id"], "TaskCompleted", {"output": {"score": 9}},
            lease_epoch=lease["lease_epoch"])
-    at = Task.objects.get(pk=pid).last_seq
     forked = fork(alice, pid, at_seq=at).json()
     fid = forked["task_id"]
+    later = fork(alice, pid, at_seq=Task.objects.get(pk=pid).last_seq).json()  # after the first result
     children = Task.objects.count()
 
-    again = alice.post(f"/api/v1/tasks/{fid}/subtasks/", {"step": 1, "kind": "research", "input": {"n": 1}},
-                       format="json")
+    # The child that finished after the fork point: its result is written into the fork now.
+    again = hand_off(fid, 1)
     assert again.status_code == 200 and again.json()["task"]["task_id"] == finished["task_id"]
-    adopted = alice.post(f"/api/v1/tasks/{fid}/subtasks/", {"step": 2, "kind": "research", "input": {"n": 2}},
-                         format="json")
+    # The unfinished one is adopted, not started twice.
+    adopted = hand_off(fid, 2)
     assert adopted.status_code == 200 and adopted.json()["task"]["task_id"] == unfinished["task_id"]
+    assert hand_off(fid, 2).json()["task"]["task_id"] == unfinished["task_id"]
     assert Task.objects.count() == children
     results = Event.objects.filter(task_id=fid, type="SubAgentResultReceived")
     assert [e.payload["child_task_id"] for e in results] == [finished["task_id"]]
+    # A fork made after the result has it in its history: nothing is written again.
+    assert hand_off(later["task_id"], 1).json()["task"]["task_id"] == finished["task_id"]
+    assert not Event.objects.filter(task_id=later["task_id"], type="SubAgentResultReceived").exists()
 
     lease = claim(researcher, task_id=unfinished["task_id"])
     append(researcher, unfinished["task_id"], "TaskCompleted", {"output": {"score": 4}},
@@ -276,6 +284,8 @@ def test_a_forks_hand_off_gets_the_sources_child(alice: AgentClient, make_agent:
         heard = Event.objects.filter(task_id=task_id, type="SubAgentResultReceived",
                                      payload__child_task_id=unfinished["task_id"])
         assert heard.count() == 1 and heard.get().payload["output"] == {"score": 4}
+    # The later fork never adopted it, so it is not told.
+    assert not Event.objects.filter(task_id=later["task_id"], type="SubAgentResultReceived").exists()
     context = alice.get(f"/api/v1/tasks/{fid}/recovery-context/").json()
     assert {s["child_task_id"]: s["status"] for s in context["subtasks"]} == {
         finished["task_id"]: "completed", unfinished["task_id"]: "completed"}

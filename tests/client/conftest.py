@@ -3,7 +3,7 @@
 - ``sdk_server``: the product's web process (tests/support/live_server.py) against the test
   database, one for the package's tests (it stops before pytest-django drops the database).
 - ``fleet``: a fresh namespace with agents and their tokens, created in the committed test
-  database the server reads.
+  database the server reads; ``agents``: their clients, and the moves the tests repeat.
 - ``tool_server``: the end-to-end tests' tool (tests/e2e/conftest.py), for the gateway.
 - ``FaultProxy``: a TCP proxy in front of the server that misbehaves on chosen requests the
   way networks do: it answers 503 itself, or forwards a request and then drops the connection
@@ -16,14 +16,19 @@ import json
 import socket
 import threading
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from backplane.eventlog import services
+from backplane_client import AgentClient, RetryPolicy, TaskSession
+from recovery.detector import lease_expire_stalled
 from tests.e2e.conftest import tool_server  # noqa: F401 (the e2e tests' tool, as a fixture here too)
 from tests.support.live_server import WebProcess
 
@@ -66,6 +71,59 @@ def fleet(committed_db: None) -> Fleet:
         )
     }
     return Fleet(namespace=namespace, tokens=tokens)
+
+
+QUICK = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+
+
+class Crash(Exception):
+    """What an agent dies of in these tests."""
+
+
+class Agents:
+    """Clients of one fleet against one server, and the moves the tests repeat."""
+
+    def __init__(self, server: WebProcess, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.planner = AgentClient(server.url, fleet.tokens["planner"], retry=QUICK)
+        self.worker = AgentClient(server.url, fleet.tokens["worker"], retry=QUICK)
+        self.other = AgentClient(server.url, fleet.tokens["other"], retry=QUICK)
+        self.child = AgentClient(server.url, fleet.tokens["child"], retry=QUICK)
+
+    def close(self) -> None:
+        for bp in (self.planner, self.worker, self.other, self.child):
+            bp.close()
+
+    def task(self, **input: Any) -> str:
+        task_id: str = self.planner.create_task(Fleet.KIND, input or {"lead": "alice"})["task_id"]
+        return task_id
+
+    def claim(
+        self, bp: AgentClient, *, lease_seconds: int = 30, heartbeat_interval: float | None = None
+    ) -> TaskSession:
+        session = bp.claim_session([Fleet.KIND], lease_seconds=lease_seconds, heartbeat_interval=heartbeat_interval)
+        assert session is not None, "nothing to claim"
+        return session
+
+    def expire(self, seconds_ahead: float = 3600) -> None:
+        """The stall detector's sweep, as if the clock were ``seconds_ahead`` later."""
+        sweep = lease_expire_stalled(now=timezone.now() + timedelta(seconds=seconds_ahead))
+        assert sweep.expired == 1, sweep
+
+    def types(self, task_id: str) -> Counter[str]:
+        return Counter(event["type"] for event in self.planner.iter_events(task_id))
+
+    def last_seq(self, task_id: str) -> int:
+        return int(self.planner.get_task(task_id)["last_seq"])
+
+
+@pytest.fixture
+def agents(sdk_server: WebProcess, fleet: Fleet) -> Iterator[Agents]:
+    agents = Agents(sdk_server, fleet)
+    try:
+        yield agents
+    finally:
+        agents.close()
 
 
 @dataclass

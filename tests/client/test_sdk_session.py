@@ -8,81 +8,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
-from backplane_client import (
-    AgentClient,
-    LeaseLost,
-    RetryPolicy,
-    TaskSession,
-    ToolCallFailed,
-)
+from backplane_client import AgentClient, LeaseLost, ToolCallFailed
 from backplane_client.errors import ToolOutcomeMissing
 from recovery.detector import lease_expire_stalled
 from recovery.models import Tool
-from tests.client.conftest import FaultProxy, Fleet
+from tests.client.conftest import QUICK, Agents, Crash, FaultProxy, Fleet
 from tests.e2e.conftest import ToolServer
-from tests.support.live_server import WebProcess
 from tests.support.waiting import wait_until
-
-QUICK = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
-
-
-class Crash(Exception):
-    """What an agent dies of in these tests."""
-
-
-class Agents:
-    """Clients of one fleet against one server, and the moves the tests repeat."""
-
-    def __init__(self, server: WebProcess, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self.planner = AgentClient(server.url, fleet.tokens["planner"], retry=QUICK)
-        self.worker = AgentClient(server.url, fleet.tokens["worker"], retry=QUICK)
-        self.other = AgentClient(server.url, fleet.tokens["other"], retry=QUICK)
-        self.child = AgentClient(server.url, fleet.tokens["child"], retry=QUICK)
-
-    def close(self) -> None:
-        for bp in (self.planner, self.worker, self.other, self.child):
-            bp.close()
-
-    def task(self, **input: Any) -> str:
-        task_id: str = self.planner.create_task(Fleet.KIND, input or {"lead": "alice"})["task_id"]
-        return task_id
-
-    def claim(
-        self, bp: AgentClient, *, lease_seconds: int = 30, heartbeat_interval: float | None = None
-    ) -> TaskSession:
-        session = bp.claim_session([Fleet.KIND], lease_seconds=lease_seconds, heartbeat_interval=heartbeat_interval)
-        assert session is not None, "nothing to claim"
-        return session
-
-    def expire(self, seconds_ahead: float = 3600) -> None:
-        """The stall detector's sweep, as if the clock were ``seconds_ahead`` later."""
-        sweep = lease_expire_stalled(now=timezone.now() + timedelta(seconds=seconds_ahead))
-        assert sweep.expired == 1, sweep
-
-    def types(self, task_id: str) -> Counter[str]:
-        return Counter(event["type"] for event in self.planner.iter_events(task_id))
-
-    def last_seq(self, task_id: str) -> int:
-        return int(self.planner.get_task(task_id)["last_seq"])
-
-
-@pytest.fixture
-def agents(sdk_server: WebProcess, fleet: Fleet) -> Iterator[Agents]:
-    agents = Agents(sdk_server, fleet)
-    try:
-        yield agents
-    finally:
-        agents.close()
-
 
 # --- the lease -----------------------------------------------------------------------------
 

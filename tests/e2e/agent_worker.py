@@ -5,8 +5,8 @@ It claims one task of ``--kind``, reads the recovery context and works through t
 
 1. ``ReasoningStepCompleted`` step 1 (the decision to call the tool);
 2. the tool call, step 2: recorded through the proxy (``POST /tasks/{id}/tool-calls/``) before it
-   is made, then made by this process against the tool's URL with ``Idempotency-Key: <key>``,
-   then its answer recorded;
+   is made, then made by this process against the tool's URL with ``Idempotency-Key:
+   <effect_key>`` (the call's key, or in a fork its source's), then its answer recorded;
 3. optionally a sub-agent, step 3: dispatched, then awaited until its result is in this task's log;
 4. ``ReasoningStepCompleted`` (the final step, recording what was learnt) and ``TaskCompleted``,
    in one batch.
@@ -139,11 +139,15 @@ def run(bp: AgentClient, *, kind: str, crash_at: str | None, claim_timeout: floa
             tool_result = dispatch["result"]
             report("tool-result-from-proxy", key=key)
         else:
-            report("tool-dispatch", key=key, status=dispatch["status"], replayed=dispatch["replayed"])
+            # The key the tool must see: the effect's (in a fork, a step its source left in flight
+            # is asked again under the source's key, so the tool acts once across both).
+            effect_key = dispatch.get("effect_key") or key
+            report("tool-dispatch", key=key, effect_key=effect_key, status=dispatch["status"],
+                   replayed=dispatch["replayed"])
             if crash_at == "zone2":
-                send_tool_request_without_reading(tool_url, key, tool_input)
+                send_tool_request_without_reading(tool_url, effect_key, tool_input)
                 crash_here("zone2", crash_at, key=key)
-            tool_result = call_tool(tool_url, key, tool_input)
+            tool_result = call_tool(tool_url, effect_key, tool_input)
             report("tool-answered", key=key, result=tool_result)
             crash_here("zone3", crash_at, key=key)
             bp.record_tool_result(key, "succeeded", tool_result, lease_epoch=epoch)

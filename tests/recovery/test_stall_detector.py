@@ -194,3 +194,29 @@ def test_concurrent_sweeps_over_leases_of_many_agents_do_not_deadlock(committed_
     assert errors == []
     assert Event.objects.filter(type="TaskStalled").count() == 60
     assert sum(Agent.objects.filter(name__startswith="holder-").values_list("consecutive_failures", flat=True)) == 60
+
+
+def test_a_stalled_sandbox_leaves_no_dead_letter_and_counts_against_no_breaker(db: None) -> None:
+    from backplane.eventlog import forks
+
+    source = services.task_create(namespace="acme", kind="k", input={"n": 2}, agent="planner", max_attempts=1).task
+    sandbox = forks.task_fork(namespace="acme", source_task_id=source.pk, at_seq=1, reason="replay",
+                              forked_by="planner", by_staff=False, sandbox=True).task
+    agent = services.agent_create(name="replayer", namespace="acme").agent
+    assert leases.lease_claim(agent=agent, kinds=None, lease_seconds=30, task_id=sandbox.pk) is not None
+    expire(sandbox)
+    detector.lease_expire_stalled()
+    sandbox.refresh_from_db()
+    agent.refresh_from_db()
+    assert sandbox.status == "dead_lettered"
+    assert not DeadLetter.objects.filter(task=sandbox).exists()
+    assert agent.consecutive_failures == 0 and agent.breaker_state == "closed"
+    # Nor does a replay that fails itself.
+    sandbox_two = forks.task_fork(namespace="acme", source_task_id=source.pk, at_seq=1, reason="replay",
+                                  forked_by="planner", by_staff=False, sandbox=True).task
+    claim = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30, task_id=sandbox_two.pk)
+    assert claim is not None
+    services.event_append(namespace="acme", task_id=sandbox_two.pk, agent="replayer", lease_epoch=claim.lease_epoch,
+                          draft=EventDraft(type="TaskFailed", payload={"error": "x", "retryable": False}))
+    agent.refresh_from_db()
+    assert agent.consecutive_failures == 0
