@@ -100,8 +100,10 @@ def main() -> None:
             fork_ms.append(timed(fork))
 
         first = fork_ids[0]
-        context_source_ms = [timed(lambda: recovery_context(namespace="bench", task_id=source)) for _ in range(3)]
-        context_fork_ms = [timed(lambda: recovery_context(namespace="bench", task_id=first)) for _ in range(3)]
+        context_source_ms, context_fork_ms = [], []
+        for _ in range(5):  # alternating, as above
+            context_source_ms.append(timed(lambda: recovery_context(namespace="bench", task_id=source)))
+            context_fork_ms.append(timed(lambda: recovery_context(namespace="bench", task_id=first)))
         answered = [timed(lambda fork_id=fork_id: tool_call_dispatch(
             namespace="bench", task_id=fork_id, step=1, tool="crm-lookup", input={"lead": 7}, agent="bench",
             lease_epoch=None)) for fork_id in fork_ids[1:6]]
