@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
 from backplane.eventlog import services
 from backplane.eventlog.errors import AlreadyDecided
-from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
+from backplane.eventlog.models import Agent, BreakerTransition, Event, Task, user_actor
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
 from recovery import breakers, dead_letters
@@ -77,7 +77,7 @@ class AgentAdmin(admin.ModelAdmin):
         if not self.has_change_permission(request):  # the admin offers the action only with it; check anyway
             raise PermissionDenied
         for agent in queryset:
-            breakers.breaker_reset(agent_id=agent.pk, decided_by=f"user:{request.user.get_username()}",
+            breakers.breaker_reset(agent_id=agent.pk, decided_by=user_actor(request.user),
                                    reason="from the admin")
         messages.info(request, f"Breakers closed for {queryset.count()} agent(s).")
 
@@ -230,7 +230,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 "missing_reason": request.POST.get("confirm") == "yes" and not reason,
             })
         results = dead_letters.dead_letters_decide_many(
-            ids=ids, action=action, decided_by=f"user:{request.user.get_username()}", reason=reason
+            ids=ids, action=action, decided_by=user_actor(request.user), reason=reason
         )
         self._report(request, action, results)
         return None
@@ -323,7 +323,7 @@ class IntegrityAlertAdmin(ReadOnlyAdmin):
         for alert_id in queryset.values_list("pk", flat=True):
             try:
                 integrity.integrity_alert_acknowledge(
-                    alert_id=alert_id, by=f"user:{request.user.get_username()}", note=note
+                    alert_id=alert_id, by=user_actor(request.user), note=note
                 )
                 done += 1
             except AlreadyDecided:

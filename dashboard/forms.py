@@ -9,6 +9,7 @@ from django import forms
 from backplane.eventlog.models import TaskStatus
 from dashboard.selectors import TaskFilters
 
+SANDBOX_CHOICES = [("", "leave out sandboxes"), ("with", "with sandboxes"), ("only", "sandboxes only")]
 TIME_FIELDS = ("created_after", "created_before", "updated_after", "updated_before", "stalled_since",
                "recovered_since", "replayed_since")
 
@@ -47,6 +48,8 @@ class TaskFilterForm(forms.Form):
     recovered_since = ViewerDateTimeField(required=False, widget=forms.HiddenInput)
     replayed_since = ViewerDateTimeField(required=False, widget=forms.HiddenInput)
     recovering = forms.BooleanField(required=False, widget=forms.HiddenInput)
+    # Sandboxes replay agents against the record and are no part of the fleet: left out unless asked.
+    sandboxes = forms.ChoiceField(required=False, choices=SANDBOX_CHOICES)
     tz = forms.IntegerField(required=False, min_value=-14 * 60, max_value=14 * 60, widget=forms.HiddenInput)
 
     def clean(self) -> dict[str, object]:
@@ -68,5 +71,6 @@ class TaskFilterForm(forms.Form):
             namespace=data.get("namespace") or "",
             agent=data.get("agent") or "",
             recovering=bool(data.get("recovering")),
+            sandboxes=data.get("sandboxes") or "",
             **{name: data.get(name) for name in TIME_FIELDS},
         )

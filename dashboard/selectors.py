@@ -1,7 +1,9 @@
-"""Reads of the dashboard: the overview's figures, the task list and a task's page.
+"""Reads of the dashboard: the overview's figures, the task list, a task's page, and the diff of
+two tasks' histories.
 
 Every function here runs a fixed number of queries whatever the number of rows (the tests
-hold them to it with ``django_assert_max_num_queries``), and none counts or offsets through
+hold them to it with ``django_assert_max_num_queries``; ``drift_page`` reads two whole
+histories, one query per range of up to 5,000 events), and none counts or offsets through
 a whole table: lists are keyset-paginated, time windows go through the BRIN index on
 ``recorded_at``, payload search through the GIN index over the payloads' words (migration
 ``backplane.0011``).
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,11 +24,14 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KT
+from django.urls import reverse
 from django.utils import timezone
 
 from backplane.delivery.models import OutboxMessage
 from backplane.eventlog import event_types as et
+from backplane.eventlog import lineage
 from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.drift import MISSING, HistoryEntry
 from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.integrity.models import (
     IntegrityAlert,
@@ -66,18 +73,25 @@ class Overview:
         return self.now - timedelta(hours=1)
 
 
-_OVERVIEW_FIGURES_SQL = """
+# Sandboxes (replays against the record, ``Task.sandbox``) are no part of the fleet's figures:
+# every count of tasks or of their events leaves them out. ``NOT EXISTS`` lets the planner pick
+# an index probe per row for the small sets (stalls, recoveries) or one hashed anti-join.
+NOT_SANDBOX = "NOT EXISTS (SELECT 1 FROM backplane_task s WHERE s.id = {table}.task_id AND s.sandbox)"
+
+_OVERVIEW_FIGURES_SQL = f"""
 SELECT
-  (SELECT count(*) FROM backplane_event WHERE recorded_at > %(minute_ago)s),
+  (SELECT count(*) FROM backplane_event e WHERE recorded_at > %(minute_ago)s AND {NOT_SANDBOX.format(table="e")}),
   (SELECT count(*) FROM backplane_outboxmessage WHERE status = 'pending'),
   (SELECT min(created_at) FROM backplane_outboxmessage WHERE status = 'pending'),
   (SELECT count(*) FROM backplane_deadletter WHERE status = 'pending'),
-  (SELECT count(DISTINCT task_id) FROM backplane_event
-    WHERE recorded_at >= %(hour_ago)s AND type = 'TaskStalled'),
-  (SELECT count(*) FROM backplane_task WHERE status IN ('pending', 'running') AND attempts > 0),
-  (SELECT count(*) FROM backplane_event
-    WHERE recorded_at >= %(hour_ago)s AND type = 'TaskClaimed' AND payload @> '{"recovered": true}'),
-  (SELECT coalesce(sum(count), 0) FROM backplane_idempotentreplay WHERE minute >= %(replay_since)s),
+  (SELECT count(DISTINCT task_id) FROM backplane_event e
+    WHERE recorded_at >= %(hour_ago)s AND type = 'TaskStalled' AND {NOT_SANDBOX.format(table="e")}),
+  (SELECT count(*) FROM backplane_task WHERE status IN ('pending', 'running') AND attempts > 0 AND NOT sandbox),
+  (SELECT count(*) FROM backplane_event e
+    WHERE recorded_at >= %(hour_ago)s AND type = 'TaskClaimed' AND payload @> '{{"recovered": true}}'
+      AND {NOT_SANDBOX.format(table="e")}),
+  (SELECT coalesce(sum(count), 0) FROM backplane_idempotentreplay r
+    WHERE minute >= %(replay_since)s AND {NOT_SANDBOX.format(table="r")}),
   (SELECT count(*) FROM backplane_agent WHERE breaker_state <> 'closed')
     + (SELECT count(*) FROM recovery_tool WHERE breaker_state <> 'closed'),
   (SELECT count(*) FROM backplane_integrityalert WHERE acknowledged_at IS NULL)
@@ -85,11 +99,11 @@ SELECT
 
 
 def overview(*, now: datetime | None = None) -> Overview:
-    """The overview's tiles: three queries."""
+    """The overview's tiles, sandboxes left out: three queries."""
     now = now or timezone.now()
     by_status = dict.fromkeys(TaskStatus.values, 0)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT status, count(*) FROM backplane_task GROUP BY status")
+        cursor.execute("SELECT status, count(*) FROM backplane_task WHERE NOT sandbox GROUP BY status")
         by_status.update(dict(cursor.fetchall()))
         cursor.execute(
             _OVERVIEW_FIGURES_SQL,
@@ -124,7 +138,8 @@ def overview(*, now: datetime | None = None) -> Overview:
 
 def activity_per_minute(*, hours: int, now: datetime | None = None) -> dict[str, Any]:
     """Events, completions, stalls and recoveries per minute over the last ``hours``, as the
-    chart's data: every minute present (zeros included), times in RFC 3339."""
+    chart's data: every minute present (zeros included), times in RFC 3339. Sandboxes' events
+    are left out."""
     now = now or timezone.now()
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(hours=hours)
@@ -138,8 +153,8 @@ def activity_per_minute(*, hours: int, now: datetime | None = None) -> dict[str,
                    count(*) FILTER (WHERE type = 'TaskCompleted'),
                    count(*) FILTER (WHERE type = 'TaskStalled'),
                    count(*) FILTER (WHERE type = 'TaskClaimed' AND payload @> '{{"recovered": true}}')
-              FROM backplane_event
-             WHERE recorded_at >= %(start)s AND recorded_at < %(end)s
+              FROM backplane_event e
+             WHERE recorded_at >= %(start)s AND recorded_at < %(end)s AND {NOT_SANDBOX.format(table="e")}
              GROUP BY 1
             """,
             {"start": start, "end": end},
@@ -196,6 +211,7 @@ class TaskFilters:
     recovered_since: datetime | None = None
     replayed_since: datetime | None = None
     recovering: bool = False
+    sandboxes: str = ""  # "": left out (the fleet's view), "with": shown too, "only": nothing else
 
 
 PAYLOAD_MATCH_SQL = (
@@ -246,11 +262,23 @@ def tasks_filtered(filters: TaskFilters) -> QuerySet[Task]:
         )
     if filters.recovering:
         tasks = tasks.filter(status__in=[TaskStatus.PENDING, TaskStatus.RUNNING], attempts__gt=0)
+    if filters.sandboxes == "only":
+        tasks = tasks.filter(sandbox=True)
+    elif filters.sandboxes != "with":
+        tasks = tasks.filter(sandbox=False)
     return tasks
 
 
+def task_ids_matching(filters: TaskFilters, *, limit: int) -> tuple[list[uuid.UUID], bool]:
+    """The ids of the tasks the list shows for ``filters``, newest first, at most ``limit``, and
+    whether more match. One query."""
+    ids = list(tasks_filtered(filters).order_by("-created_at", "-id").values_list("id", flat=True)[: limit + 1])
+    return ids[:limit], len(ids) > limit
+
+
 LIST_FIELDS = ("id", "namespace", "kind", "status", "attempts", "max_attempts", "lease_holder", "lease_expires_at",
-               "last_seq", "parent_id", "created_at", "updated_at", "last_event_at")
+               "last_seq", "parent_id", "created_at", "updated_at", "last_event_at", "forked_from_id", "forked_at_seq",
+               "sandbox")
 
 
 @dataclass(frozen=True)
@@ -494,11 +522,12 @@ def task_timeline(task: Task, *, now: datetime | None = None) -> dict[str, Any]:
             calls[key] = {"start": at, "end": None, "lane": lane(agent), "tool": tool, "step": step,
                           "status": "in_flight", "seq": seq}
         elif kind == et.TOOL_CALL_RESULT_RECEIVED and key in calls:
-            calls[key].update(end=at, status=status or "succeeded")
+            calls[key].update(end=at, status=status or "succeeded", end_seq=seq)
         elif kind == et.SUB_AGENT_DISPATCHED and child:
-            subtasks[child] = {"start": at, "end": None, "lane": lane(agent), "kind": child_kind, "status": "running"}
+            subtasks[child] = {"start": at, "end": None, "lane": lane(agent), "kind": child_kind, "status": "running",
+                               "seq": seq}
         elif kind == et.SUB_AGENT_RESULT_RECEIVED and child in subtasks:
-            subtasks[child].update(end=at, status=status or "done")
+            subtasks[child].update(end=at, status=status or "done", end_seq=seq)
         elif kind == et.TASK_CLAIMED:
             target = recoveries if recovered == "true" else claims
             target["x"].append(when)
@@ -556,13 +585,15 @@ def task_timeline(task: Task, *, now: datetime | None = None) -> dict[str, Any]:
 
 def _bars(name: str, items: list[tuple[str, dict[str, Any]]], *, now: datetime, meta: dict[str, Any],
           width: float, colour: Any, label: Any, line: str | None = None, min_ms: float = 1.0) -> dict[str, Any]:
-    """Horizontal bars on a date axis: ``base`` is where a bar starts, ``x`` its length in ms."""
+    """Horizontal bars on a date axis: ``base`` is where a bar starts, ``x`` its length in ms;
+    ``meta.seqs`` the seq of each bar's last event (its result, or its dispatch while in flight),
+    where "fork from here" on the bar continues after."""
     lengths = [((item["end"] or now) - item["start"]).total_seconds() * 1000 for _, item in items]
     return {
         "type": "bar",
         "orientation": "h",
         "name": name,
-        "meta": meta,
+        "meta": {**meta, "seqs": [item.get("end_seq") or item["seq"] for _, item in items]},
         "base": [format_timestamp(item["start"]) for _, item in items],
         "x": [max(min_ms, length) for length in lengths],
         "y": [item["lane"] for _, item in items],
@@ -599,6 +630,249 @@ def _points(name: str, trace: dict[str, Any], *, symbol: str, colour: str, kind:
         "customdata": trace["customdata"],
         "marker": {"symbol": symbol, "color": colour, "size": 10},
     }
+
+
+# --- forks and drift -----------------------------------------------------------------------------
+
+
+def event_href(task_id: uuid.UUID | str, seq: int, last_seq: int) -> str:
+    """The task page with event ``seq``'s row targeted (``#seq-N``): the latest page when the
+    event is on it, else a page of events around it."""
+    page = reverse("dashboard:task", args=[task_id])
+    if seq > last_seq - EVENT_PAGE_SIZE:
+        return f"{page}#seq-{seq}"
+    return f"{page}?before_seq={seq + EVENT_PAGE_SIZE // 2}#seq-{seq}"
+
+
+FORKS_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class ForkedFrom:
+    """Where a fork came from, as its ``TaskForked`` records it."""
+
+    source_id: uuid.UUID
+    source_kind: str
+    source_status: str
+    at_seq: int
+    at_type: str
+    at_href: str  # the source's event the fork continues after, on the source's page
+    reason: str
+    forked_by: str
+
+
+@dataclass(frozen=True)
+class ForkRow:
+    id: uuid.UUID
+    kind: str
+    status: str
+    at_seq: int
+    at_href: str  # this task's event the fork continues after
+    sandbox: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Lineage:
+    origin: ForkedFrom | None
+    forks: list[ForkRow]
+    more_forks: bool
+
+
+def task_lineage(task: Task) -> Lineage:
+    """Where a fork came from and the task's own forks, newest first, up to ``FORKS_SHOWN``.
+    One query, two for a fork."""
+    origin = None
+    if task.forked_from_id is not None:
+        assert task.forked_at_seq is not None  # a fork always has one (task_fork_has_seq)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT s.kind, s.status, s.last_seq, e.payload ->> 'source_type', e.payload ->> 'reason',
+                       e.payload ->> 'forked_by'
+                  FROM backplane_task s
+                  LEFT JOIN backplane_event e ON e.task_id = %s AND e.seq = 2 AND e.type = %s
+                 WHERE s.id = %s
+                """,
+                [task.pk, et.TASK_FORKED, task.forked_from_id],
+            )
+            kind, status, last_seq, at_type, reason, forked_by = cursor.fetchone()
+        origin = ForkedFrom(
+            source_id=task.forked_from_id, source_kind=kind, source_status=status, at_seq=task.forked_at_seq,
+            at_type=at_type or "", at_href=event_href(task.forked_from_id, task.forked_at_seq, last_seq),
+            reason=reason or "", forked_by=forked_by or "",
+        )
+    rows = list(
+        Task.objects.filter(forked_from_id=task.pk)
+        .order_by("-created_at", "-id")
+        .values_list("id", "kind", "status", "forked_at_seq", "sandbox", "created_at")[: FORKS_SHOWN + 1]
+    )
+    forks = []
+    for pk, kind, status, at_seq, sandbox, created_at in rows[:FORKS_SHOWN]:
+        assert at_seq is not None  # a fork always has one (task_fork_has_seq)
+        forks.append(ForkRow(id=pk, kind=kind, status=status, at_seq=at_seq, sandbox=sandbox, created_at=created_at,
+                             at_href=event_href(task.pk, at_seq, task.last_seq)))
+    return Lineage(origin=origin, forks=forks, more_forks=len(rows) > FORKS_SHOWN)
+
+
+def events_at(points: Iterable[tuple[uuid.UUID, int]]) -> dict[tuple[uuid.UUID, int], str]:
+    """The types of the events at (task, seq) ``points``: one query."""
+    points = list(points)
+    if not points:
+        return {}
+    condition = Q()
+    for task_id, seq in points:
+        condition |= Q(task_id=task_id, seq=seq)
+    return {(task_id, seq): type_ for task_id, seq, type_ in
+            Event.objects.filter(condition).values_list("task_id", "seq", "type")}
+
+
+# The diff page shows a difference with this many same events on each side; a longer run of
+# same events is one fold ("N same events"), which opens up to DIFF_EXPAND_MAX at a time. A
+# page holds DIFF_PAGE_ITEMS rows and folds: two histories of 10,000 events that differ
+# everywhere are paged, never drawn at once.
+DIFF_CONTEXT = 3
+DIFF_MIN_FOLD = 5
+DIFF_EXPAND_MAX = 200
+DIFF_PAGE_ITEMS = 250
+DIFF_VALUE_CHARS = 300
+
+_DIFF_TASK_FIELDS = ("id", "namespace", "kind", "status", "last_seq", "forked_from_id", "forked_at_seq", "sandbox",
+                     "created_at")
+
+
+@dataclass(frozen=True)
+class DiffSide:
+    task_id: str
+    seq: int
+    type: str
+    payload: Any
+    href: str
+    elsewhere: bool  # recorded in another task's log than the one compared (a fork's source)
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    index: int
+    kind: str
+    a: DiffSide | None
+    b: DiffSide | None
+    path: str | None
+    a_value: str | None  # compact JSON of the differing value; None where the side has none
+    b_value: str | None
+    first: bool
+    is_fold: bool = False
+
+
+@dataclass(frozen=True)
+class DiffFold:
+    start: int  # the first pair folded
+    end: int  # after the last pair folded
+    is_fold: bool = True
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+    @property
+    def expand_end(self) -> int:
+        return min(self.end, self.start + DIFF_EXPAND_MAX)
+
+    @property
+    def expand_count(self) -> int:
+        return self.expand_end - self.start
+
+
+@dataclass(frozen=True)
+class DriftPage:
+    a: Task
+    b: Task
+    counts: dict[str, int]
+    total: int
+    first: DiffRow | None  # the first divergence
+    first_page: int | None
+    items: list[DiffRow | DiffFold]
+    page: int
+    pages: int
+
+
+def drift_page(*, a_id: uuid.UUID, b_id: uuid.UUID, page: int | None = None,
+               expand: tuple[int, int] | None = None) -> DriftPage:
+    """Two tasks' histories side by side, aligned as ``tasks_drift`` pairs them, with runs of
+    same events folded and the rows paged (``page`` 1-based; by default the one with the first
+    divergence). ``expand`` unfolds the pairs ``start``..``end - 1``. Raises ``NotFound``.
+
+    Queries: the drift's (each task, its sources, its history in chunks) and one for the tasks
+    the events are recorded in."""
+    drift = lineage.tasks_drift(namespace=None, a_id=a_id, b_id=b_id)
+    pairs = drift.pairs
+    task_ids = {a_id, b_id}
+    for pair in pairs:
+        task_ids.update(uuid.UUID(side.task_id) for side in (pair.a, pair.b) if side is not None)
+    tasks = Task.objects.only(*_DIFF_TASK_FIELDS).in_bulk(task_ids)
+    last_seqs = {str(pk): task.last_seq for pk, task in tasks.items()}
+
+    shown = [False] * len(pairs)
+    first_index = None
+    for index, pair in enumerate(pairs):
+        if pair.kind != "same":
+            first_index = index if first_index is None else first_index
+            for near in range(max(0, index - DIFF_CONTEXT), min(len(pairs), index + DIFF_CONTEXT + 1)):
+                shown[near] = True
+    if expand is not None:
+        for index in range(max(0, expand[0]), min(len(pairs), expand[1], expand[0] + DIFF_EXPAND_MAX)):
+            shown[index] = True
+    # Rows are pair indices, folds (start, end) ranges; a run of hidden pairs too short to be
+    # worth a fold is shown instead.
+    plan: list[int | tuple[int, int]] = []
+    index = 0
+    while index < len(pairs):
+        if shown[index]:
+            plan.append(index)
+            index += 1
+            continue
+        end = index
+        while end < len(pairs) and not shown[end]:
+            end += 1
+        if end - index < DIFF_MIN_FOLD:
+            plan.extend(range(index, end))
+        else:
+            plan.append((index, end))
+        index = end
+    pages = max(1, -(-len(plan) // DIFF_PAGE_ITEMS))
+    first_page = None
+    if first_index is not None:
+        position = next(n for n, item in enumerate(plan) if item == first_index)
+        first_page = position // DIFF_PAGE_ITEMS + 1
+    page = min(max(1, page or first_page or 1), pages)
+
+    def side(entry: HistoryEntry | None, compared: uuid.UUID) -> DiffSide | None:
+        if entry is None:
+            return None
+        return DiffSide(task_id=entry.task_id, seq=entry.seq, type=entry.type, payload=entry.payload,
+                        href=event_href(entry.task_id, entry.seq, last_seqs.get(entry.task_id, entry.seq)),
+                        elsewhere=entry.task_id != str(compared))
+
+    def row(index: int) -> DiffRow:
+        pair = pairs[index]
+        changed = pair.kind == "changed"
+        return DiffRow(index=index, kind=pair.kind, a=side(pair.a, a_id), b=side(pair.b, b_id), path=pair.path,
+                       a_value=_diff_value(pair.a_value) if changed else None,
+                       b_value=_diff_value(pair.b_value) if changed else None,
+                       first=index == first_index)
+
+    window = plan[(page - 1) * DIFF_PAGE_ITEMS : page * DIFF_PAGE_ITEMS]
+    items: list[DiffRow | DiffFold] = [DiffFold(*item) if isinstance(item, tuple) else row(item) for item in window]
+    return DriftPage(a=tasks[a_id], b=tasks[b_id], counts=dict(drift.counts), total=len(pairs),
+                     first=None if first_index is None else row(first_index), first_page=first_page,
+                     items=items, page=page, pages=pages)
+
+
+def _diff_value(value: Any) -> str:
+    if value is MISSING:
+        return "(absent)"
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= DIFF_VALUE_CHARS else text[: DIFF_VALUE_CHARS - 1] + "…"
 
 
 # --- the outbox --------------------------------------------------------------------------------

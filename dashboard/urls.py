@@ -16,6 +16,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/live/", views.task_live, name="task-live"),
     path("tasks/<uuid:task_id>/recovery-context/", views.task_recovery_context, name="task-recovery-context"),
     path("tasks/<uuid:task_id>/verify/", views.task_verify, name="task-verify"),
+    path("tasks/", include("dashboard.views.forks")),
     path("dead-letters/", include("dashboard.views.dead_letters")),
     path("agents/", fleet.agents_page, name="agents"),
     path("agents/<int:agent_id>/reset-breaker/", fleet.agent_breaker_reset, name="agent-breaker-reset"),

@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from backplane.admin import ReadOnlyAdmin, short
+from backplane.eventlog.models import user_actor
 from recovery import gateway
 from recovery.models import RETAINED_STATUS_CHOICES, RetentionRule, Tool, ToolCall, default_retained_statuses
 
@@ -34,7 +35,7 @@ class ToolAdmin(admin.ModelAdmin):
         if not self.has_change_permission(request):  # the admin offers the action only with it; check anyway
             raise PermissionDenied
         for tool in queryset:
-            gateway.tool_breaker_reset(tool_id=tool.pk, decided_by=f"user:{request.user.get_username()}")
+            gateway.tool_breaker_reset(tool_id=tool.pk, decided_by=user_actor(request.user))
         messages.info(request, f"Breakers closed for {queryset.count()} tool(s).")
 
 

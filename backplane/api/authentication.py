@@ -24,7 +24,7 @@ from rest_framework.throttling import BaseThrottle
 
 from backplane.api.throttling import COUNT_SQL, count_request, counter_key, current_window
 from backplane.delivery.models import REVIEW_PERMISSION
-from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token
+from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token, user_actor
 from backplane.lib.sql_rows import RowLoader
 
 # What a 401 says a client should send (DRF's WWW-Authenticate for the same answer).
@@ -152,7 +152,7 @@ def staff_authenticate(request: HttpRequest) -> Principal | None:
         raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
     if not user.is_staff:
         return None
-    return Principal(name=f"user:{user.get_username()}", namespace=None, staff_user=user)
+    return Principal(name=user_actor(user), namespace=None, staff_user=user)
 
 
 def _csrf_failure(request: HttpRequest) -> str | None:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import BackplaneError, InvalidInput, NotFound, SandboxRefused
@@ -135,27 +135,40 @@ def _source_for_fork(*, namespace: str | None, source_task_id: uuid.UUID, at_seq
 _FAILURE_TYPES = (et.TASK_FAILED, et.TASK_STALLED, et.TASK_DEAD_LETTERED)
 
 
-def failure_point(task: Task) -> int | None:
-    """The seq a fork "from failure" continues after: the event before the task's last failure
-    (``TaskFailed``, ``TaskStalled`` or ``TaskDeadLettered``), or None when it never failed.
+# Per task, the run of failure events its log ends its last failure with (a stall that
+# dead-letters is two events, one failure): counted from the last failure event backwards, a
+# row belongs to the run while its distance from the last equals its rank, so a gap ends it.
+_FAILURE_POINTS_SQL = """
+SELECT task_id, greatest(1, min(seq) - 1) FROM (
+    SELECT task_id, seq,
+           max(seq) OVER (PARTITION BY task_id) - seq AS distance,
+           row_number() OVER (PARTITION BY task_id ORDER BY seq DESC) - 1 AS rank
+      FROM backplane_event
+     WHERE task_id = ANY(%s) AND type = ANY(%s)
+) failures
+WHERE distance = rank
+GROUP BY task_id
+"""
+
+
+def failure_points(task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """The seq a fork "from failure" of each task continues after: the event before the task's
+    last failure (``TaskFailed``, ``TaskStalled`` or ``TaskDeadLettered``); tasks that never
+    failed are left out. One query for them all.
 
     So the fork keeps every step the failed attempt confirmed and redoes the rest; a
     ``TaskClaimed`` in that history is the failed attempt's and changes nothing in the fork.
     """
-    last_failure = (
-        Event.objects.filter(task=task, type__in=_FAILURE_TYPES).order_by("-seq").values_list("seq", flat=True).first()
-    )
-    if last_failure is None:
-        return None
-    # Consecutive failure events (a stall that dead-letters) are one failure: fork before the first.
-    seqs = set(
-        Event.objects.filter(task=task, type__in=_FAILURE_TYPES, seq__lte=last_failure).values_list("seq", flat=True)
-    )
-    first = last_failure
-    while first - 1 in seqs:
-        first -= 1
-    return max(1, first - 1)
+    if not task_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(_FAILURE_POINTS_SQL, [list(task_ids), list(_FAILURE_TYPES)])
+        return {task_id: seq for task_id, seq in cursor.fetchall()}
 
+
+def failure_point(task: Task) -> int | None:
+    """``failure_points`` of one task, or None when it never failed."""
+    return failure_points([task.pk]).get(task.pk)
 
 
 # --- many at once: fork from failure --------------------------------------------------------
@@ -180,12 +193,13 @@ def fork_from_failure_plan(task_ids: Sequence[uuid.UUID]) -> list[ForkPlanItem]:
     where a fork from failure would continue, or why it will be skipped. Writes nothing."""
     wanted = list(dict.fromkeys(task_ids))[:BULK_MAX_ITEMS]
     tasks = Task.objects.in_bulk(wanted)
+    points = failure_points(list(tasks))
     plan = []
     for task_id in wanted:
         task = tasks.get(task_id)
         if task is None:
             continue
-        at_seq = None if task.sandbox else failure_point(task)
+        at_seq = None if task.sandbox else points.get(task_id)
         reason = ("a sandbox is replayed, not forked into production" if task.sandbox
                   else "it never failed" if at_seq is None else None)
         plan.append(ForkPlanItem(task=task, at_seq=at_seq, skip_reason=reason))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -25,6 +26,15 @@ NAME_VALIDATOR = RegexValidator(
 
 
 LAST_SEEN_RESOLUTION_SECONDS = 30
+
+
+ACTOR_MAX_LENGTH = 100  # Event.agent, Task.created_by
+
+
+def user_actor(user: Any) -> str:
+    """How a person is named where the log records who acted (an event's ``agent``, a decision's
+    ``decided_by``): ``user:<username>``, cut to the column's length (usernames may be longer)."""
+    return f"user:{user.get_username()}"[:ACTOR_MAX_LENGTH]
 
 
 def hash_token(token: str) -> str:
@@ -135,7 +145,7 @@ class Task(models.Model):
     last_seq = models.PositiveIntegerField(default=0)
     head_hash = models.CharField(max_length=64, default=GENESIS_HASH)
     lamport = models.PositiveBigIntegerField(default=0)
-    created_by = models.CharField(max_length=100, null=True, blank=True)
+    created_by = models.CharField(max_length=ACTOR_MAX_LENGTH, null=True, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     last_event_at = models.DateTimeField(null=True, blank=True)
@@ -225,7 +235,7 @@ class Event(models.Model):
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
-    agent = models.CharField(max_length=100, null=True, blank=True)
+    agent = models.CharField(max_length=ACTOR_MAX_LENGTH, null=True, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # Digest of what the client sent under idempotency_key, so a reuse with another body is caught.
     request_digest = models.CharField(max_length=64, null=True, blank=True)

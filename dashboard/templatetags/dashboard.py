@@ -104,3 +104,12 @@ def duration_until(start: datetime | None, end: datetime | None) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
     return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"
+
+
+DIFF_KINDS = {"same": "same", "changed": "changed", "only_in_a": "only in A", "only_in_b": "only in B"}
+
+
+@register.filter
+def diff_kind(kind: str) -> str:
+    """A pair's kind (backplane/eventlog/drift.py) as the diff page says it."""
+    return DIFF_KINDS.get(kind, kind)

@@ -27,7 +27,7 @@ from backplane.delivery import selectors as delivery
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
-from backplane.eventlog.models import TaskStatus
+from backplane.eventlog.models import TaskStatus, user_actor
 from dashboard.access import may_review
 from dashboard.dead_letter_forms import (
     BulkConfirmForm,
@@ -58,7 +58,7 @@ TASK_LOG_TYPES = (et.TASK_CLAIMED, et.TASK_STALLED, et.TASK_FAILED, et.TASK_DEAD
 
 
 def decided_by(request: HttpRequest) -> str:
-    return f"user:{request.user.get_username()}"
+    return user_actor(request.user)
 
 
 def _reviewer_id(request: HttpRequest) -> int:

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from backplane.eventlog.models import Agent
+from backplane.eventlog.models import Agent, user_actor
 from dashboard import selectors
 from dashboard.access import may_review
 from dashboard.views.common import reviewers_only, staff_only
@@ -35,7 +35,7 @@ def _close_breaker(request: HttpRequest, label: str, close: Callable[..., object
     if not reason:
         messages.error(request, "Give a reason: it is recorded with the reset.")
     else:
-        close(pk, decided_by=f"user:{request.user.get_username()}", reason=reason)
+        close(pk, decided_by=user_actor(request.user), reason=reason)
         messages.success(request, f"The breaker of {label} is closed.")
     return redirect("dashboard:agents")
 

@@ -18,10 +18,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.forks import BULK_MAX_ITEMS
 from backplane.eventlog.models import Task
 from backplane.integrity.verification import task_chain_verify_now
 from backplane.runtime.duties import duties_state
 from dashboard import selectors
+from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
 from dashboard.views.common import int_param, staff_only
 from recovery.selectors import recovery_context
@@ -95,7 +97,8 @@ def task_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.copy()
     query.pop("cursor", None)
     query.pop("partial", None)
-    context = {"form": form, "page": page, "error": error, "query": query.urlencode(), "nav": "tasks"}
+    context = {"form": form, "page": page, "error": error, "query": query.urlencode(), "nav": "tasks",
+               "bulk_max": BULK_MAX_ITEMS}
     if request.GET.get("partial") == "rows":
         return JsonResponse(
             {
@@ -122,20 +125,39 @@ def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
 @require_GET
 @staff_only
 def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
-    task = _task(task_id)
-    rows = selectors.event_rows(task, before_seq=int_param(request, "before_seq"))
+    return render_task_page(request, _task(task_id))
+
+
+def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | None = None, fork_error: str = "",
+                     status: int = 200) -> HttpResponse:
+    """The task page; with ``fork_form`` (a fork that was refused) its fork dialog is open, showing
+    what was sent and why it was refused. ``?fork_at=N`` opens it at event N."""
+    before_seq = int_param(request, "before_seq")
+    rows = selectors.event_rows(task, before_seq=before_seq)
     parts = _task_parts(request, task)
+    fork_at = int_param(request, "fork_at")
+    if fork_form is None:
+        fork_form = ForkForm(initial={"at_seq": fork_at or task.last_seq, "sandbox": task.sandbox,
+                                      "fork_id": uuid.uuid4()})
+    fork_form.fields["at_seq"].widget.attrs.update(max=task.last_seq)
     return render(
         request,
         "dashboard/task_detail.html",
         {
             **parts,
             "rows": rows,
+            "before_seq": before_seq,
             "last_shown_seq": rows.events[-1].seq if rows.events else 0,
             "timeline": selectors.task_timeline(task, now=parts["now"]),
             "timeline_max": selectors.TIMELINE_MAX_EVENTS,
+            "lineage": selectors.task_lineage(task),
+            "fork_form": fork_form,
+            "fork_error": fork_error,
+            "fork_open": fork_form.is_bound or fork_at is not None,
+            "compare_form": CompareForm(auto_id="compare_%s"),
             "nav": "tasks",
         },
+        status=status,
     )
 
 

@@ -1,5 +1,6 @@
 /* Task page: the timeline (Plotly), the event table with chain marks, live appends without
-   duplicates, "verify chain now" and the recovery context. */
+   duplicates, "verify chain now", the recovery context, and "fork from here" (an event row's
+   link or a click on the timeline opens the fork dialog at that event). */
 (function () {
   "use strict";
   const page = document.getElementById("task-page");
@@ -21,11 +22,19 @@
   }
   function drawTimeline() {
     const lanes = timeline.lanes.length ? timeline.lanes : ["backplane"];
+    // Nothing drawn yet (a new task, a fork before its agent's first step): the last minutes up
+    // to now, and a word, rather than an axis Plotly makes up.
+    const empty = !timeline.traces.length;
+    const now = new Date(timeline.now).getTime();
     Plotly.react(timelineEl, timeline.traces.map(plotted), {
       barmode: "overlay",
       height: Math.max(220, 110 + 46 * lanes.length),
       margin: { l: 120, r: 20, t: 36, b: 36 },
-      xaxis: { type: "date" },
+      xaxis: empty ? { type: "date", range: [BP.plotlyLocal(new Date(now - 5 * 60000).toISOString()),
+                                              BP.plotlyLocal(timeline.now)] } : { type: "date" },
+      annotations: empty ? [{ text: "Nothing to draw yet: reasoning steps, tool calls and claims appear here as they are recorded.",
+                              xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false,
+                              font: { color: "#667085" } }] : [],
       yaxis: { type: "category", categoryorder: "array", categoryarray: lanes, autorange: "reversed" },
       legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
       hovermode: "closest",
@@ -52,10 +61,15 @@
     const row = typeof value === "number" ? document.getElementById(`seq-${value}`)
       : tbody.querySelector(`tr[data-key="${value}"]`);
     if (row) {
+      // Behind the fork dialog the click opens: closing it shows the event's row.
       tbody.querySelectorAll("tr.targeted").forEach((tr) => tr.classList.remove("targeted"));
       row.classList.add("targeted");
-      row.scrollIntoView({ behavior: "smooth", block: "center" });
+      row.scrollIntoView({ block: "center" });
     }
+    // Points carry their event's seq; a bar (a call, a sub-agent) its last event's, in meta.seqs.
+    const seqs = point.data.meta && point.data.meta.seqs;
+    const seq = typeof value === "number" ? value : seqs ? seqs[point.pointIndex] : null;
+    if (seq) openFork(seq, String(point.text || "").replace(/ \(seq \d+\)$/, ""));
   });
   setInterval(ageOpenBars, 1000);
 
@@ -142,6 +156,47 @@
   function refreshRecovery() {
     if (!recovery.open || recoveryTimer) return;
     recoveryTimer = setTimeout(() => { recoveryTimer = null; loadRecovery(); }, 2000);
+  }
+
+  // --- fork from here ---------------------------------------------------------------------------
+  const forkDialog = document.getElementById("fork-dialog");
+  const forkForm = document.getElementById("fork-form");
+  const atSeq = forkForm.querySelector("input[name=at_seq]");
+  const atType = document.getElementById("fork-at-type");
+  function describeAt() {
+    const row = document.getElementById(`seq-${atSeq.value}`);
+    atType.textContent = row ? `· ${row.dataset.type}` : "";
+  }
+  function openFork(seq, what) {
+    atSeq.value = String(seq);
+    describeAt();
+    if (what && !document.getElementById(`seq-${seq}`)) atType.textContent = `· ${what}`;
+    forkForm.querySelector("#fork-error")?.remove();
+    if (forkDialog.open) forkDialog.close();
+    forkDialog.showModal();
+    forkForm.querySelector("input[name=reason]").focus();
+  }
+  atSeq.addEventListener("input", describeAt);
+  tbody.addEventListener("click", (event) => {
+    const link = event.target.closest("a.fork-here");
+    if (!link) return;
+    event.preventDefault();
+    openFork(Number(link.dataset.seq));
+  });
+  forkDialog.addEventListener("click", (event) => {
+    // The close buttons, and a click on the backdrop (outside the form).
+    if (event.target.closest("[data-close]") || event.target === forkDialog) forkDialog.close();
+  });
+  forkForm.addEventListener("submit", () => {
+    // One click, one request (the form's fork_id makes a second one find the same fork anyway).
+    setTimeout(() => { document.getElementById("fork-submit").disabled = true; }, 0);
+  });
+  if (forkDialog.dataset.open === "true") {
+    // Rendered open (a refused fork, or ?fork_at=N): shown as the modal it is when opened here.
+    forkDialog.close();
+    describeAt();
+    forkDialog.showModal();
+    forkForm.querySelector("input[name=reason]").focus();
   }
 
   if (window.location.hash) document.querySelector(window.location.hash)?.classList.add("targeted");

@@ -320,3 +320,15 @@ def test_a_forks_verify_checks_its_provenance(alice: AgentClient, worked: dict[s
     assert alice.get(f"/api/v1/tasks/{worked['task_id']}/verify/").json()["valid"] is True
     verify = alice.get(f"/api/v1/tasks/{forked['task_id']}/verify/").json()
     assert (verify["valid"], verify["first_invalid_seq"]) == (False, 2)
+
+
+def test_staff_fork_in_any_namespace_and_a_long_username_is_recorded_cut(worked: dict[str, Any]) -> None:
+    from django.contrib.auth.models import User
+
+    staff = APIClient()
+    staff.force_login(User.objects.create_user("o" * 150, is_staff=True))
+    response = fork(staff, worked["task_id"], at_seq=2)
+    assert response.status_code == 201, response.content
+    forked = Event.objects.get(task_id=response.json()["task_id"], seq=2)
+    assert forked.payload["by_staff"] is True and forked.agent == ("user:" + "o" * 150)[:100]
+    assert response.json()["namespace"] == "acme"

@@ -69,3 +69,13 @@ def test_too_many_at_once_is_refused() -> None:
     with pytest.raises(InvalidInput):
         forks.tasks_fork_from_failure(task_ids=[Task().pk for _ in range(forks.BULK_MAX_ITEMS + 1)], reason="x",
                                       forked_by="a", batch="b")
+
+
+def test_the_last_failure_counts_not_an_earlier_one() -> None:
+    task = services.task_create(namespace="acme", kind="k", input={}, agent="a", max_attempts=2).task
+    services.event_append_batch(namespace="acme", task_id=task.pk, agent="a", drafts=[
+        EventDraft(type="TaskFailed", payload={"error": "first", "retryable": True}),  # 2: back to pending
+        EventDraft(type="ReasoningStepCompleted", payload={"step": 1}),  # 3
+        EventDraft(type="TaskFailed", payload={"error": "second", "retryable": False}),  # 4
+    ])
+    assert forks.failure_points([task.pk]) == {task.pk: 3}
