@@ -74,14 +74,16 @@ promtool: $(STAMP)
 	fi
 
 # The README's images: the browser tests that fill and visit the overview and a task's page save
-# full-page PNGs under var/screenshots/; those two are copied into docs/screenshots/ (committed).
+# full-page PNGs under var/screenshots/; those three are copied into docs/screenshots/ (committed).
 screenshots: $(STAMP) browser
 	$(PY) -m pytest -p no:cacheprovider \
 		tests/browser/test_overview.py::test_its_numbers_match_the_database \
-		tests/browser/test_task_detail.py::test_it_shows_the_task_its_timeline_and_its_events
+		tests/browser/test_task_detail.py::test_it_shows_the_task_its_timeline_and_its_events \
+		tests/browser/test_forks.py::test_it_forks_from_a_point_of_the_timeline_and_compares_the_fork_with_its_source
 	mkdir -p docs/screenshots
 	cp var/screenshots/overview.png docs/screenshots/overview.png
 	cp var/screenshots/task-detail.png docs/screenshots/task-detail.png
+	cp var/screenshots/fork-diff.png docs/screenshots/fork-diff.png
 
 # Schemathesis against the API with fresh randomness and more examples than the suite's run.
 fuzz: $(STAMP)
