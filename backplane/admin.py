@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
 from backplane.eventlog import services
 from backplane.eventlog.errors import AlreadyDecided
-from backplane.eventlog.models import Agent, BreakerTransition, Event, Task, user_actor
+from backplane.eventlog.models import Agent, BreakerTransition, CostRollup, Event, ModelPrice, Task, user_actor
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
 from recovery import breakers, dead_letters
@@ -136,6 +136,37 @@ class EventAdmin(ReadOnlyAdmin):
     list_select_related = False
     ordering = ("-position",)
     show_full_result_count = False
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(admin.ModelAdmin):
+    """The price table (backplane/eventlog/costs.py). A rate some cost may have been computed
+    with is never edited: change a price by adding a rate with a later start and its own
+    version, and end the old one (its ``valid_to``), which is all an existing rate lets change."""
+
+    list_display = ("provider", "model", "token_type", "per_million", "currency", "valid_from", "valid_to", "version")
+    list_filter = ("provider", "token_type", "currency")
+    search_fields = ("provider", "model", "version")
+    ordering = ("provider", "model", "token_type", "-valid_from")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        if obj is None:
+            return ()
+        return ("provider", "model", "token_type", "per_million", "currency", "valid_from", "version")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(CostRollup)
+class CostRollupAdmin(ReadOnlyAdmin):
+    """Written only by the event writer, with each model call: the sum of the events."""
+
+    list_display = ("scope", "key", "hour", "shard", "calls", "unpriced_calls", "input_tokens", "output_tokens",
+                    "cost", "currency")
+    list_filter = ("scope", "currency")
+    search_fields = ("key",)
+    ordering = ("scope", "key", "-hour")
 
 
 @admin.register(WebhookSubscription)

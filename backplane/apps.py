@@ -22,6 +22,17 @@ class BackplaneConfig(AppConfig):
                           disabled=settings.OTEL_PYTHON_DISABLED_INSTRUMENTATIONS)
         # After every migrate as the owner: the application's role can log in (settings.py).
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="backplane.db_roles")
+        # And the price table has the prices file's rates (insert-only: the admin's edits stay).
+        post_migrate.connect(load_prices_after_migrate, sender=self, dispatch_uid="backplane.prices")
+
+
+def load_prices_after_migrate(**kwargs: object) -> None:
+    from django.conf import settings
+
+    from backplane.eventlog.costs import prices_load
+
+    if settings.BACKPLANE_PRICES_FILE.is_file():
+        prices_load(settings.BACKPLANE_PRICES_FILE)
 
 
 def _install_pool_check() -> None:

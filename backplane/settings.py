@@ -322,6 +322,9 @@ BACKPLANE_SANDBOX_KEEP_SECONDS = env_int("BACKPLANE_SANDBOX_KEEP_SECONDS", 7 * 2
 BACKPLANE_AUDIT_EXPORT_SECONDS = env_int("BACKPLANE_AUDIT_EXPORT_SECONDS", 3600, minimum=60)
 BACKPLANE_AUDIT_SEGMENT_MAX_EVENTS = env_int("BACKPLANE_AUDIT_SEGMENT_MAX_EVENTS", 100_000, minimum=1)
 BACKPLANE_AUDIT_DIR = Path(env_str("BACKPLANE_AUDIT_DIR", str(VAR_DIR / "audit")))
+# The price table's file (backplane/eventlog/costs.py): every migrate adds its rates that the
+# table lacks (backplane/apps.py). Rates are edited in the admin after that.
+BACKPLANE_PRICES_FILE = Path(env_str("BACKPLANE_PRICES_FILE", str(BASE_DIR / "backplane" / "eventlog" / "prices.json")))
 BACKPLANE_AUDIT_S3_BUCKET = env_str("BACKPLANE_AUDIT_S3_BUCKET", "")
 BACKPLANE_AUDIT_S3_PREFIX = env_str("BACKPLANE_AUDIT_S3_PREFIX", "backplane-audit/")
 BACKPLANE_AUDIT_S3_ENDPOINT_URL = env_str("BACKPLANE_AUDIT_S3_ENDPOINT_URL", "")

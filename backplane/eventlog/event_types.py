@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from backplane.eventlog.canonical import canonical_sha256
@@ -122,10 +123,56 @@ def validate_llm_called(payload: dict[str, Any]) -> None:
                            {"payload.prompt_sha256": "SHA-256 of the RFC 8785 canonical JSON of payload.prompt"})
     if "step" in payload:
         _require(payload, "step", int, "an integer")
-    usage = payload.get("usage")
-    if usage is not None and not (
-        isinstance(usage, dict)
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in usage.values())
-    ):
-        raise InvalidInput("payload.usage must map token kinds to counts",
-                           {"payload.usage": "an object of non-negative integers, e.g. {\"input_tokens\": 812}"})
+    if payload.get("usage") is not None:
+        validate_usage(payload["usage"])
+    if "cost" in payload:
+        reported_cost(payload["cost"])
+
+
+# The usage an LLMCalled may carry: OpenTelemetry GenAI's gen_ai.usage.* flattened.
+# ``input_tokens`` includes both cache figures and ``output_tokens`` includes reasoning, as
+# OpenTelemetry counts them (and OpenAI reports them; Anthropic's ``input_tokens`` leaves the
+# cache out, which the SDK's adapter adds back).
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+              "reasoning_output_tokens")
+
+
+def validate_usage(usage: Any) -> None:
+    """Refuse usage that could not be priced without guessing: unknown keys, negative or
+    non-integer counts, parts larger than the whole they belong to."""
+    if not isinstance(usage, dict):
+        raise InvalidInput("payload.usage must be an object", {"payload.usage": f"keys: {', '.join(USAGE_KEYS)}"})
+    unknown = sorted(set(usage) - set(USAGE_KEYS))
+    if unknown:
+        raise InvalidInput("payload.usage has unknown token kinds",
+                           {"payload.usage": f"unknown {', '.join(unknown)}; known: {', '.join(USAGE_KEYS)}"})
+    for key, value in usage.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidInput(f"payload.usage.{key} must be a count",
+                               {f"payload.usage.{key}": "a non-negative integer"})
+    cached = usage.get("cache_read_input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
+    if cached > usage.get("input_tokens", 0):
+        raise InvalidInput("cached input tokens are part of input_tokens, and more than it",
+                           {"payload.usage.input_tokens": "includes cache_read_ and cache_creation_input_tokens"})
+    if usage.get("reasoning_output_tokens", 0) > usage.get("output_tokens", 0):
+        raise InvalidInput("reasoning tokens are part of output_tokens, and more than it",
+                           {"payload.usage.output_tokens": "includes reasoning_output_tokens"})
+
+
+def reported_cost(cost: Any) -> tuple[Decimal, str]:
+    """What a provider reported a call cost, ``{"amount": "<decimal>", "currency": "USD"}``, checked."""
+    if not isinstance(cost, dict) or set(cost) - {"amount", "currency"}:
+        raise InvalidInput("payload.cost must be {amount, currency}, as the provider reported it",
+                           {"payload.cost": "amount (a decimal string) and currency; the backplane adds the rest"})
+    currency = cost.get("currency")
+    if not isinstance(currency, str) or len(currency) != 3 or not currency.isalpha() or not currency.isupper():
+        raise InvalidInput("payload.cost.currency must be an ISO 4217 code", {"payload.cost.currency": "e.g. USD"})
+    amount: Decimal | None = None
+    if isinstance(cost.get("amount"), str):
+        try:
+            amount = Decimal(cost["amount"])
+        except InvalidOperation:
+            amount = None
+    if amount is None or not amount.is_finite() or amount < 0:
+        raise InvalidInput("payload.cost.amount must be a decimal string", {"payload.cost.amount": 'e.g. "0.0042"'})
+    return amount, currency

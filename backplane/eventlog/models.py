@@ -297,3 +297,86 @@ class IdempotentReplay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.count} {self.kind} replays of {self.task_id} at {self.minute:%Y-%m-%d %H:%M}"
+
+
+class TokenType(models.TextChoices):
+    """What a model's price is per million of: the kinds of token in an ``LLMCalled``'s usage."""
+
+    INPUT = "input"  # input tokens neither read from nor written to the provider's cache
+    OUTPUT = "output"  # output tokens other than reasoning
+    CACHE_READ = "cache_read"
+    CACHE_WRITE = "cache_write"
+    REASONING = "reasoning"
+
+
+class ModelPrice(models.Model):
+    """One rate of the versioned price table (backplane/eventlog/costs.py): what a million tokens
+    of one type cost with one provider's model, from ``valid_from`` until ``valid_to``.
+
+    A price change is a new row, never an edit of one a cost was computed with: every priced
+    event names its ``version``, so history is never rewritten. Loaded from the prices file at
+    start (``manage.py load_prices``, insert-only) and edited in the admin.
+    """
+
+    provider = models.CharField(max_length=100)
+    model = models.CharField(max_length=200)
+    token_type = models.CharField(max_length=20, choices=TokenType.choices)
+    per_million = models.DecimalField(max_digits=18, decimal_places=6,
+                                      help_text="Price of a million tokens of this type.")
+    currency = models.CharField(max_length=3, default="USD")
+    valid_from = models.DateTimeField()
+    valid_to = models.DateTimeField(null=True, blank=True, help_text="Blank: until a later version.")
+    version = models.CharField(max_length=100, help_text="Named on every cost computed with this rate.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "model", "token_type", "valid_from"],
+                                    name="model_price_one_rate_per_start"),
+            models.CheckConstraint(condition=Q(per_million__gte=0), name="model_price_not_negative"),
+            models.CheckConstraint(condition=Q(valid_to__isnull=True) | Q(valid_to__gt=models.F("valid_from")),
+                                   name="model_price_valid_range"),
+        ]
+        indexes = [models.Index(fields=["provider", "model", "-valid_from"], name="model_price_lookup_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.provider}/{self.model} {self.token_type}: {self.per_million} {self.currency}/M ({self.version})"
+
+
+# The start of time, for rollups that are not kept by the hour (a task's, a tree's).
+ALL_TIME = "1970-01-01T00:00:00+00:00"
+
+
+class CostRollup(models.Model):
+    """Tokens and cost of model calls, summed per scope (a task, a task with its sub-agents, an
+    agent, a model, a namespace) and hour, by the event writer in the transaction of each
+    ``LLMCalled`` (backplane/eventlog/costs.py), so they always equal the sum of the events.
+
+    Rows of shared scopes are split in ``SHARDS`` by task, so appends to different tasks do not
+    queue on one row; a reader sums the shards. A task's and a tree's rows are one per currency
+    (``hour`` is ``ALL_TIME``): read in O(1).
+    """
+
+    scope = models.CharField(max_length=16)
+    key = models.CharField(max_length=320)
+    hour = models.DateTimeField()
+    shard = models.PositiveSmallIntegerField(default=0)
+    currency = models.CharField(max_length=3, blank=True, default="")
+    calls = models.PositiveBigIntegerField(default=0)
+    unpriced_calls = models.PositiveBigIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cache_read_input_tokens = models.PositiveBigIntegerField(default=0)
+    cache_creation_input_tokens = models.PositiveBigIntegerField(default=0)
+    reasoning_output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=30, decimal_places=12, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key", "hour", "shard", "currency"],
+                                    name="cost_rollup_one_row"),
+        ]
+        indexes = [models.Index(fields=["scope", "hour"], name="cost_rollup_scope_hour_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key} {self.hour:%Y-%m-%d %H}h: {self.calls} calls, {self.cost} {self.currency}"

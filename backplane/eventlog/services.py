@@ -10,6 +10,7 @@ The append path (DESIGN.md), from the request to the writer (``backplane.eventlo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import secrets
 import uuid
@@ -23,6 +24,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from backplane.eventlog import costs
 from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
 from backplane.eventlog.errors import (
@@ -228,8 +230,18 @@ def event_append_batch(
             replay_count(task_id=task.pk, kind="event", now=timezone.now())
             return AppendOutcome(events=replay, replayed=True)
         check_open_at(task, expected_seq)
-        events = write_events(task, drafts, agent=agent, now=timezone.now(), digests=digests)
+        now = timezone.now()
+        events = write_events(task, [_settled(draft, now=now) for draft in drafts], agent=agent, now=now,
+                              digests=digests)
     return AppendOutcome(events=events, replayed=False)
+
+
+def _settled(draft: EventDraft, *, now: datetime) -> EventDraft:
+    """A model call's draft with its cost settled when it is recorded (eventlog/costs.py); the
+    request's digest was taken before, so a replay of the same request still matches."""
+    if draft.type != et.LLM_CALLED:
+        return draft
+    return dataclasses.replace(draft, payload=costs.llm_called_priced(draft.payload, at=now))
 
 
 def check_open_at(task: Task, expected_seq: int | None) -> None:

@@ -6,8 +6,9 @@ runs inside the caller's transaction, on a task row the caller has locked (``loc
 1. number, clock and hash each event on the task's head;
 2. apply the reducer (``backplane.eventlog.reducer``), the only code that decides a task's
    status, attempts, lease, output and error;
-3. insert the events and write the projection in one statement, and the events' outbox
-   messages plus the lifecycle announcement in one more;
+3. insert the events and write the projection in one statement, add model calls into the cost
+   rollups (backplane.eventlog.costs), and write the events' outbox messages plus the lifecycle
+   announcement in one more statement;
 4. run the follow-ups other parts registered (``register_follow_up``), in registration order,
    still inside the transaction: recovery plugs its circuit breakers, sagas and the report
    of a sub-task's result to its parent in here, so the event log never imports recovery.
@@ -29,6 +30,7 @@ from django.utils import timezone
 from backplane.delivery.outbox import Message, outbox_enqueue_many
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_timestamp
+from backplane.eventlog.costs import rollup_add
 from backplane.eventlog.errors import NotFound, SandboxRefused, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task
@@ -160,6 +162,7 @@ def write_events(
         events.append(_number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None))
     task.updated_at = now
     _insert_events_and_update_projections([task], [events])
+    rollup_add(task, events)
     span_annotate_write(task_id=task.pk, kind=task.kind, seq=task.last_seq, events=events,
                         agent=agent, lease_epoch=task.lease_epoch)
     # The events' own messages, then the lifecycle announcement: one INSERT for the whole write.

@@ -71,7 +71,7 @@ def test_the_check_passes_on_a_clean_database(running_task: Task, make_task: Cal
     make_task()
     code, report = rebuild_projections("--check")
     assert code == 0, report
-    assert report == "every checked task row matches its log\n"
+    assert report == "every checked task row matches its log, and every cost rollup the sum of its events\n"
 
 
 def test_the_check_names_a_row_edited_behind_the_logs_back_and_the_rebuild_repairs_it(
@@ -97,7 +97,8 @@ def test_the_check_names_a_row_edited_behind_the_logs_back_and_the_rebuild_repai
     assert task_state_of(repaired) == task_state_of(running_task)
     assert Task.objects.get(pk=untouched.pk).updated_at == untouched.updated_at  # a matching row is not written
 
-    assert rebuild_projections("--check") == (0, "every checked task row matches its log\n")
+    assert rebuild_projections("--check") == (
+        0, "every checked task row matches its log, and every cost rollup the sum of its events\n")
     assert rebuild_projections() == (0, "rebuilt 0 task row(s) from their logs\n")
 
 

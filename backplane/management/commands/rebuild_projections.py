@@ -1,5 +1,5 @@
 """``manage.py rebuild_projections [--check | --reconcile --reason TEXT] [--task UUID ...]``:
-task rows against their logs."""
+task rows (and the cost rollups) against their logs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from backplane.eventlog import projections
+from backplane.eventlog import costs, projections
 from backplane.eventlog.models import Task
 
 
@@ -61,7 +61,15 @@ class Command(BaseCommand):
                 )
         if drifted:
             self.stdout.write(f"{drifted} task row(s) differ from their logs")
+        # The cost rollups are projections of the log too (backplane/eventlog/costs.py); they are
+        # checked whole (they sum over tasks), whatever tasks were named.
+        rollups = costs.rollup_differences()
+        for line in rollups:
+            self.stdout.write(f"cost rollup {line}")
+        if rollups:
+            self.stdout.write(f"{len(rollups)} cost rollup(s) differ from the sum of their events")
+        if drifted or rollups:
             # SystemExit rather than CommandError: the exit code is the answer, the lines above
             # already say why, and callers in process (tests) read the code the same way.
             raise SystemExit(1)
-        self.stdout.write("every checked task row matches its log")
+        self.stdout.write("every checked task row matches its log, and every cost rollup the sum of its events")
