@@ -15,6 +15,11 @@ Django-free: :mod:`backplane_client.signing` needs only the standard library and
   docs/replay.md); the errors :class:`BackplaneAPIError`, :class:`LeaseLost`,
   :class:`SandboxRefused`, :class:`ToolCallFailed`, :class:`ModelCallNotRecorded`. They are
   imported on first use, so the helpers above keep working without httpx.
+- What a model call used and cost, as ``LLMCalled`` records it (:mod:`backplane_client.usage`,
+  standard library only, also imported on first use): :func:`usage_from_openai` and
+  :func:`usage_from_anthropic` read a provider's answer into our ``usage`` keys without counting
+  cached or reasoning tokens twice, :func:`model_cost` writes a provider-reported price, and
+  :class:`Usage`, :class:`Cost` and :class:`ModelAnswer` type them.
 """
 
 from __future__ import annotations
@@ -42,18 +47,30 @@ if TYPE_CHECKING:
     from backplane_client.retry import RetryPolicy
     from backplane_client.sandbox import ModelCallNotRecorded, ReplayResult, replay
     from backplane_client.session import TaskSession, ToolCall
+    from backplane_client.usage import (
+        USAGE_KEYS,
+        Cost,
+        ModelAnswer,
+        Usage,
+        model_cost,
+        usage_from_anthropic,
+        usage_from_openai,
+    )
 
 __all__ = [
     "DEFAULT_TABLE",
     "SIGNATURE_HEADER",
+    "USAGE_KEYS",
     "AgentClient",
     "AsyncAgentClient",
     "BackplaneAPIError",
     "CanonicalizationError",
+    "Cost",
     "Envelope",
     "Handler",
     "Lease",
     "LeaseLost",
+    "ModelAnswer",
     "ModelCallNotRecorded",
     "ReplayResult",
     "RetryPolicy",
@@ -62,20 +79,24 @@ __all__ = [
     "TaskSession",
     "ToolCall",
     "ToolCallFailed",
+    "Usage",
     "canonical_json",
     "ensure_processed_table",
     "event_draft",
     "handle_kombu_message",
+    "model_cost",
     "parse_envelope",
     "process_once",
     "prompt_sha256",
     "replay",
     "sign",
+    "usage_from_anthropic",
+    "usage_from_openai",
     "verify",
 ]
 
-# name -> the module defining it; all of them import httpx.
-_AGENT_EXPORTS = {
+# name -> the module defining it, imported on first use: all but backplane_client.usage import httpx.
+_LAZY_EXPORTS = {
     "AgentClient": "backplane_client.agent",
     "AsyncAgentClient": "backplane_client.aio",
     "BackplaneAPIError": "backplane_client.errors",
@@ -90,12 +111,19 @@ _AGENT_EXPORTS = {
     "ToolCallFailed": "backplane_client.errors",
     "event_draft": "backplane_client.calls",
     "replay": "backplane_client.sandbox",
+    "USAGE_KEYS": "backplane_client.usage",
+    "Cost": "backplane_client.usage",
+    "ModelAnswer": "backplane_client.usage",
+    "Usage": "backplane_client.usage",
+    "model_cost": "backplane_client.usage",
+    "usage_from_anthropic": "backplane_client.usage",
+    "usage_from_openai": "backplane_client.usage",
 }
 
 
 def __getattr__(name: str) -> Any:
     """The agent SDK's names, imported on first use (PEP 562) so httpx stays optional."""
-    module = _AGENT_EXPORTS.get(name)
+    module = _LAZY_EXPORTS.get(name)
     if module is not None:
         return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

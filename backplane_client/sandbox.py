@@ -100,11 +100,16 @@ class ReplaySession(TaskSession):
         recorded = self.recorded_models.get(step)
         if recorded is None:
             raise ModelCallNotRecorded(step=step, source_task_id=self.source_task_id)
-        # The recorded usage too: a diff compares the answer as recorded. ``recorded_from`` says
-        # it was served, not spent again (the diff leaves it out: it names another task).
+        # The recorded usage too, and a cost the provider reported (the server settles any other
+        # one itself, from its price table): a diff compares the answer as recorded.
+        # ``recorded_from`` says it was served, not spent again (the diff leaves it out: it names
+        # another task).
         answer: JSON = {"output": recorded["output"]}
         if recorded.get("usage") is not None:
             answer["usage"] = recorded["usage"]
+        cost = recorded.get("cost")
+        if isinstance(cost, Mapping) and cost.get("source") == "provider":
+            answer["cost"] = {"amount": cost["amount"], "currency": cost["currency"]}
         return answer, {"recorded_from": {"task_id": recorded["task_id"], "seq": recorded["seq"]}}
 
 

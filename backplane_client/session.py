@@ -45,6 +45,7 @@ from backplane_client.errors import (
     ToolOutcomeMissing,
 )
 from backplane_client.retry import RetryPolicy
+from backplane_client.usage import Cost, Usage
 
 if TYPE_CHECKING:
     from backplane_client.agent import AgentClient
@@ -57,7 +58,8 @@ T = TypeVar("T")
 #: What ``call_tool`` runs when the call needs making: ``fn(effect_key, input) -> result``.
 ToolFunction = Callable[[str, dict[str, Any]], Mapping[str, Any]]
 #: What ``model_call`` runs when the step has no recorded answer: ``call(prompt)`` returns the
-#: model's answer as ``{"output": <any JSON>, "usage": {"input_tokens": int, ...}}`` (usage optional).
+#: model's answer as a :class:`~backplane_client.usage.ModelAnswer`, ``{"output": <any JSON>,
+#: "usage": {"input_tokens": int, ...}, "cost": {"amount": str, "currency": str}}`` (usage, cost optional).
 ModelFunction = Callable[[Any], Mapping[str, Any]]
 
 MIN_HEARTBEAT_INTERVAL = 0.2
@@ -70,12 +72,23 @@ PROMPT_RECORD_LIMIT = 64 * 1024
 
 
 def llm_called_payload(
-    *, step: int, model: str, prompt: Any, output: Any, usage: Mapping[str, int] | None = None,
-    provider: str | None = None,
+    *, step: int, model: str, prompt: Any, output: Any, usage: Usage | Mapping[str, int] | None = None,
+    provider: str | None = None, cost: Cost | Mapping[str, str] | None = None,
 ) -> JSON:
     """An ``LLMCalled`` payload: the model, the prompt's hash (SHA-256 of its RFC 8785 canonical
     JSON) and the prompt itself unless that is over ``PROMPT_RECORD_LIMIT`` bytes, the output,
-    and ``usage``, ``step`` and ``provider``."""
+    and ``usage`` (:mod:`backplane_client.usage`), ``step``, ``provider`` and ``cost``.
+
+    Only the types are checked here, so that a provider's own usage object passed as it comes
+    fails now and says what to pass instead; the keys and their sums are the server's to check
+    (one rule, one place).
+    """
+    if usage is not None and not isinstance(usage, Mapping):
+        raise TypeError(f"usage must be a mapping of token counts, not {type(usage).__name__}: pass "
+                        "usage_from_openai(response) or usage_from_anthropic(response) (backplane_client.usage)")
+    if cost is not None and not isinstance(cost, Mapping):
+        raise TypeError(f"cost must be {{'amount': '<decimal>', 'currency': 'USD'}}, not {type(cost).__name__}: "
+                        "pass model_cost(amount) (backplane_client.usage)")
     canonical = canonical_json(prompt)
     payload: JSON = {"step": step, "model": model, "prompt_sha256": hashlib.sha256(canonical).hexdigest(),
                      "output": output}
@@ -85,6 +98,8 @@ def llm_called_payload(
         payload["usage"] = dict(usage)
     if provider is not None:
         payload["provider"] = provider
+    if cost is not None:
+        payload["cost"] = dict(cost)
     return payload
 
 
@@ -420,10 +435,12 @@ class TaskSession:
         When the task's history (a fork's includes its source's, up to the fork point) already
         has a model call at this step, its recorded output comes back and ``call`` is not run: a
         model asked again rarely says the same, and what happened next was built on the first
-        answer. Otherwise ``call(prompt)`` asks the model and must return ``{"output": <any
-        JSON>, "usage": {"input_tokens": 812, "output_tokens": 64}}`` (``usage`` optional, token
-        counts as non-negative integers); the call is recorded as ``LLMCalled`` (keyed
-        ``{task_id}:llm:{step}``, see :func:`llm_called_payload`) and its output returned.
+        answer. Otherwise ``call(prompt)`` asks the model and must return a
+        :class:`~backplane_client.usage.ModelAnswer`, ``{"output": <any JSON>, "usage": {...},
+        "cost": {...}}`` (``usage`` and ``cost`` optional; :func:`~backplane_client.usage.usage_from_openai`
+        and :func:`~backplane_client.usage.usage_from_anthropic` read ``usage`` off a provider's
+        answer); the call is recorded by :meth:`record_model_call` and the output that stands
+        returned.
 
         ``prompt`` is any JSON (a string, a list of messages, ...): its hash is always recorded,
         the prompt itself unless its canonical JSON is over 64 KiB. A crash between the model's
@@ -437,25 +454,55 @@ class TaskSession:
         if not isinstance(answer, Mapping) or "output" not in answer:
             raise TypeError(f"the model call at step {step} must return {{'output': ..., 'usage': {{...}}}}, "
                             f"not {answer!r:.200}")
-        usage = answer.get("usage")
-        payload = llm_called_payload(step=step, model=model, prompt=prompt, output=answer["output"], usage=usage,
-                                     provider=provider) | provenance
+        payload = llm_called_payload(step=step, model=model, prompt=prompt, output=answer["output"],
+                                     usage=answer.get("usage"), provider=provider, cost=answer.get("cost"))
+        return self._record_llm_called(step, payload | provenance)["payload"]["output"]
+
+    def record_model_call(
+        self, step: int, model: str, prompt: Any, output: Any, *, usage: Usage | Mapping[str, int] | None = None,
+        provider: str | None = None, cost: Cost | Mapping[str, str] | None = None,
+    ) -> JSON:
+        """Record a model call the agent made itself as ``LLMCalled`` (keyed
+        ``{task_id}:llm:{step}``, see :func:`llm_called_payload`) and return the event as the log
+        holds it.
+
+        ``usage`` is our usage dict (:mod:`backplane_client.usage`: take it from
+        :func:`~backplane_client.usage.usage_from_openai` or
+        :func:`~backplane_client.usage.usage_from_anthropic`, never a provider's usage as it
+        comes); ``cost`` a provider-reported price (:func:`~backplane_client.usage.model_cost`).
+
+        The returned event's ``payload["cost"]`` is the cost as the server settled it: the one
+        reported, else the price table's, else ``"source": "unpriced"``.
+
+        A step is recorded once per task. Recording it again with the same payload returns the
+        first event; with another one (an earlier attempt recorded a different answer) nothing is
+        written and the earlier event comes back: its ``payload["output"]`` is the answer the task
+        went on with, and this call's tokens go unrecorded. The history is not consulted: ask
+        :meth:`recorded_model_call` before calling the model, which is what :meth:`model_call` does.
+        """
+        payload = llm_called_payload(step=step, model=model, prompt=prompt, output=output, usage=usage,
+                                     provider=provider, cost=cost)
+        return self._record_llm_called(step, payload)
+
+    def _record_llm_called(self, step: int, payload: JSON) -> JSON:
+        """Append ``payload`` as the step's ``LLMCalled``; the event the log keeps under the key."""
+        key = self._model_call_key(step)
         try:
-            event = self.append("LLMCalled", payload, idempotency_key=self._model_call_key(step))
+            event = self.append("LLMCalled", payload, idempotency_key=key)
         except BackplaneAPIError as exc:
-            if exc.code != "idempotency_mismatch":
+            seq = exc.details.get("seq") if exc.code == "idempotency_mismatch" else None
+            if not isinstance(seq, int):
                 raise
-            # Recorded meanwhile with another answer (the context was older than the log): the
-            # log's answer stands, as in resume.
-            self.refresh_context()
-            recorded = self.recorded_model_call(step)
-            if recorded is None:
+            # Recorded meanwhile with another answer (the context was older than the log, or the
+            # agent asked again): the log's answer stands, as in resume. The refusal names its seq.
+            event = self.client.events(self.task_id, after_seq=seq - 1, limit=1)["results"][0]
+            if event.get("idempotency_key") != key:
                 raise
-            return recorded["output"]
-        self._model_calls[step] = {"seq": event["seq"], "task_id": self.task_id, "step": step, "model": model,
-                                   "prompt_sha256": payload["prompt_sha256"], "output": payload["output"],
-                                   "usage": payload.get("usage")}
-        return payload["output"]
+        recorded = event["payload"]
+        self._model_calls[step] = {"seq": event["seq"], "task_id": self.task_id, "step": step,
+                                   "model": recorded["model"], "prompt_sha256": recorded["prompt_sha256"],
+                                   "output": recorded["output"], "usage": recorded.get("usage")}
+        return event
 
     def _ask_model(self, step: int, model: str, prompt: Any, call: ModelFunction) -> tuple[Mapping[str, Any], JSON]:
         """The answer for a step the history has no model call for, and what its ``LLMCalled``

@@ -205,9 +205,10 @@ class Agent:
             self._origins[s.task_id] = str(task["task_id"])
         return self._origins[s.task_id]
 
-    def think(self, s: TaskSession, step: int, prompt: llm.Prompt, call: llm.ModelFunction) -> dict[str, Any]:
-        """A decision of the model, recorded (``LLMCalled``) and made once across attempts."""
-        output: dict[str, Any] = s.model_call(step, llm.MODEL, prompt, call, provider=llm.PROVIDER)
+    def think(self, s: TaskSession, step: int, prompt: llm.Prompt, call: llm.ModelFunction, *,
+              model: str = llm.MODEL) -> dict[str, Any]:
+        """A decision of the model, recorded (``LLMCalled``, with its usage) and made once across attempts."""
+        output: dict[str, Any] = s.model_call(step, model, prompt, call, provider=llm.PROVIDER)
         return output
 
     def qualify(self, s: TaskSession) -> None:
@@ -261,8 +262,8 @@ class Agent:
             if charge is None:
                 return
             outcome["charge"] = charge.get("charge")
-        summary = self.think(s, 8, llm.summary_prompt(lead, outcome), llm.summary(lead, outcome))
-        s.complete(outcome, reasoning={"step": 8, **summary, "model": llm.MODEL})
+        summary = self.think(s, 8, llm.summary_prompt(lead, outcome), llm.summary(lead, outcome), model=llm.SMALL_MODEL)
+        s.complete(outcome, reasoning={"step": 8, **summary, "model": llm.SMALL_MODEL})
 
     def invoke_with_patience(self, s: TaskSession, step: int, tool: str,
                              input: dict[str, Any]) -> dict[str, Any] | None:

@@ -3,10 +3,17 @@
 No network, no model. Each decision the agents make (the plan, the research sub-agent's score,
 the qualification, the summary) is a real prompt rendered from one of the templates below and a
 *model function* that answers it the way ``TaskSession.model_call`` expects:
-``call(prompt) -> {"output": ..., "usage": {"input_tokens": n, "output_tokens": m}}``. The agents
-go through ``model_call``, so every answer is recorded (``LLMCalled``: model, prompt, output,
-usage), a recovered attempt gets the answer its crashed predecessor recorded, and a sandbox
-replay can serve the answers from the record or ask the stand-in again.
+``call(prompt) -> {"output": ..., "usage": {"input_tokens": n, ...}}``. The agents go through
+``model_call``, so every answer is recorded (``LLMCalled``: model, prompt, output, usage), a
+recovered attempt gets the answer its crashed predecessor recorded, and a sandbox replay can
+serve the answers from the record or ask the stand-in again.
+
+The usage is what a hosted model would report (the keys of ``backplane_client.usage``), so the
+server prices the demo's calls like real ones (provider ``demo``; model ``stand-in-large``, and
+``stand-in-small`` for the summary): about four characters a token, the system prompt read from
+the provider's cache on most calls and written to it on the rest, and reasoning tokens on the
+qualification. Like the answer, it depends on the prompt alone: a replay records the usage its
+source did.
 
 The stand-in picks among canned thoughts with a generator seeded by the run's seed and the
 prompt itself: the same prompt always gets the same answer (a replay with the prompts unchanged
@@ -27,8 +34,16 @@ from collections.abc import Callable, Mapping
 from string import Template
 from typing import Any
 
-MODEL = "stand-in-1 (deterministic, seeded)"
+from backplane_client.usage import Usage
+
+MODEL = "stand-in-large"
+#: The model of the summary, which needs no large one (backplane/eventlog/prices.json prices both).
+SMALL_MODEL = "stand-in-small"
 PROVIDER = "demo"
+#: How often a prompt finds the system prompt out of the provider's cache (and writes it there).
+CACHE_MISS_RATE = 0.2
+#: The reasoning tokens the qualification takes, from/to.
+QUALIFY_REASONING = (96, 384)
 
 # A prompt: chat messages, as most model APIs take them.
 Prompt = list[dict[str, str]]
@@ -81,10 +96,32 @@ def render(template: str, **fields: Any) -> Prompt:
             {"role": "user", "content": Template(template).substitute(values)}]
 
 
-def _answer(prompt: Any, output: dict[str, Any]) -> dict[str, Any]:
+def usage(prompt: Any, output: Any, *, reasoning: tuple[int, int] | None = None) -> Usage:
+    """The tokens a hosted model would report for this answer, decided by the prompt alone.
+
+    Totals include their parts, as ``LLMCalled`` counts them: the leading system message is the
+    cached prefix (read from the cache, or on a miss written to it), and ``reasoning``, a range,
+    adds that many tokens of thinking to the output.
+    """
+    r = rng("usage", _json(prompt))
+    first = prompt[0] if isinstance(prompt, list) and prompt else None
+    system = first if isinstance(first, dict) and first.get("role") == "system" else None
+    counts: Usage = {"input_tokens": _tokens(_json(prompt)), "output_tokens": _tokens(_json(output))}
+    if system is not None:
+        if r.random() < CACHE_MISS_RATE:
+            counts["cache_creation_input_tokens"] = _tokens(_json(system))
+        else:
+            counts["cache_read_input_tokens"] = _tokens(_json(system))
+    if reasoning is not None:
+        thinking = r.randint(*reasoning)
+        counts["output_tokens"] += thinking
+        counts["reasoning_output_tokens"] = thinking
+    return counts
+
+
+def _answer(prompt: Any, output: dict[str, Any], *, reasoning: tuple[int, int] | None = None) -> dict[str, Any]:
     """The model's answer as ``model_call`` takes it: the output and what it cost in tokens."""
-    return {"output": output, "usage": {"input_tokens": _tokens(_json(prompt)),
-                                        "output_tokens": _tokens(_json(output))}}
+    return {"output": output, "usage": usage(prompt, output, reasoning=reasoning)}
 
 
 # --- the prompts -------------------------------------------------------------------------------
@@ -134,7 +171,9 @@ def qualify(seed: int | str, lead: Mapping[str, Any], score: int) -> ModelFuncti
         buys = qualified and rng(seed, "buys", _json(prompt)).random() < 0.6
         thought = (f"Score {score}: " + ("qualified" if qualified else "not a fit yet")
                    + ("; they asked for the starter plan." if buys else "."))
-        return _answer(prompt, {"thought": thought, "decision": {"qualified": qualified, "buys": buys}})
+        # The one decision the stand-in thinks over before it answers.
+        return _answer(prompt, {"thought": thought, "decision": {"qualified": qualified, "buys": buys}},
+                       reasoning=QUALIFY_REASONING)
     return call
 
 

@@ -10,7 +10,7 @@ class RecoveryConfig(AppConfig):
         # follow-up hook and recovery plugs its breakers, sagas and parent reports into it.
         from backplane.eventlog.writer import register_follow_up
         from backplane.metrics import register_collector
-        from recovery import handlers
+        from recovery import budgets, handlers
         from recovery.metrics import RecoveryCollector, count_committed_events
 
         for follow_up in handlers.FOLLOW_UPS:
@@ -18,3 +18,5 @@ class RecoveryConfig(AppConfig):
         register_collector(RecoveryCollector())
         # Only observes (it counts after commit), so it sees quiet writes too: every event is counted.
         register_follow_up(count_committed_events, on_quiet_writes=True)
+        # A model call is a quiet write (a step recorded), and budgets are spent by exactly those.
+        register_follow_up(budgets.budget_note_spending, on_quiet_writes=True)

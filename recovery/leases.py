@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
@@ -20,6 +21,7 @@ from backplane.eventlog.selectors import task_head_traces
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
 from backplane.telemetry.tracing import task_span, tracing_enabled
 from recovery.breakers import breaker_gate_claim, breaker_trial_unused
+from recovery.budgets import blocked_roots, budget_gate
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ def lease_claim(
             "this agent may not claim some of these kinds",
             {"kinds": f"allowed: {sorted(agent.kinds)}"},
         )
+    # A spent namespace or agent budget refuses the claim before anything is taken.
+    budget_gate(namespace=agent.namespace, agent=agent.name, task=None)
     # Before the claim's own transaction: see recovery/breakers.py on lock order.
     gate = breaker_gate_claim(agent_id=agent.pk)
     claim = _claim_oldest_pending(agent=agent, kinds=allowed, lease_seconds=lease_seconds, task_id=task_id)
@@ -64,6 +68,10 @@ def _claim_oldest_pending(
             namespace=agent.namespace, status=TaskStatus.PENDING
         )
         candidates = candidates.filter(pk=task_id) if task_id is not None else candidates.filter(sandbox=False)
+        blocked = blocked_roots()
+        if blocked:
+            # The trees of spent task budgets are passed over, sub-agents and all.
+            candidates = candidates.exclude(pk__in=RawSQL(_TREES_SQL, [blocked]))
         if kinds:
             candidates = candidates.filter(kind__in=kinds)
         task = candidates.order_by("created_at", "id").first()
@@ -115,6 +123,16 @@ def _claim_oldest_pending(
             )
     assert task.lease_expires_at is not None  # the claim's event gave the task its lease
     return Claim(task=task, lease_epoch=task.lease_epoch, expires_at=task.lease_expires_at, recovered=recovered)
+
+
+_TREES_SQL = """
+WITH RECURSIVE tree(id) AS (
+    SELECT id FROM backplane_task WHERE id = ANY(%s)
+    UNION
+    SELECT t.id FROM backplane_task t JOIN tree ON t.parent_id = tree.id
+)
+SELECT id FROM tree
+"""
 
 
 def _recovery_span(*, task: Task, agent: Agent) -> AbstractContextManager[None]:

@@ -170,3 +170,76 @@ class RetentionRule(models.Model):
     def __str__(self) -> str:
         scope = f"{self.namespace}/{self.kind}" if self.kind else f"{self.namespace}/*"
         return f"{scope}: keep {self.keep_seconds}s ({', '.join(self.statuses)})"
+
+
+class BudgetScope(models.TextChoices):
+    NAMESPACE = "namespace"  # key: the namespace
+    AGENT = "agent"  # key: "<namespace>/<agent name>"
+    TASK = "task"  # key: a root task's id; its sub-agents' calls count too
+
+
+class BudgetPeriod(models.TextChoices):
+    DAY = "day"  # UTC calendar day
+    TASK = "task"  # the whole life of the task tree
+
+
+class BudgetUnit(models.TextChoices):
+    CURRENCY = "currency"  # the cost of priced calls in ``currency``
+    TOKENS = "tokens"  # input plus output tokens of every call, priced or not
+
+
+class Budget(models.Model):
+    """What a namespace, an agent or a task tree may spend on model calls (recovery/budgets.py).
+
+    Crossing 80 % and 95 % of the limit writes a warning (an event and an outbox message, once a
+    period each); reaching it refuses further leases, tool calls and model-call records of the
+    scope (``409 budget_exceeded``) until a person raises the limit or resumes the scope. The
+    ``*_on`` dates say in which period each happened: a day budget starts afresh every day.
+    Changed only through the budget services, each change a ``BudgetDecision``.
+    """
+
+    scope = models.CharField(max_length=16, choices=BudgetScope.choices)
+    key = models.CharField(max_length=320)
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    unit = models.CharField(max_length=8, choices=BudgetUnit.choices)
+    currency = models.CharField(max_length=3, blank=True, default="")
+    limit = models.DecimalField(max_digits=24, decimal_places=6)
+    warned_80_on = models.DateField(null=True, blank=True)
+    warned_95_on = models.DateField(null=True, blank=True)
+    exceeded_on = models.DateField(null=True, blank=True)
+    resumed_on = models.DateField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key", "period", "unit"], name="budget_one_per_scope_period"),
+            models.CheckConstraint(condition=Q(limit__gt=0), name="budget_limit_positive"),
+            models.CheckConstraint(condition=~Q(scope="task") | Q(period="task"), name="budget_task_scope_whole"),
+            models.CheckConstraint(condition=Q(scope="task") | Q(period="day"), name="budget_shared_scope_daily"),
+            models.CheckConstraint(condition=Q(unit="tokens", currency="") | (Q(unit="currency") & ~Q(currency="")),
+                                   name="budget_currency_with_unit"),
+        ]
+
+    def __str__(self) -> str:
+        what = f"{self.limit} {self.currency}" if self.unit == BudgetUnit.CURRENCY else f"{self.limit} tokens"
+        return f"{self.scope} {self.key}: {what} a {self.period}"
+
+
+class BudgetDecision(models.Model):
+    """A person's decision on a budget: set, raised or lowered, resumed. The budget's audit trail."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="decisions")
+    action = models.CharField(max_length=16)  # set | resume
+    old_limit = models.DecimalField(max_digits=24, decimal_places=6, null=True, blank=True)
+    new_limit = models.DecimalField(max_digits=24, decimal_places=6, null=True, blank=True)
+    spend = models.DecimalField(max_digits=30, decimal_places=12)
+    decided_by = models.CharField(max_length=100)
+    reason = models.TextField()
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["budget", "-at"], name="budget_decision_budget_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.budget} by {self.decided_by}"

@@ -75,8 +75,9 @@ def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, 
                 calls[effect].update(status=payload["status"], result=payload["result"], result_seq=event.seq)
         elif event.type == et.LLM_CALLED:
             model_calls.append({"seq": event.seq, "task_id": origin, "step": payload.get("step"),
-                                "model": payload["model"], "prompt_sha256": payload["prompt_sha256"],
-                                "output": payload["output"], "usage": payload.get("usage")})
+                                "model": payload["model"], "provider": payload.get("provider"),
+                                "prompt_sha256": payload["prompt_sha256"], "output": payload["output"],
+                                "usage": payload.get("usage"), "cost": payload.get("cost")})
         elif event.type == et.SUB_AGENT_DISPATCHED:
             subtasks[payload["child_task_id"]] = {
                 "child_task_id": payload["child_task_id"],

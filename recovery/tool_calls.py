@@ -30,6 +30,7 @@ from backplane.eventlog.models import Task
 from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
 from backplane.telemetry import counters
+from recovery.budgets import budget_gate
 from recovery.models import ToolCall, ToolCallStatus
 from recovery.sagas import saga_record_compensation_result
 from recovery.selectors import tool_call_visible
@@ -97,6 +98,8 @@ def tool_call_dispatch(
                 call = _answer_from_record(task, key=key, step=step, tool=tool, recorded=recorded, input=input,
                                            compensation=compensation, agent=agent, now=now, ttl=ttl)
                 return ToolCallOutcome(call=call, replayed=True)
+        # A new call spends: a spent budget of its scope refuses it (answers on record cost nothing).
+        budget_gate(namespace=task.namespace, agent=agent, task=task, now=now)
         call = ToolCall.objects.create(
             idempotency_key=key,
             effect_key=key,

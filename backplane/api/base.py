@@ -85,8 +85,13 @@ CONFLICT_EXAMPLES = {
                                 "the record has no answer for email-send at step 6, and a sandbox never calls a tool",
                                 {"step": 6, "tool": "email-send"}),
 }
-# What a sandbox refuses (backplane/eventlog/forks.py), beside the usual conflicts of a write.
-SANDBOX_CONFLICTS = ("seq_conflict", "stale_lease", "task_closed", "sandbox_refused")
+CONFLICT_EXAMPLES["budget_exceeded"] = _example(
+    "budget_exceeded", "budget_exceeded", "the namespace budget of acme is spent: 250.10 of 250.00 USD today",
+    {"budget_id": 3, "scope": "namespace", "key": "acme", "period": "day", "unit": "currency", "currency": "USD",
+     "limit": "250.00", "spend": "250.10"})
+# The conflicts of a write: the usual three, what a sandbox refuses (backplane/eventlog/forks.py)
+# and a spent budget (recovery/budgets.py).
+WRITE_CONFLICTS = ("seq_conflict", "stale_lease", "task_closed", "sandbox_refused", "budget_exceeded")
 
 
 def errors(*statuses: int, conflicts: tuple[str, ...] = ("seq_conflict", "stale_lease", "task_closed"),

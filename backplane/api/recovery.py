@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from backplane.api.authentication import Principal
 from backplane.api.base import (
     REPLAY_HEADER,
-    SANDBOX_CONFLICTS,
+    WRITE_CONFLICTS,
     Answer,
     ApiView,
     errors,
@@ -242,7 +242,8 @@ leases_route = AgentRoute(
         request=LeaseClaimIn,
         examples=[OpenApiExample("claim", request_only=True, value={"kinds": ["lead-qualification"],
                                                                     "lease_seconds": 60})],
-        responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"), **errors(403, body=True)},
+        responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"),
+                   **errors(403, 409, conflicts=("budget_exceeded",), body=True)},
     )),
 )
 
@@ -313,7 +314,7 @@ tool_calls_route = AgentRoute(
             "step": 3, "tool": "crm.lookup", "input": {"email": "alice@example.com"}, "lease_epoch": 4,
             "compensation": {"tool": "crm.forget", "input": {"email": "alice@example.com"}}})],
         responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut,
-                   **errors(404, 409, 422, conflicts=SANDBOX_CONFLICTS, body=True)},
+                   **errors(404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     )),
 )
 
@@ -373,7 +374,7 @@ class SubtasksView(ApiView):
         request=SubtaskIn,
         examples=[OpenApiExample("delegate", request_only=True, value={
             "step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": 4})],
-        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422, conflicts=SANDBOX_CONFLICTS, body=True)},
+        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)
@@ -451,7 +452,7 @@ class ToolInvokeView(ApiView):
         examples=[OpenApiExample("invoke", request_only=True, value={
             "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "step": 3, "input": {"email": "alice@example.com"},
             "lease_epoch": 4})],
-        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502, conflicts=SANDBOX_CONFLICTS, body=True)},
+        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502, conflicts=WRITE_CONFLICTS, body=True)},
     )
     def post(self, request: Request, name: str) -> Response:
         principal = principal_of(request)

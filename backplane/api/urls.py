@@ -1,6 +1,6 @@
 from django.urls import path
 
-from backplane.api import dead_letters, forks, integrity, views
+from backplane.api import budgets, dead_letters, forks, integrity, views
 from backplane.api import recovery as recovery_api
 
 urlpatterns = [
@@ -28,6 +28,8 @@ urlpatterns = [
     path("seals/latest/", integrity.SealLatestView.as_view(), name="seal-latest"),
     path("seals/consistency/", integrity.SealConsistencyView.as_view(), name="seal-consistency"),
     path("events/<int:position>/proof/", integrity.EventProofView.as_view(), name="event-proof"),
+    path("budgets/", budgets.BudgetsView.as_view(), name="budgets"),
+    path("budgets/<int:budget_id>/resume/", budgets.BudgetResumeView.as_view(), name="budget-resume"),
     path("dead-letters/", dead_letters.DeadLettersView.as_view(), name="dead-letters"),
     path(
         "dead-letters/<int:dead_letter_id>/requeue/",

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from backplane.api.authentication import Principal
 from backplane.api.base import (
+    WRITE_CONFLICTS,
     Answer,
     ApiView,
     errors,
@@ -244,7 +245,7 @@ task_events_route = AgentRoute(
                 "type": "LeadScored", "payload": {"score": 0.92}, "expected_seq": 5, "lease_epoch": 4,
                 "outbox": [{"topic": "leads.scored", "payload": {"score": 0.92}, "key": "alice@example.com"}]}),
         ],
-        responses={201: EventOut, 200: EventOut, **errors(404, 409, 422, body=True)},
+        responses={201: EventOut, 200: EventOut, **errors(404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     )),
 )
 
@@ -269,7 +270,8 @@ task_events_batch_route = AgentRoute(
                     {"type": "TaskCompleted", "payload": {"output": {"score": 0.92}}, "idempotency_key": "done"},
                 ]}),
         ],
-        responses={201: EventBatchOut, 200: EventBatchOut, **errors(404, 409, 422, body=True)},
+        responses={201: EventBatchOut, 200: EventBatchOut, **errors(404, 409, 422, conflicts=WRITE_CONFLICTS,
+                                                                  body=True)},
     )),
 )
 

@@ -50,6 +50,9 @@ RUN_SPECIFIC_KEYS: Final = frozenset({
     "inherited_from", "recorded_from",
     # Who ran it and whether it was retried or recovered, not what it did.
     "agent", "attempt", "recovered",
+    # A model call's cost, settled by the backplane from its usage and the prices of the day it
+    # was recorded (backplane/eventlog/costs.py): the usage is compared, the day's prices are not.
+    "cost",
 })
 
 

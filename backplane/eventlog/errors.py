@@ -59,6 +59,14 @@ class SandboxRefused(BackplaneError):
     code = "sandbox_refused"
 
 
+class BudgetExceeded(BackplaneError):
+    """A budget of the scope is spent (recovery/budgets.py): no more leases, tool calls or
+    model-call records there until a person raises or resumes it."""
+
+    status = 409
+    code = "budget_exceeded"
+
+
 class AlreadyDecided(BackplaneError):
     status = 409
     code = "already_decided"

@@ -39,6 +39,10 @@ PROJECTION_RECONCILED = "ProjectionReconciled"
 TASK_FORKED = "TaskForked"
 # A model call an agent made, as the agent records it: what a sandbox replay answers from.
 LLM_CALLED = "LLMCalled"
+# A model call of the task took a budget of its scope past 80 % or 95 % of its limit, or to it
+# (recovery/budgets.py); written into the log of the task whose call crossed the line.
+BUDGET_WARNING = "BudgetWarning"
+BUDGET_EXCEEDED = "BudgetExceeded"
 
 # Written only by the backplane itself; a client sending one gets 400 (API.md).
 SERVER_ONLY_TYPES = frozenset(
@@ -61,6 +65,8 @@ SERVER_ONLY_TYPES = frozenset(
         TASK_COMPENSATED,
         PROJECTION_RECONCILED,
         TASK_FORKED,
+        BUDGET_WARNING,
+        BUDGET_EXCEEDED,
     }
 )
 

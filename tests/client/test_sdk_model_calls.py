@@ -1,15 +1,19 @@
-"""TaskSession.model_call against the live server: a model's answer is recorded as ``LLMCalled``
-(with the prompt's hash the server checks), and decided once across attempts."""
+"""TaskSession.model_call and record_model_call against the live server: a model's answer is
+recorded as ``LLMCalled`` (with the prompt's hash the server checks, its usage and cost), and
+decided once across attempts."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from backplane.eventlog.event_types import prompt_sha256 as server_prompt_sha256
 from backplane_client import BackplaneAPIError, prompt_sha256
-from backplane_client.session import PROMPT_RECORD_LIMIT
+from backplane_client.session import PROMPT_RECORD_LIMIT, llm_called_payload
+from backplane_client.usage import ModelAnswer, model_cost, usage_from_anthropic, usage_from_openai
 from tests.client.conftest import Agents
 
 PROMPT = [{"role": "system", "content": "Answer in JSON."}, {"role": "user", "content": "Score Acme from 0 to 100."}]
@@ -41,7 +45,9 @@ def test_a_model_call_is_recorded_with_its_prompt_hash_and_usage(agents: Agents)
     assert event["idempotency_key"] == f"{task_id}:llm:2"
     assert event["payload"] == {"step": 2, "model": "gpt-x", "provider": "openai", "prompt": PROMPT,
                                 "prompt_sha256": server_prompt_sha256(PROMPT), "output": {"score": 72},
-                                "usage": {"input_tokens": 12, "output_tokens": 3}}
+                                "usage": {"input_tokens": 12, "output_tokens": 3}, "cost": event["payload"]["cost"]}
+    # No price reported, and none in the table for this model: the server says so.
+    assert event["payload"]["cost"]["source"] == "unpriced"
     context = agents.planner.recovery_context(task_id)
     assert [(c["step"], c["output"], c["seq"]) for c in context["model_calls"]] == [(2, {"score": 72}, event["seq"])]
 
@@ -102,10 +108,102 @@ def test_an_answer_without_output_is_refused_and_nothing_recorded(
     assert llm_events(agents, task_id) == []
 
 
-def test_usage_the_server_refuses_is_a_clear_error(agents: Agents) -> None:
+@pytest.mark.parametrize("usage", [
+    {"input_tokens": -1},
+    {"prompt_tokens": 12, "completion_tokens": 3},  # OpenAI's usage as it comes
+    {"input_tokens": 50, "output_tokens": 9, "cache_read_input_tokens": 1708},  # Anthropic's, cache left out
+    {"output_tokens": 9, "reasoning_output_tokens": 10},
+], ids=["negative", "openai-raw", "anthropic-raw", "reasoning-over-output"])
+def test_usage_the_server_refuses_is_a_clear_error(agents: Agents, usage: dict[str, int]) -> None:
+    # The SDK checks only that usage is a mapping: the keys and their sums are the server's rule.
     task_id = agents.task()
     with agents.claim(agents.worker) as session, pytest.raises(BackplaneAPIError) as refused:
-        session.model_call(1, "gpt-x", PROMPT, Model("x", usage={"input_tokens": -1}))
+        session.model_call(1, "gpt-x", PROMPT, Model("x", usage=usage))
     assert (refused.value.status, refused.value.code) == (400, "validation_error")
-    assert "payload.usage" in refused.value.details
+    assert any(name.startswith("payload.usage") for name in refused.value.details), refused.value.details
+    assert llm_events(agents, task_id) == []
+
+
+# --- record_model_call: a call the agent made itself ----------------------------------------
+
+ANTHROPIC_ANSWER = SimpleNamespace(
+    content=[SimpleNamespace(type="text", text='{"score": 72}')],
+    usage=SimpleNamespace(input_tokens=40, output_tokens=9, cache_read_input_tokens=1700,
+                          cache_creation_input_tokens=0),
+)
+
+
+def test_a_call_the_agent_made_is_recorded_with_its_usage_and_cost(agents: Agents) -> None:
+    task_id = agents.task()
+    with agents.claim(agents.worker) as session:
+        event = session.record_model_call(
+            2, "claude-x", PROMPT, {"score": 72}, usage=usage_from_anthropic(ANTHROPIC_ANSWER),
+            provider="anthropic", cost=model_cost(Decimal("0.000642")),
+        )
+        # The step is decided now: model_call answers it from the record, asking nobody.
+        model = Model({"score": 10})
+        assert session.model_call(2, "claude-x", PROMPT, model) == {"score": 72}
+        assert model.asked == []
+    assert event["type"] == "LLMCalled" and event["idempotency_key"] == f"{task_id}:llm:2"
+    assert event["payload"] == {
+        "step": 2, "model": "claude-x", "provider": "anthropic", "prompt": PROMPT,
+        "prompt_sha256": server_prompt_sha256(PROMPT), "output": {"score": 72},
+        "usage": {"input_tokens": 1740, "output_tokens": 9, "cache_read_input_tokens": 1700,
+                  "cache_creation_input_tokens": 0},
+        "cost": {"amount": "0.000642", "currency": "USD", "source": "provider"},
+    }
+    assert llm_events(agents, task_id) == [event]
+    [entry] = agents.planner.recovery_context(task_id)["model_calls"]
+    assert (entry["seq"], entry["output"], entry["usage"]) == (event["seq"], {"score": 72}, event["payload"]["usage"])
+
+
+def test_recording_a_step_again_returns_the_first_record(agents: Agents) -> None:
+    task_id = agents.task()
+    with agents.claim(agents.worker) as first:
+        recorded = first.record_model_call(1, "gpt-x", PROMPT, {"route": "email"}, usage={"input_tokens": 12})
+        # A retry with the same payload is the same event.
+        assert first.record_model_call(1, "gpt-x", PROMPT, {"route": "email"}, usage={"input_tokens": 12}) == recorded
+    agents.expire()
+
+    with agents.claim(agents.other) as second:
+        seq = agents.last_seq(task_id)
+        # Asked again, the model said something else: the key refuses it, and the first answer stands.
+        again = second.record_model_call(1, "gpt-x", PROMPT, {"route": "phone"}, usage={"input_tokens": 12})
+        assert again == recorded and again["payload"]["output"] == {"route": "email"}
+        assert (second.recorded_model_call(1) or {}).get("output") == {"route": "email"}
+        assert agents.last_seq(task_id) == seq
+    assert len(llm_events(agents, task_id)) == 1
+
+
+def test_model_call_takes_the_log_answer_when_its_context_is_older_than_the_log(agents: Agents) -> None:
+    task_id = agents.task()
+    with agents.claim(agents.worker) as session:
+        session.context()  # read before anything is recorded, and kept
+        session.append("LLMCalled", llm_called_payload(step=4, model="gpt-x", prompt=PROMPT, output="first"),
+                       idempotency_key=f"{task_id}:llm:4")
+        model = Model("second")
+        assert session.model_call(4, "gpt-x", PROMPT, model) == "first"
+        assert len(model.asked) == 1  # the stale context let it ask; the record decided
+        assert (session.recorded_model_call(4) or {}).get("output") == "first"
+    assert [e["payload"]["output"] for e in llm_events(agents, task_id)] == ["first"]
+
+
+def test_a_model_function_may_report_a_cost(agents: Agents) -> None:
+    task_id = agents.task()
+
+    def call(prompt: Any) -> ModelAnswer:
+        return {"output": "ok", "usage": usage_from_openai({"usage": {"prompt_tokens": 12, "completion_tokens": 1}}),
+                "cost": model_cost("0.0001")}
+
+    with agents.claim(agents.worker) as session:
+        assert session.model_call(1, "gpt-x", PROMPT, call, provider="openai") == "ok"
+    [event] = llm_events(agents, task_id)
+    assert event["payload"]["usage"] == {"input_tokens": 12, "output_tokens": 1}
+    assert event["payload"]["cost"] == {"amount": "0.0001", "currency": "USD", "source": "provider"}
+
+
+def test_a_providers_usage_passed_as_it_comes_sends_nothing(agents: Agents) -> None:
+    task_id = agents.task()
+    with agents.claim(agents.worker) as session, pytest.raises(TypeError, match="usage_from_anthropic"):
+        session.record_model_call(1, "claude-x", PROMPT, "x", usage=ANTHROPIC_ANSWER.usage)
     assert llm_events(agents, task_id) == []

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backplane_client import ModelCallNotRecorded, ReplayResult, SandboxRefused, TaskSession, replay
+from backplane_client import ModelCallNotRecorded, ReplayResult, SandboxRefused, TaskSession, model_cost, replay
 from tests.client.conftest import Agents
 from tests.e2e.conftest import ToolServer
 
@@ -21,16 +21,20 @@ TEMPLATE = "Score the lead {lead} from 0 to 100."
 class LeadAgent:
     """The agent under replay: a model call (step 1), a reasoning step, a mail (step 2), done."""
 
-    def __init__(self, tool: ToolServer, *, template: str = TEMPLATE, extra_step: str | None = None) -> None:
+    def __init__(self, tool: ToolServer, *, template: str = TEMPLATE, extra_step: str | None = None,
+                 cost: str | None = None) -> None:
         self.tool = tool
         self.template = template
         self.extra_step = extra_step  # "tool" or "model": one more step the recorded run never took
+        self.cost = cost  # what the provider reports each call cost, if it does
         self.asked: list[Any] = []
 
     def model(self, prompt: Any) -> dict[str, Any]:
         """Deterministic: the same prompt always gets the same score."""
         self.asked.append(prompt)
-        return {"output": {"score": len(prompt[0]["content"]) % 100}, "usage": {"input_tokens": 9, "output_tokens": 2}}
+        answer = {"output": {"score": len(prompt[0]["content"]) % 100},
+                  "usage": {"input_tokens": 9, "output_tokens": 2}}
+        return answer if self.cost is None else {**answer, "cost": model_cost(self.cost)}
 
     def send(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = httpx.post(self.tool.url("send-email"), json=body, headers={"Idempotency-Key": key},
@@ -85,6 +89,16 @@ def test_an_unchanged_agent_replays_without_drift(agents: Agents, tool_server: T
     [replayed] = llm_called(agents, result.sandbox_task_id)
     assert replayed["payload"]["recorded_from"] == {"task_id": finished, "seq": source_call["seq"]}
     assert {k: v for k, v in replayed["payload"].items() if k != "recorded_from"} == source_call["payload"]
+
+
+def test_a_provider_reported_cost_is_served_with_the_answer(agents: Agents, tool_server: ToolServer) -> None:
+    task_id = agents.task(lead="bob@example.com")
+    with agents.claim(agents.worker) as session:
+        LeadAgent(tool_server, cost="0.00042")(session)
+    result = replay(agents.worker, task_id, LeadAgent(tool_server, cost="0.00042"))
+    assert result.error is None and result.first_divergence is None, result.first_divergence
+    [replayed] = llm_called(agents, result.sandbox_task_id)
+    assert replayed["payload"]["cost"] == {"amount": "0.00042", "currency": "USD", "source": "provider"}
 
 
 def test_a_changed_prompt_is_the_first_divergence(agents: Agents, tool_server: ToolServer, finished: str) -> None:

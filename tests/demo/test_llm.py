@@ -57,3 +57,25 @@ def test_the_decisions_follow_the_score() -> None:
     assert decision(50)["qualified"] is True
     research = llm.research(7, LEAD, ENRICHMENT)(llm.research_prompt(LEAD, ENRICHMENT))["output"]["decision"]
     assert 0 <= research["score"] <= 100 and len(research["signals"]) == 3
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_each_answer_reports_usage_as_a_hosted_model_would(index: int) -> None:
+    prompt, call = decisions()[index]
+    answer = call(prompt)
+    usage = answer["usage"]
+    # About four characters a token, the system prompt as the cached prefix (read or written).
+    assert usage["input_tokens"] == len(llm._json(prompt)) // 4
+    [cached] = set(usage) & {"cache_read_input_tokens", "cache_creation_input_tokens"}
+    assert usage[cached] == len(llm._json(prompt[0])) // 4 < usage["input_tokens"]
+    # Reasoning is part of the output, and only the qualification thinks.
+    reasoning = usage.get("reasoning_output_tokens", 0)
+    assert usage["output_tokens"] - reasoning == len(llm._json(answer["output"])) // 4
+    assert (reasoning > 0) == (index == 2)
+    assert llm.QUALIFY_REASONING[0] <= reasoning <= llm.QUALIFY_REASONING[1] or index != 2
+
+
+def test_most_prompts_find_the_system_prompt_in_the_cache() -> None:
+    leads = [{**LEAD, "id": f"L-{n}"} for n in range(200)]
+    reads = sum("cache_read_input_tokens" in llm.plan(7, lead)(llm.plan_prompt(lead))["usage"] for lead in leads)
+    assert 0.7 * len(leads) < reads < len(leads)  # a miss (a cache write) now and then

@@ -1,0 +1,118 @@
+"""/api/v1/budgets/: what a namespace, an agent or a task tree may spend, set by staff."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from backplane.api.base import ApiView, errors, principal_of, validated
+from backplane.api.serializers import StrictCharField, StrictSerializer
+from recovery import budgets
+from recovery.models import Budget, BudgetPeriod, BudgetScope, BudgetUnit
+
+
+class BudgetIn(StrictSerializer):
+    scope = serializers.ChoiceField(choices=BudgetScope.values)
+    key = StrictCharField(max_length=320, min_length=1,
+                          help_text="the namespace; `<namespace>/<agent>`; or a root task's id")
+    period = serializers.ChoiceField(choices=BudgetPeriod.values)
+    unit = serializers.ChoiceField(choices=BudgetUnit.values)
+    currency = StrictCharField(max_length=3, required=False, help_text="with unit `currency`, e.g. USD")
+    limit = serializers.DecimalField(max_digits=24, decimal_places=6, min_value=Decimal("0.000001"))
+    reason = StrictCharField(max_length=2000, min_length=1)
+
+
+class ResumeIn(StrictSerializer):
+    reason = StrictCharField(max_length=2000, min_length=1)
+
+
+class BudgetOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    scope = serializers.ChoiceField(choices=BudgetScope.values)
+    key = serializers.CharField()
+    period = serializers.ChoiceField(choices=BudgetPeriod.values)
+    unit = serializers.ChoiceField(choices=BudgetUnit.values)
+    currency = serializers.CharField(allow_null=True)
+    limit = serializers.CharField()
+    spend = serializers.CharField()
+    spent = serializers.BooleanField(help_text="true: leases, tool calls and model-call records are refused")
+
+
+class BudgetListOut(serializers.Serializer):
+    results = BudgetOut(many=True)
+
+
+def budget_as_api_dict(state: budgets.BudgetState) -> dict[str, Any]:
+    budget = state.budget
+    return {"id": budget.pk, "scope": budget.scope, "key": budget.key, "period": budget.period,
+            "unit": budget.unit, "currency": budget.currency or None, "limit": str(budget.limit),
+            "spend": str(state.spend), "spent": state.spent}
+
+
+def staff_name(request: Request) -> str:
+    principal = principal_of(request)
+    if not principal.is_staff:
+        raise PermissionDenied("budgets are set by staff (a session of a staff user)")
+    return principal.name
+
+
+class BudgetsView(ApiView):
+    @extend_schema(
+        operation_id="budgets_list",
+        summary="Every budget with its spend this period",
+        description="Staff only. Spend is read from the cost rollups, which always equal the sum of the events.",
+        responses={200: BudgetListOut, **errors(403)},
+    )
+    def get(self, request: Request) -> Response:
+        staff_name(request)
+        states = [budgets.budget_state(b) for b in Budget.objects.order_by("scope", "key", "pk")]
+        return Response({"results": [budget_as_api_dict(state) for state in states]})
+
+    @extend_schema(
+        operation_id="budgets_set",
+        summary="Set a budget (create, raise or lower it)",
+        description=(
+            "Staff only; recorded as a decision with its reason. A namespace or agent budget is per UTC day, a "
+            "task budget (key: a root task's id) is for the whole tree, sub-agents included. Reaching 80 % and "
+            "95 % writes a `BudgetWarning` into the log of the task whose model call crossed, with an outbox "
+            "message on `backplane.budgets`; reaching 100 % a `BudgetExceeded`, and from then on leases, new tool "
+            "calls and model-call records of the scope are `409 budget_exceeded` until the limit is raised above "
+            "the spend or the scope is resumed (`budgets_resume`). docs/costs.md says how far a scope can "
+            "overshoot."
+        ),
+        request=BudgetIn,
+        examples=[OpenApiExample("a namespace's day", request_only=True, value={
+            "scope": "namespace", "key": "acme", "period": "day", "unit": "currency", "currency": "USD",
+            "limit": "250.00", "reason": "the November plan"})],
+        responses={200: BudgetOut, **errors(403, body=True)},
+    )
+    def post(self, request: Request) -> Response:
+        by = staff_name(request)
+        data = validated(BudgetIn, request.data)
+        budget = budgets.budget_set(scope=data["scope"], key=data["key"], period=data["period"], unit=data["unit"],
+                                    limit=data["limit"], currency=data.get("currency", ""), decided_by=by,
+                                    reason=data["reason"])
+        return Response(budget_as_api_dict(budgets.budget_state(budget)))
+
+
+class BudgetResumeView(ApiView):
+    @extend_schema(
+        operation_id="budgets_resume",
+        summary="Let a spent scope go on for the rest of its period",
+        description="Staff only; the limit stays as it is; recorded as a decision with its reason.",
+        parameters=[OpenApiParameter("budget_id", int, OpenApiParameter.PATH, description="the budget's id")],
+        request=ResumeIn,
+        examples=[OpenApiExample("resume", request_only=True, value={"reason": "the launch needs the rest of today"})],
+        responses={200: BudgetOut, **errors(403, 404, body=True)},
+    )
+    def post(self, request: Request, budget_id: int) -> Response:
+        by = staff_name(request)
+        data = validated(ResumeIn, request.data)
+        budget = budgets.budget_resume(budget_id=budget_id, decided_by=by, reason=data["reason"])
+        return Response(budget_as_api_dict(budgets.budget_state(budget)))

@@ -1,0 +1,251 @@
+"""Budgets: what a namespace, an agent or a task tree may spend on model calls, and the stop.
+
+Spend is read from the cost rollups (backplane/eventlog/costs.py), which the writer keeps equal
+to the sum of the events. A budget is checked where work starts and where spending is recorded:
+
+1. ``budget_gate`` before a lease is granted, a tool call dispatched or a model call recorded:
+   a scope whose budget is spent for the current period is refused (``409 budget_exceeded``,
+   with the budget and the spend), and nothing is written;
+2. ``budget_note_spending`` after each model call is recorded, in the same transaction (a
+   writer follow-up): crossing 80 % and 95 % writes a ``BudgetWarning``, reaching 100 % a
+   ``BudgetExceeded``, each into the log of the task whose call crossed, with an outbox message
+   (topic ``backplane.budgets``) so a webhook can page someone. A conditional UPDATE of the
+   budget's ``*_on`` date makes each crossing happen once a period, however many calls race it.
+
+Usage is known only once a call returns, so a scope can overshoot. The records of a budgeted
+scope are serialized on its budget rows, so the recorded spend passes the limit by at most the
+one call that reached it. A model call already made when the stop came is refused its record
+(that is what stops an agent looping on its model), so the provider's bill can pass the limit by
+the calls in flight then: at most one per agent working in the scope (docs/costs.md).
+
+People raise or lower a limit (``budget_set``) or let a spent scope go on for the rest of its
+period (``budget_resume``); each decision is a ``BudgetDecision``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from backplane.eventlog import event_types as et
+from backplane.eventlog.costs import ALL_TIME
+from backplane.eventlog.errors import BudgetExceeded, InvalidInput, NotFound
+from backplane.eventlog.models import CostRollup, Task
+from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
+from recovery.models import Budget, BudgetDecision, BudgetPeriod, BudgetScope, BudgetUnit
+
+TOPIC = "backplane.budgets"
+THRESHOLDS = ((Decimal("0.8"), "warned_80_on"), (Decimal("0.95"), "warned_95_on"), (Decimal(1), "exceeded_on"))
+
+
+def period_of(budget: Budget, now: datetime) -> date:
+    """The day a budget's current period is filed under: today (UTC) for a day budget; for a
+    task tree's, one fixed day (its period never ends)."""
+    return now.date() if budget.period == BudgetPeriod.DAY else date(1970, 1, 1)
+
+
+def root_of(task: Task) -> uuid.UUID:
+    if task.parent_id is None:
+        return task.pk
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH RECURSIVE up(id, parent_id) AS (
+                SELECT id, parent_id FROM backplane_task WHERE id = %s
+                UNION ALL
+                SELECT t.id, t.parent_id FROM backplane_task t JOIN up ON t.id = up.parent_id
+            )
+            SELECT id FROM up WHERE parent_id IS NULL
+            """,
+            [task.pk],
+        )
+        row = cursor.fetchone()
+    return uuid.UUID(str(row[0]))
+
+
+def budgets_of(*, namespace: str, agent: str | None, root_id: uuid.UUID | None) -> list[Budget]:
+    """The budgets that apply to work of this namespace, agent and task tree."""
+    scopes = Q(scope=BudgetScope.NAMESPACE, key=namespace)
+    if agent:
+        scopes |= Q(scope=BudgetScope.AGENT, key=f"{namespace}/{agent}")
+    if root_id is not None:
+        scopes |= Q(scope=BudgetScope.TASK, key=str(root_id))
+    return list(Budget.objects.filter(scopes).order_by("pk"))
+
+
+def budget_spend(budget: Budget, *, now: datetime) -> Decimal:
+    """What the budget's scope has spent this period, in the budget's unit, from the rollups."""
+    rollup_scope, hours = {
+        BudgetScope.NAMESPACE: ("namespace", Q(hour__gte=datetime.combine(now.date(), time(), tzinfo=now.tzinfo))),
+        BudgetScope.AGENT: ("agent", Q(hour__gte=datetime.combine(now.date(), time(), tzinfo=now.tzinfo))),
+        BudgetScope.TASK: ("tree", Q(hour=ALL_TIME)),
+    }[BudgetScope(budget.scope)]
+    rows = CostRollup.objects.filter(hours, scope=rollup_scope, key=budget.key)
+    if budget.unit == BudgetUnit.CURRENCY:
+        return rows.filter(currency=budget.currency).aggregate(total=Sum("cost"))["total"] or Decimal(0)
+    totals = rows.aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
+    return Decimal((totals["i"] or 0) + (totals["o"] or 0))
+
+
+def is_spent(budget: Budget, *, now: datetime) -> bool:
+    """Whether the budget stops work now: reached this period, and not resumed this period."""
+    period = period_of(budget, now)
+    return budget.exceeded_on == period and budget.resumed_on != period
+
+
+def _refusal(budget: Budget, *, now: datetime, less: Decimal = Decimal(0)) -> BudgetExceeded:
+    spend = budget_spend(budget, now=now) - less
+    unit = budget.currency if budget.unit == BudgetUnit.CURRENCY else "tokens"
+    return BudgetExceeded(
+        f"the {budget.scope} budget of {budget.key} is spent: {spend} of {budget.limit} {unit} "
+        f"{'today' if budget.period == BudgetPeriod.DAY else 'for this task'}",
+        {"budget_id": budget.pk, "scope": budget.scope, "key": budget.key, "period": budget.period,
+         "unit": budget.unit, "currency": budget.currency or None, "limit": str(budget.limit),
+         "spend": str(spend)},
+    )
+
+
+def budget_gate(*, namespace: str, agent: str | None, task: Task | None, now: datetime | None = None) -> None:
+    """Refuse work of a scope whose budget is spent (``409 budget_exceeded``). One query when
+    no budget applies."""
+    now = now or timezone.now()
+    for budget in budgets_of(namespace=namespace, agent=agent, root_id=root_of(task) if task else None):
+        if is_spent(budget, now=now):
+            raise _refusal(budget, now=now)
+
+
+def budget_note_spending(written: WrittenEvents) -> None:
+    """Writer follow-up: a model call of a budgeted scope refused when the scope is spent, else
+    recorded, and any line its spending crossed written into the task's log, once a period.
+
+    The scope's budgets are locked (in id order) before the spend is read: the model calls of a
+    budgeted scope are recorded one after another, each seeing every earlier one, so the call
+    that reaches the limit is the last one recorded and the next is refused."""
+    calls = [event for event in written.events if event.type == et.LLM_CALLED]
+    task = written.task
+    if not calls or task.sandbox:
+        return
+    now = written.now
+    scoped = budgets_of(namespace=task.namespace, agent=calls[0].agent, root_id=root_of(task))
+    if not scoped:
+        return
+    locked = list(Budget.objects.select_for_update().filter(pk__in=[b.pk for b in scoped]).order_by("pk"))
+    for budget in locked:
+        if is_spent(budget, now=now):
+            # Rolls the record back: nothing is written. The spend shown is without this write.
+            raise _refusal(budget, now=now, less=_spent_by(calls, budget))
+    drafts = []
+    for budget in locked:
+        spend = budget_spend(budget, now=now)
+        period = period_of(budget, now)
+        for share, field in THRESHOLDS:
+            if spend < budget.limit * share:
+                break
+            if getattr(budget, field) != period:
+                setattr(budget, field, period)
+                budget.save(update_fields=[field, "updated_at"])
+                drafts.append(_crossing(budget, share=share, spend=spend))
+    if drafts:
+        write_events(task, drafts, agent=None, now=now, allow_closed=True)
+
+
+def _spent_by(calls: list[Any], budget: Budget) -> Decimal:
+    """What these model calls add to the budget's spend, in its unit."""
+    total = Decimal(0)
+    for call in calls:
+        if budget.unit == BudgetUnit.TOKENS:
+            usage = call.payload.get("usage") or {}
+            total += usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
+        elif (call.payload.get("cost") or {}).get("currency") == budget.currency:
+            total += Decimal(call.payload["cost"]["amount"])
+    return total
+
+
+def _crossing(budget: Budget, *, share: Decimal, spend: Decimal) -> EventDraft:
+    payload: dict[str, Any] = {
+        "budget_id": budget.pk, "scope": budget.scope, "key": budget.key, "period": budget.period,
+        "unit": budget.unit, "currency": budget.currency or None, "limit": str(budget.limit),
+        "spend": str(spend), "threshold": f"{int(share * 100)}%",
+    }
+    kind = et.BUDGET_EXCEEDED if share >= 1 else et.BUDGET_WARNING
+    return EventDraft(type=kind, payload=payload,
+                      outbox=(OutboxDraft(topic=TOPIC, payload={"event": kind, **payload}, key=f"budget:{budget.pk}"),))
+
+
+# --- people's decisions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    budget: Budget
+    spend: Decimal
+    spent: bool
+
+
+def budget_state(budget: Budget, *, now: datetime | None = None) -> BudgetState:
+    now = now or timezone.now()
+    return BudgetState(budget=budget, spend=budget_spend(budget, now=now), spent=is_spent(budget, now=now))
+
+
+def budget_set(
+    *, scope: str, key: str, period: str, unit: str, limit: Decimal, currency: str = "", decided_by: str,
+    reason: str,
+) -> Budget:
+    """Set (create, raise or lower) a budget. A limit the spend has reached stops the scope now;
+    one raised above the spend lets it go on (the crossings of the period start afresh)."""
+    if not reason.strip():
+        raise InvalidInput("a budget decision needs a reason", {"reason": "required"})
+    if limit <= 0:
+        raise InvalidInput("the limit must be positive", {"limit": "greater than 0"})
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        budget = Budget.objects.select_for_update().filter(scope=scope, key=key, period=period, unit=unit).first()
+        old = budget.limit if budget else None
+        if budget is None:
+            budget = Budget(scope=scope, key=key, period=period, unit=unit, currency=currency, limit=limit)
+        budget.limit = limit
+        try:
+            budget.full_clean(validate_unique=False)
+        except Exception as exc:  # noqa: BLE001 - a ValidationError: the contract's 400
+            raise InvalidInput("invalid budget", {"budget": str(exc)}) from None
+        spend = budget_spend(budget, now=now)
+        period_day = period_of(budget, now)
+        # The crossings follow the new limit: those it is now below can happen again.
+        for share, field in THRESHOLDS:
+            reached = spend >= limit * share
+            setattr(budget, field, period_day if reached else None)
+        budget.save()
+        BudgetDecision.objects.create(budget=budget, action="set", old_limit=old, new_limit=limit, spend=spend,
+                                      decided_by=decided_by, reason=reason, at=now)
+    return budget
+
+
+def budget_resume(*, budget_id: int, decided_by: str, reason: str) -> Budget:
+    """Let a spent scope go on for the rest of its period, its limit unchanged."""
+    if not reason.strip():
+        raise InvalidInput("a budget decision needs a reason", {"reason": "required"})
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        budget = Budget.objects.select_for_update().filter(pk=budget_id).first()
+        if budget is None:
+            raise NotFound("budget not found", {"budget_id": budget_id})
+        budget.resumed_on = period_of(budget, now)
+        budget.save(update_fields=["resumed_on", "updated_at"])
+        BudgetDecision.objects.create(budget=budget, action="resume", old_limit=budget.limit,
+                                      new_limit=budget.limit, spend=budget_spend(budget, now=now),
+                                      decided_by=decided_by, reason=reason, at=now)
+    return budget
+
+
+def blocked_roots(*, now: datetime | None = None) -> list[uuid.UUID]:
+    """Root tasks whose budget is spent: a claim passes over their trees."""
+    now = now or timezone.now()
+    return [uuid.UUID(b.key) for b in Budget.objects.filter(scope=BudgetScope.TASK, exceeded_on__isnull=False)
+            if is_spent(b, now=now)]
