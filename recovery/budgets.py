@@ -35,7 +35,7 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.costs import ALL_TIME
+from backplane.eventlog.costs import ALL_TIME, costs_something
 from backplane.eventlog.errors import BudgetExceeded, InvalidInput, NotFound
 from backplane.eventlog.models import CostRollup, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
@@ -128,19 +128,21 @@ def budget_note_spending(written: WrittenEvents) -> None:
     The scope's budgets are locked (in id order) before the spend is read: the model calls of a
     budgeted scope are recorded one after another, each seeing every earlier one, so the call
     that reaches the limit is the last one recorded and the next is refused."""
-    calls = [event for event in written.events if event.type == et.LLM_CALLED]
+    spending = [event for event in written.events if costs_something(event)]
     task = written.task
-    if not calls or task.sandbox:
+    if not spending or task.sandbox:
         return
     now = written.now
-    scoped = budgets_of(namespace=task.namespace, agent=calls[0].agent, root_id=root_of(task))
+    scoped = budgets_of(namespace=task.namespace, agent=spending[0].agent, root_id=root_of(task))
     if not scoped:
         return
     locked = list(Budget.objects.select_for_update().filter(pk__in=[b.pk for b in scoped]).order_by("pk"))
+    model_calls = [event for event in spending if event.type == et.LLM_CALLED]
     for budget in locked:
-        if is_spent(budget, now=now):
+        # A paid tool's answer is never refused: the tool acted, and its answer must be kept.
+        if model_calls and is_spent(budget, now=now):
             # Rolls the record back: nothing is written. The spend shown is without this write.
-            raise _refusal(budget, now=now, less=_spent_by(calls, budget))
+            raise _refusal(budget, now=now, less=_spent_by(spending, budget))
     drafts = []
     for budget in locked:
         spend = budget_spend(budget, now=now)
@@ -157,7 +159,7 @@ def budget_note_spending(written: WrittenEvents) -> None:
 
 
 def _spent_by(calls: list[Any], budget: Budget) -> Decimal:
-    """What these model calls add to the budget's spend, in its unit."""
+    """What these events add to the budget's spend, in its unit."""
     total = Decimal(0)
     for call in calls:
         if budget.unit == BudgetUnit.TOKENS:

@@ -16,7 +16,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
+from backplane.eventlog.costs import decimal_text
 from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, SandboxRefused, TaskClosed
+from backplane.eventlog.event_types import reported_cost
 from backplane.eventlog.lineage import (
     TO_HEAD,
     HistoryEvent,
@@ -141,6 +143,7 @@ def tool_call_record_result(
     agent: str | None,
     lease_epoch: int | None,
     fenced: bool = True,
+    cost: dict[str, Any] | None = None,
 ) -> ToolCallOutcome:
     """Record a tool's answer once (acknowledge before you advance); an identical repeat is a replay.
 
@@ -151,6 +154,14 @@ def tool_call_record_result(
     if status not in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
         raise InvalidInput("status must be succeeded or failed", {"status": "must be succeeded or failed"})
     ensure_storable_json(result, "result")
+    charged = None
+    if cost is not None:
+        try:
+            amount, currency = reported_cost(cost)
+        except InvalidInput as exc:  # the same rules as a model call's, named for this body
+            raise InvalidInput(exc.message.replace("payload.", ""),
+                               {k.replace("payload.", ""): v for k, v in exc.details.items()}) from None
+        charged = {"amount": decimal_text(amount), "currency": currency, "source": "provider"}
     with transaction.atomic(durable=True):
         call = tool_call_visible(namespace=namespace, key=key)
         task = lock_task(namespace=namespace, task_id=call.task_id)
@@ -182,6 +193,8 @@ def tool_call_record_result(
             # A fork's answer to a call its source dispatched: the key the tool saw, so the
             # recovery context pairs this answer with the inherited dispatch.
             payload["effect_key"] = call.effect_key
+        if charged is not None:
+            payload["cost"] = charged  # a paid tool: summed into the cost rollups with the event
         write_events(task, [EventDraft(type=et.TOOL_CALL_RESULT_RECEIVED, payload=payload)], agent=agent, now=now)
     return ToolCallOutcome(call=call, replayed=False)
 

@@ -90,6 +90,7 @@ class ToolCallResultIn(StrictSerializer):
     status = serializers.ChoiceField(choices=[ToolCallStatus.SUCCEEDED.value, ToolCallStatus.FAILED.value])
     result = JSONObjectField()
     lease_epoch = StrictIntegerField(required=False, min_value=0)
+    cost = JSONObjectField(required=False, help_text='what a paid tool charged: {"amount": "0.02", "currency": "USD"}')
 
 
 class ToolCallOut(serializers.Serializer):
@@ -216,6 +217,7 @@ def tool_call_result(principal: Principal, data: dict[str, Any], *, key: str) ->
         result=data["result"],
         agent=principal.name,
         lease_epoch=data.get("lease_epoch"),
+        cost=data.get("cost"),
     )
     body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
     return written_or_replayed_answer(body, replayed=outcome.replayed)

@@ -7,6 +7,9 @@ GenAI's ``gen_ai.usage.*`` flattened). Its cost is settled once, when the event 
 ``price_version``), else nothing, said so (``source: "unpriced"``, never a silent zero). A later
 price change never rewrites history: it is a new version of the table for later calls.
 
+A paid tool's answer may carry the cost the tool charged (``ToolCallResultReceived``'s
+``cost``, as its provider reported it); it is summed with the model calls, under its tool.
+
 The writer then adds each priced call into ``CostRollup`` rows (``rollup_add``) in the same
 transaction as the event, so the rollups always equal the sum of the events;
 ``rollup_differences`` recomputes them from the log to prove it. Sandboxes (replays) are left out:
@@ -133,12 +136,19 @@ def prices_load(path: Path) -> int:
 _COUNTERS = ("calls", "unpriced_calls", *USAGE_KEYS, "cost")
 
 
-def _scopes(task: Task, root_id: Any, agent: str | None, payload: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
-    """(scope, key, by hour) of each rollup a call adds into."""
-    model = f"{payload.get('provider') or ''}/{payload['model']}"
+def costs_something(event: Any) -> bool:
+    """A model call, or a paid tool's answer (a ``ToolCallResultReceived`` with a ``cost``)."""
+    return event.type == et.LLM_CALLED or (event.type == et.TOOL_CALL_RESULT_RECEIVED and "cost" in event.payload)
+
+
+def _scopes(task: Task, root_id: Any, event: Any) -> list[tuple[str, str, bool]]:
+    """(scope, key, by hour) of each rollup an event adds into: a model call into its model's,
+    a paid tool's answer into its tool's."""
+    payload = event.payload
+    own = (("model", f"{payload.get('provider') or ''}/{payload['model']}", True) if event.type == et.LLM_CALLED
+           else ("tool", f"{task.namespace}/{payload['tool']}", True))
     return [("task", str(task.pk), False), ("tree", str(root_id), False),
-            ("agent", f"{task.namespace}/{agent or ''}", True), ("model", model, True),
-            ("namespace", task.namespace, True)]
+            ("agent", f"{task.namespace}/{event.agent or ''}", True), own, ("namespace", task.namespace, True)]
 
 
 def _root_of(task: Task) -> Any:
@@ -168,28 +178,32 @@ def rollup_rows(task: Task, events: Iterable[Any], *, root_id: Any) -> dict[RowK
     rows: dict[RowKey, dict[str, Any]] = {}
     shard = task.pk.int % SHARDS
     for event in events:
-        if event.type != et.LLM_CALLED:
+        if not costs_something(event):
             continue
         payload = event.payload
+        # Tokens and calls count model calls; a paid tool adds its cost (and its own rows' calls).
+        model_call = event.type == et.LLM_CALLED
         cost = payload.get("cost") or {}
         priced = cost.get("amount") is not None
         currency = cost.get("currency") or "" if priced else ""
         hour = event.recorded_at.replace(minute=0, second=0, microsecond=0).isoformat()
-        for scope, key, by_hour in _scopes(task, root_id, event.agent, payload):
+        for scope, key, by_hour in _scopes(task, root_id, event):
             row_key = (scope, key, hour if by_hour else ALL_TIME, shard if by_hour else 0, currency)
             row = rows.setdefault(row_key, dict.fromkeys(_COUNTERS, 0))
-            row["calls"] += 1
-            row["unpriced_calls"] += 0 if priced else 1
-            for usage_key in USAGE_KEYS:
-                row[usage_key] += (payload.get("usage") or {}).get(usage_key, 0)
             row["cost"] += Decimal(cost["amount"]) if priced else Decimal(0)
+            if model_call or scope == "tool":
+                row["calls"] += 1
+            if model_call:
+                row["unpriced_calls"] += 0 if priced else 1
+                for usage_key in USAGE_KEYS:
+                    row[usage_key] += (payload.get("usage") or {}).get(usage_key, 0)
     return rows
 
 
 def rollup_add(task: Task, events: Sequence[Event]) -> None:
     """Add a write's model calls into the rollups, in the writer's transaction. Rows are
     upserted in key order, so two writers that share rows always lock them in the same order."""
-    if task.sandbox or not any(event.type == et.LLM_CALLED for event in events):
+    if task.sandbox or not any(costs_something(event) for event in events):
         return
     rows = rollup_rows(task, events, root_id=_root_of(task))
     records = [{"scope": k[0], "key": k[1], "hour": k[2], "shard": k[3], "currency": k[4],
@@ -216,9 +230,10 @@ def rollup_differences() -> list[str]:
     """Every rollup that is not the sum of its events (``rebuild_projections --check``): the
     log's model calls summed afresh, against the rows with their shards summed. Empty: they agree."""
     expected: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    tasks = {task.pk: task for task in Task.objects.filter(sandbox=False, events__type=et.LLM_CALLED).distinct()}
+    kinds = [et.LLM_CALLED, et.TOOL_CALL_RESULT_RECEIVED]
+    tasks = {task.pk: task for task in Task.objects.filter(sandbox=False, events__type__in=kinds).distinct()}
     for task in tasks.values():
-        events = Event.objects.filter(task=task, type=et.LLM_CALLED).only("type", "payload", "agent", "recorded_at")
+        events = Event.objects.filter(task=task, type__in=kinds).only("type", "payload", "agent", "recorded_at")
         for (scope, key, hour, _shard, currency), row in rollup_rows(task, events, root_id=_root_of(task)).items():
             total = expected.setdefault((scope, key, hour, currency), dict.fromkeys(_COUNTERS, 0))
             for name in _COUNTERS:

@@ -182,3 +182,25 @@ def test_rollups_equal_the_events_after_concurrent_writers(committed_db: None) -
     assert Event.objects.filter(type="LLMCalled").count() == 180
     assert rollup("namespace", "acme")["calls"] == 180
     assert costs.rollup_differences() == []
+
+
+def test_a_paid_tools_answer_is_summed_under_its_tool(priced: None) -> None:
+    from recovery import tool_calls
+
+    task = new_task()
+    call(task, usage=USAGE)
+    key = tool_calls.tool_call_dispatch(namespace="acme", task_id=task.pk, step=2, tool="enrich", input={},
+                                        agent="a", lease_epoch=None).call.pk
+    tool_calls.tool_call_record_result(namespace="acme", key=key, status="succeeded", result={}, agent="a",
+                                       lease_epoch=None, cost={"amount": "0.020", "currency": "USD"})
+    answered = Event.objects.get(task=task, type="ToolCallResultReceived")
+    assert answered.payload["cost"] == {"amount": "0.02", "currency": "USD", "source": "provider"}
+    assert rollup("tool", "acme/enrich") == {"calls": 1, "cost": Decimal("0.02"), "unpriced": 0, "input": 0,
+                                             "reasoning": 0}
+    assert rollup("task", str(task.pk))["cost"] == USAGE_COST + Decimal("0.02")
+    assert rollup("task", str(task.pk))["calls"] == 1  # model calls
+    assert costs.rollup_differences() == []
+    with pytest.raises(InvalidInput) as refused:
+        tool_calls.tool_call_record_result(namespace="acme", key=key, status="succeeded", result={}, agent="a",
+                                           lease_epoch=None, cost={"amount": "-1", "currency": "USD"})
+    assert "cost.amount" in refused.value.details
