@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import time
+import uuid
 from decimal import Decimal
 from pathlib import Path
 
@@ -43,10 +44,10 @@ def main() -> None:
         plain_task = services.task_create(namespace="bench", kind="k", input={}, agent="bench").task
         model_task = services.task_create(namespace="bench", kind="k", input={}, agent="bench").task
 
-        def run(task_id: object, kind: str, first_step: int) -> float:
+        def run(task_id: uuid.UUID, kind: str, first_step: int) -> float:
             started = time.perf_counter()
             for n in range(args.appends):
-                services.event_append(namespace="bench", task_id=task_id, agent="bench",  # type: ignore[arg-type]
+                services.event_append(namespace="bench", task_id=task_id, agent="bench",
                                       draft=EventDraft(type=kind, payload={**payload, "step": first_step + n}))
             return (time.perf_counter() - started) * 1e6 / args.appends
 
