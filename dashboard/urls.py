@@ -18,6 +18,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/verify/", views.task_verify, name="task-verify"),
     path("tasks/", include("dashboard.views.forks")),
     path("dead-letters/", include("dashboard.views.dead_letters")),
+    path("budgets/", include("dashboard.views.budgets")),
     path("agents/", fleet.agents_page, name="agents"),
     path("agents/<int:agent_id>/reset-breaker/", fleet.agent_breaker_reset, name="agent-breaker-reset"),
     path("tools/<int:tool_id>/reset-breaker/", fleet.tool_breaker_reset_view, name="tool-breaker-reset"),

@@ -189,11 +189,13 @@ class BudgetState:
     budget: Budget
     spend: Decimal
     spent: bool
+    resumed: bool  # resumed for the current period
 
 
 def budget_state(budget: Budget, *, now: datetime | None = None) -> BudgetState:
     now = now or timezone.now()
-    return BudgetState(budget=budget, spend=budget_spend(budget, now=now), spent=is_spent(budget, now=now))
+    return BudgetState(budget=budget, spend=budget_spend(budget, now=now), spent=is_spent(budget, now=now),
+                       resumed=budget.resumed_on == period_of(budget, now))
 
 
 def budget_set(

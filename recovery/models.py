@@ -222,7 +222,8 @@ class Budget(models.Model):
         ]
 
     def __str__(self) -> str:
-        what = f"{self.limit} {self.currency}" if self.unit == BudgetUnit.CURRENCY else f"{self.limit} tokens"
+        limit = format(self.limit.normalize(), "f")
+        what = f"{limit} {self.currency}" if self.unit == BudgetUnit.CURRENCY else f"{limit} tokens"
         return f"{self.scope} {self.key}: {what} a {self.period}"
 
 
