@@ -10,8 +10,9 @@ in the environment: settings sets it before anything imports prometheus_client.
 The call sites use the small functions below, never the metric objects, and call them once what
 they count has committed (``transaction.on_commit`` inside a transaction): a write that rolls
 back is not counted. Labels are bounded: kinds, outcomes, destination kinds and event types the
-backplane defines; the two open-ended ones are folded (``event_type_label`` in the follow-up
-that counts events, ``tool_label`` here). No task id, agent name, URL or key is ever a label.
+backplane defines; the open-ended ones are folded (``event_type_label`` in the follow-up that
+counts events; ``tool_label``, ``model_label``, ``provider_label`` and ``namespace_label``
+here). No task id, agent name, URL or key is ever a label.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import wraps
+from functools import partial, wraps
 from typing import ParamSpec, TypeVar
 
+from django.db import transaction
 from prometheus_client import Counter, Histogram
+
+from backplane.telemetry import gen_ai
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -76,6 +80,27 @@ DEAD_LETTER_DECISIONS = ("discarded", "requeued")
 BREAKER_TRANSITIONS = Counter(
     "backplane_breaker_transitions", "Circuit-breaker transitions, by kind of breaker and the state entered",
     ["kind", "to_state"])
+# Model calls (``LLMCalled``), after OpenTelemetry's GenAI metric ``gen_ai.client.token.usage``:
+# its buckets (powers of 4, 1 to 4^13 tokens), one observation per call and token type. "input"
+# and "output" are a call's totals; the other types are parts of them (cache reads and writes of
+# the input, reasoning of the output), observed only when the call had some.
+GEN_AI_TOKEN_TYPES = tuple(gen_ai.TOKEN_TYPES.values())
+_TOKEN_BUCKETS = tuple(float(4**n) for n in range(14))
+GEN_AI_TOKEN_USAGE = Histogram(
+    "backplane_gen_ai_client_token_usage",
+    "Tokens per model call (gen_ai.client.token.usage), by token type (cache_* are part of input, reasoning_output "
+    "of output), provider and model; sandbox replays left out", ["token_type", "provider", "model"],
+    buckets=_TOKEN_BUCKETS)
+GEN_AI_COST = Counter(
+    "backplane_gen_ai_cost",
+    "What model calls cost, as recorded with each (the provider's figure or the price table's), by namespace, "
+    "model and currency; calls with no price add nothing here (see backplane_gen_ai_calls)",
+    ["namespace", "model", "currency"])
+GEN_AI_CALLS = Counter(
+    "backplane_gen_ai_calls",
+    "Model calls recorded, by namespace, model and where their cost came from: provider, price_table, or unpriced "
+    "(no price known: the cost is unknown, not zero); sandbox replays left out",
+    ["namespace", "model", "cost_source"])
 
 
 def _initialise_known_series() -> None:
@@ -107,23 +132,36 @@ _initialise_known_series()
 
 # --- labels that would otherwise be open-ended ----------------------------------------------------
 
+
+class BoundedLabel:
+    """An open-ended label kept bounded: the first ``limit`` distinct values a process sees that
+    look like names (``pattern``) are labels of their own, every other value is "other"."""
+
+    def __init__(self, *, limit: int, pattern: str) -> None:
+        self.limit = limit
+        self._pattern = re.compile(pattern)
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit and self._pattern.fullmatch(value):
+                self._seen.add(value)
+                return value
+        return "other"
+
+
 # Tool names are registered by administrators for the gateway, but an agent that calls a tool
-# itself names it in its dispatch: at most this many distinct names get a label of their own in
-# a process (the first seen), the rest are counted as "other".
+# itself names it in its dispatch.
 MAX_TOOL_LABELS = 100
-_TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
-_tools_seen: set[str] = set()
-_tools_lock = threading.Lock()
-
-
-def tool_label(name: str) -> str:
-    if name in _tools_seen:
-        return name
-    with _tools_lock:
-        if len(_tools_seen) < MAX_TOOL_LABELS and _TOOL_NAME.fullmatch(name):
-            _tools_seen.add(name)
-            return name
-    return "other"
+tool_label = BoundedLabel(limit=MAX_TOOL_LABELS, pattern=r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+# A model call names its provider and model itself, and any namespace may record one.
+MAX_MODEL_LABELS = 100
+model_label = BoundedLabel(limit=MAX_MODEL_LABELS, pattern=r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,127}")
+provider_label = BoundedLabel(limit=20, pattern=r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+namespace_label = BoundedLabel(limit=100, pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 # --- what the call sites count ----------------------------------------------------------------------
@@ -208,3 +246,36 @@ def dead_letter_decided_count(*, decision: str) -> None:
 
 def breaker_transition_count(*, kind: str, to_state: str) -> None:
     BREAKER_TRANSITIONS.labels(kind=kind, to_state=to_state).inc()
+
+
+def gen_ai_call_count(*, namespace: str, call: gen_ai.ModelCall) -> None:
+    """A model call: its tokens by type (``GEN_AI_TOKEN_TYPES``; none when it reported no usage)
+    and what it cost (nothing when it has no price: counted by its ``cost_source`` only)."""
+    namespace, model = namespace_label(namespace), model_label(call.model)
+    GEN_AI_CALLS.labels(namespace=namespace, model=model, cost_source=call.cost_source).inc()
+    if call.amount is not None and call.currency:
+        GEN_AI_COST.labels(namespace=namespace, model=model, currency=call.currency).inc(float(call.amount))
+    tokens = call.tokens()
+    if tokens is None:
+        return
+    provider = provider_label(call.provider) if call.provider else "unknown"
+    for token_type in GEN_AI_TOKEN_TYPES:
+        count = tokens.get(token_type, 0)
+        if count or token_type in ("input", "output"):
+            GEN_AI_TOKEN_USAGE.labels(token_type=token_type, provider=provider, model=model).observe(count)
+
+
+def model_calls_count_after_commit(written: gen_ai.Written) -> None:
+    """Writer follow-up (``DashboardConfig.ready`` registers it, for quiet writes too: a model
+    call is a step recorded): count the write's model calls once, and only if, it commits.
+    Sandboxes are left out, as they are of the cost rollups: a replay is not the fleet's spending."""
+    if written.task.sandbox:
+        return
+    calls = gen_ai.model_calls(written.events)
+    if calls:
+        transaction.on_commit(partial(_model_calls_count, written.task.namespace, calls))
+
+
+def _model_calls_count(namespace: str, calls: list[gen_ai.ModelCall]) -> None:
+    for call in calls:
+        gen_ai_call_count(namespace=namespace, call=call)

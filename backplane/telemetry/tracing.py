@@ -38,6 +38,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from backplane.telemetry import gen_ai
+
 logger = logging.getLogger(__name__)
 
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
@@ -285,8 +287,9 @@ def task_span(name: str, *, trace_id: str | None, span_id: str | None,
 def span_annotate_write(*, task_id: object, kind: str, seq: int, events: Sequence[Any], agent: str | None,
                         lease_epoch: int) -> None:
     """Name the task a request wrote to on its span (the ``backplane.*`` attributes of
-    docs/observability.md). A request that writes to several tasks (a sub-task's claim reports to
-    its parent) keeps the first as attributes, and each later write becomes a span event. The
+    docs/observability.md; for a model call, the ``gen_ai.*`` ones of ``gen_ai.span_attributes``).
+    A request that writes to several tasks (a sub-task's claim reports to its parent) keeps the
+    first as attributes, and each later write becomes a span event. The
     common case (one write) costs one ``set_attributes``: this runs on every append, so the task's
     id comes as it is (a UUID) and is written as text only for a span that records."""
     if not _enabled:
@@ -299,6 +302,8 @@ def span_annotate_write(*, task_id: object, kind: str, seq: int, events: Sequenc
                                   "backplane.event.count": len(events), "backplane.lease_epoch": lease_epoch}
     if agent:
         attributes["backplane.agent"] = agent
+    # A model call's write carries what the GenAI conventions name a call by (telemetry/gen_ai.py).
+    attributes.update(gen_ai.span_attributes(events))
     if "backplane.task_id" in (getattr(span, "attributes", None) or {}):
         span.add_event("backplane.events_written", attributes)
     else:

@@ -1,17 +1,21 @@
 """Template helpers of the dashboard: shortened ids with a copy button, times the browser
-shows in the viewer's timezone (``static/js/live.js`` rewrites every ``<time>``), JSON."""
+shows in the viewer's timezone (``static/js/live.js`` rewrites every ``<time>``), JSON, and
+model spend (money, tokens, calls with no price)."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django import template
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.costs import decimal_text
+from dashboard.selectors import Spend, money_text, unpriced_text, usage_text
 
 register = template.Library()
 
@@ -113,3 +117,95 @@ DIFF_KINDS = {"same": "same", "changed": "changed", "only_in_a": "only in A", "o
 def diff_kind(kind: str) -> str:
     """A pair's kind (backplane/eventlog/drift.py) as the diff page says it."""
     return DIFF_KINDS.get(kind, kind)
+
+
+# --- model spend ---------------------------------------------------------------------------------
+
+
+@register.filter
+def count(value: int | None) -> str:
+    """A count with thousands separated: 12,345."""
+    return f"{value or 0:,}"
+
+
+@register.simple_tag
+def spend_cost(spend: Spend, unpriced: bool = True) -> SafeString:
+    """What was spent: each currency (the exact amount on hover), then the calls with no price,
+    shown as such (unless ``unpriced`` is off: the page says it beside): their cost is unknown,
+    never added in as zero."""
+    parts = [format_html('<span class="money" data-currency="{}" data-amount="{}" title="{} {}">{}</span>',
+                         currency, decimal_text(amount), decimal_text(amount), currency, money_text(amount, currency))
+             for currency, amount in spend.cost_items]
+    if spend.unpriced_calls and unpriced:
+        parts.append(format_html('<span class="unpriced" data-unpriced="{}" title="{}">{}</span>',
+                                 spend.unpriced_calls, "no rate in the price table and no cost reported: "
+                                 "see the price table in the admin", unpriced_text(spend.unpriced_calls)))
+    if not parts:
+        return format_html('<span class="muted">{}</span>', "—")
+    return format_html_join(" + ", "{}", ((part,) for part in parts))
+
+
+@register.simple_tag
+def spend_tokens(spend: Spend) -> SafeString:
+    """Tokens in and out; the cached and reasoning parts on hover."""
+    t = spend.tokens
+    detail = (f"input {t['input_tokens']:,}: {t['cache_read_input_tokens']:,} cache read, "
+              f"{t['cache_creation_input_tokens']:,} cache write · output {t['output_tokens']:,}: "
+              f"{t['reasoning_output_tokens']:,} reasoning")
+    return format_html('<span class="tokens" title="{}">{} in / {} out tokens</span>', detail,
+                       f"{spend.input_tokens:,}", f"{spend.output_tokens:,}")
+
+
+@register.simple_tag
+def spend_summary(spend: Spend) -> SafeString:
+    """Cost (model calls and paid tools), model calls and their tokens in one line, or that
+    nothing was spent."""
+    if spend.is_empty:
+        return format_html('<span class="muted">{}</span>', "no model calls, no paid tools")
+    if not spend.calls:  # paid tools only
+        return format_html('{} · <span class="muted">{}</span>', spend_cost(spend), "no model calls")
+    return format_html('{} · {} model call{} · {}', spend_cost(spend), f"{spend.calls:,}",
+                       "" if spend.calls == 1 else "s", spend_tokens(spend))
+
+
+@register.filter
+def unpriced(calls: int) -> str:
+    """"3 calls with no price"."""
+    return unpriced_text(calls)
+
+
+COST_SOURCES = {"provider": "as the provider reported it", "price_table": "from the price table"}
+
+
+@register.simple_tag
+def tool_charge(payload: dict[str, Any]) -> SafeString:
+    """What a paid tool's answer (a ``ToolCallResultReceived`` with a ``cost``) charged, as reported."""
+    cost = _object(payload.get("cost"))
+    if cost.get("amount") is None:
+        return format_html("")
+    amount, currency = Decimal(cost["amount"]), cost.get("currency") or ""
+    return format_html('<div class="call-cost" data-field="call-cost">{} charged <span class="money" title="{} {}, '
+                       'as the tool reported it">{}</span></div>', payload.get("tool"), decimal_text(amount), currency,
+                       money_text(amount, currency))
+
+
+@register.simple_tag
+def model_call(payload: dict[str, Any]) -> SafeString:
+    """An ``LLMCalled`` event's model, tokens and cost, as recorded with it."""
+    usage, cost = _object(payload.get("usage")), _object(payload.get("cost"))
+    provider, model = payload.get("provider"), payload.get("model")
+    if cost.get("amount") is not None:
+        amount, currency = Decimal(cost["amount"]), cost.get("currency") or ""
+        source = COST_SOURCES.get(str(cost.get("source")), str(cost.get("source")))
+        if cost.get("price_version"):
+            source = f"{source}, version {cost['price_version']}"
+        priced = format_html('<span class="money" title="{} {}, {}">{}</span>', decimal_text(amount), currency,
+                             source, money_text(amount, currency))
+    else:
+        priced = format_html('<span class="unpriced" title="{}">no price</span>', cost.get("reason") or "unpriced")
+    return format_html('<div class="call-cost" data-field="call-cost">{} · {} · {}</div>',
+                       f"{provider}/{model}" if provider else model, usage_text(usage), priced)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}

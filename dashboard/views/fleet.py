@@ -1,4 +1,5 @@
-"""The agents-and-tools page and the outbox page; reviewers may reset a circuit breaker."""
+"""The agents-and-tools page (with each agent's model spend of the last 24 h) and the outbox
+page; reviewers may reset a circuit breaker."""
 
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ from recovery.models import Tool
 @require_GET
 @staff_only
 def agents_page(request: HttpRequest) -> HttpResponse:
+    agents = recovery.agents_overview()
+    spend = selectors.agent_spend()
     return render(
         request,
         "dashboard/fleet/agents.html",
-        {"nav": "agents", "agents": recovery.agents_overview(), "tools": recovery.tools_overview(),
-         "may_review": may_review(request.user), "max_agents": recovery.FLEET_MAX_AGENTS},
+        {"nav": "agents", "agents": [(row, spend.of(row.agent.namespace, row.agent.name)) for row in agents],
+         "spend_others": spend.others(row.agent for row in agents),
+         "tools": recovery.tools_overview(), "may_review": may_review(request.user),
+         "max_agents": recovery.FLEET_MAX_AGENTS},
     )
 
 

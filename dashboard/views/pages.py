@@ -36,6 +36,7 @@ def _overview_parts(request: HttpRequest) -> dict[str, Any]:
     duties = duties_state()
     return {
         "figures": figures,
+        "spend": selectors.spend_today(now=figures.now),
         "duties": duties,
         "duties_overdue": [duty for duty in duties if duty.overdue],
         "hour_ago": format_timestamp(figures.hour_ago),
@@ -47,11 +48,13 @@ def _overview_parts(request: HttpRequest) -> dict[str, Any]:
 @staff_only
 def overview(request: HttpRequest) -> HttpResponse:
     feed = selectors.feed_events()
+    parts = _overview_parts(request)
     return render(
         request,
         "dashboard/overview.html",
         {
-            **_overview_parts(request),
+            **parts,
+            "spend_chart": parts["spend"].chart(),
             "feed": feed,
             "last_position": feed[0].position if feed else 0,
             "chart": selectors.activity_per_minute(hours=1),
@@ -63,7 +66,8 @@ def overview(request: HttpRequest) -> HttpResponse:
 @require_GET
 @staff_only
 def overview_live(request: HttpRequest) -> JsonResponse:
-    """What an open overview needs after a notice: tiles, the feed after ``after_position``, the chart."""
+    """What an open overview needs after a notice: tiles, the feed after ``after_position``, the
+    chart, and the cost panel (its figures and its charts' data)."""
     after = int_param(request, "after_position")
     hours = 24 if request.GET.get("hours") == "24" else 1
     feed = selectors.feed_events(after_position=after)
@@ -75,6 +79,8 @@ def overview_live(request: HttpRequest) -> JsonResponse:
             "feed": render_to_string("dashboard/_feed_rows.html", {"feed": feed}, request=request),
             "last_position": feed[0].position if feed else after,
             "chart": selectors.activity_per_minute(hours=hours),
+            "spend": render_to_string("dashboard/_spend_today.html", parts, request=request),
+            "spend_chart": parts["spend"].chart(),
         }
     )
 
@@ -118,6 +124,7 @@ def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
         "task": task,
         "family": selectors.task_family(task),
         "chain": selectors.chain_state(task.pk),
+        "spend": selectors.task_spend(task),
         "now": timezone.now(),
     }
 

@@ -65,9 +65,12 @@ def test_rollups_equal_the_events_after_the_web_process_is_killed_mid_writes(web
             wait_until(lambda: sum(answered) >= 40 or None, timeout=60, what="model calls recorded")
             web.kill()  # SIGKILL, with requests in the middle of their transactions
             web.start()
-            before = sum(answered)
-            wait_until(lambda before=before: sum(answered) > before + 20 or None, timeout=60,
-                       what="model calls recorded after the restart")
+            wanted = sum(answered) + 20
+
+            def recorded_after_restart(wanted: int = wanted) -> bool:
+                return sum(answered) > wanted
+
+            wait_until(recorded_after_restart, timeout=60, what="model calls recorded after the restart")
     finally:
         stop.set()
         for thread in threads:

@@ -423,9 +423,9 @@ def test_sandboxes_are_left_out_of_the_overview_and_the_task_list_by_default(
 
 # --- queries ------------------------------------------------------------------------------------
 
-# The session and its user are two of them on every page.
-TASK_PAGE_QUERIES = 10
-FORK_PAGE_QUERIES = 11
+# The session and its user are two of them on every page; a task's model spend is one more.
+TASK_PAGE_QUERIES = 11
+FORK_PAGE_QUERIES = 12
 DIFF_PAGE_QUERIES = 10
 
 
