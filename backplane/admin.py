@@ -162,8 +162,7 @@ class ModelPriceAdmin(admin.ModelAdmin):
 class CostRollupAdmin(ReadOnlyAdmin):
     """Written only by the event writer, with each model call: the sum of the events."""
 
-    list_display = ("scope", "key", "hour", "shard", "calls", "unpriced_calls", "input_tokens", "output_tokens",
-                    "cost", "currency")
+    list_display = ("scope", "key", "hour", "calls", "input_tokens", "output_tokens", "cost", "currency")
     list_filter = ("scope", "currency")
     search_fields = ("key",)
     ordering = ("scope", "key", "-hour")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from playwright.sync_api import Page
 
 from backplane.delivery.models import DeadLetter, WebhookSubscription
 from backplane.eventlog import services
-from backplane.eventlog.models import Agent, BreakerTransition, Task
+from backplane.eventlog.models import Agent, BreakerTransition, CostRollup, ModelPrice, Task
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
 from recovery.models import RetentionRule, Tool, ToolCall
 from tests.browser.conftest import password_hash
@@ -68,6 +69,12 @@ def _fill() -> None:
                             url=f"https://tools.example-integrations.com/email/send/{_hex(str(n))[:24]}",
                             breaker_state="open", consecutive_failures=3, opened_at=now,
                             last_error="tool send-email did not answer: ConnectTimeout")
+        ModelPrice.objects.create(provider="anthropic-bedrock-eu-central", model=f"claude-large-2026-11-preview-{n}",
+                                  token_type="cache_write", per_million=Decimal("3.750000"), currency="USD",
+                                  valid_from=now, version=f"contract-2026-11-acme-marketing-eu-{n}")
+        CostRollup.objects.create(scope="agent", key=f"acme-marketing-eu/lead-qualifier-{n}", hour=now, shard=n,
+                                  currency="USD", calls=1_250_000, input_tokens=9_876_543_210,
+                                  output_tokens=1_234_567_890, cost=Decimal("123456.789012345678"))
         RetentionRule.objects.create(namespace="acme-marketing-eu", kind="lead-qualification" if n else "",
                                      keep_seconds=30 * 24 * 3600, tasks_pruned=1_250_000, events_pruned=98_000_000,
                                      last_pruned_at=now)
@@ -103,4 +110,4 @@ def test_every_changelist_fits_1280_px(page: Page, screenshot: Callable[[Page, s
         }""")
         screenshot(page, url.strip("/").replace("/", "-"))
     too_wide = {url: width for url, width in widths.items() if width > WIDTH}
-    assert len(widths) == 14 and not too_wide, too_wide
+    assert len(widths) == 16 and not too_wide, too_wide
