@@ -30,12 +30,12 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.costs import ALL_TIME, costs_something
+from backplane.eventlog.costs import ALL_TIME, costs_something, task_root_id
 from backplane.eventlog.errors import BudgetExceeded, InvalidInput, NotFound
 from backplane.eventlog.models import CostRollup, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
@@ -49,25 +49,6 @@ def period_of(budget: Budget, now: datetime) -> date:
     """The day a budget's current period is filed under: today (UTC) for a day budget; for a
     task tree's, one fixed day (its period never ends)."""
     return now.date() if budget.period == BudgetPeriod.DAY else date(1970, 1, 1)
-
-
-def root_of(task: Task) -> uuid.UUID:
-    if task.parent_id is None:
-        return task.pk
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH RECURSIVE up(id, parent_id) AS (
-                SELECT id, parent_id FROM backplane_task WHERE id = %s
-                UNION ALL
-                SELECT t.id, t.parent_id FROM backplane_task t JOIN up ON t.id = up.parent_id
-            )
-            SELECT id FROM up WHERE parent_id IS NULL
-            """,
-            [task.pk],
-        )
-        row = cursor.fetchone()
-    return uuid.UUID(str(row[0]))
 
 
 def budgets_of(*, namespace: str, agent: str | None, root_id: uuid.UUID | None) -> list[Budget]:
@@ -116,7 +97,7 @@ def budget_gate(*, namespace: str, agent: str | None, task: Task | None, now: da
     """Refuse work of a scope whose budget is spent (``409 budget_exceeded``). One query when
     no budget applies."""
     now = now or timezone.now()
-    for budget in budgets_of(namespace=namespace, agent=agent, root_id=root_of(task) if task else None):
+    for budget in budgets_of(namespace=namespace, agent=agent, root_id=task_root_id(task) if task else None):
         if is_spent(budget, now=now):
             raise _refusal(budget, now=now)
 
@@ -133,7 +114,7 @@ def budget_note_spending(written: WrittenEvents) -> None:
     if not spending or task.sandbox:
         return
     now = written.now
-    scoped = budgets_of(namespace=task.namespace, agent=spending[0].agent, root_id=root_of(task))
+    scoped = budgets_of(namespace=task.namespace, agent=spending[0].agent, root_id=task_root_id(task))
     if not scoped:
         return
     locked = list(Budget.objects.select_for_update().filter(pk__in=[b.pk for b in scoped]).order_by("pk"))

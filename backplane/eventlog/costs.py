@@ -19,6 +19,7 @@ they are not the fleet's spending.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -151,7 +152,8 @@ def _scopes(task: Task, root_id: Any, event: Any) -> list[tuple[str, str, bool]]
             ("agent", f"{task.namespace}/{event.agent or ''}", True), own, ("namespace", task.namespace, True)]
 
 
-def _root_of(task: Task) -> Any:
+def task_root_id(task: Task) -> uuid.UUID:
+    """The root of the task's tree: the task itself, or its topmost parent (one query)."""
     if task.parent_id is None:
         return task.pk
     with connection.cursor() as cursor:
@@ -166,7 +168,7 @@ def _root_of(task: Task) -> Any:
             """,
             [task.pk],
         )
-        return cursor.fetchone()[0]
+        return uuid.UUID(str(cursor.fetchone()[0]))
 
 
 # A rollup row's identity: scope, key, hour (ISO 8601), shard, currency.
@@ -205,7 +207,7 @@ def rollup_add(task: Task, events: Sequence[Event]) -> None:
     upserted in key order, so two writers that share rows always lock them in the same order."""
     if task.sandbox or not any(costs_something(event) for event in events):
         return
-    rows = rollup_rows(task, events, root_id=_root_of(task))
+    rows = rollup_rows(task, events, root_id=task_root_id(task))
     records = [{"scope": k[0], "key": k[1], "hour": k[2], "shard": k[3], "currency": k[4],
                 **{name: str(value) if name == "cost" else value for name, value in v.items()}}
                for k, v in sorted(rows.items())]
@@ -234,7 +236,7 @@ def rollup_differences() -> list[str]:
     tasks = {task.pk: task for task in Task.objects.filter(sandbox=False, events__type__in=kinds).distinct()}
     for task in tasks.values():
         events = Event.objects.filter(task=task, type__in=kinds).only("type", "payload", "agent", "recorded_at")
-        for (scope, key, hour, _shard, currency), row in rollup_rows(task, events, root_id=_root_of(task)).items():
+        for (scope, key, hour, _shard, currency), row in rollup_rows(task, events, root_id=task_root_id(task)).items():
             total = expected.setdefault((scope, key, hour, currency), dict.fromkeys(_COUNTERS, 0))
             for name in _COUNTERS:
                 total[name] += row[name]
