@@ -39,6 +39,7 @@ from backplane.eventlog.costs import ALL_TIME, costs_something, task_root_id
 from backplane.eventlog.errors import BudgetExceeded, InvalidInput, NotFound
 from backplane.eventlog.models import CostRollup, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
+from backplane.lib.sql_rows import RowLoader
 from recovery.models import Budget, BudgetDecision, BudgetPeriod, BudgetScope, BudgetUnit
 
 TOPIC = "backplane.budgets"
@@ -51,14 +52,23 @@ def period_of(budget: Budget, now: datetime) -> date:
     return now.date() if budget.period == BudgetPeriod.DAY else date(1970, 1, 1)
 
 
-def budgets_of(*, namespace: str, agent: str | None, root_id: uuid.UUID | None) -> list[Budget]:
-    """The budgets that apply to work of this namespace, agent and task tree."""
-    scopes = Q(scope=BudgetScope.NAMESPACE, key=namespace)
-    if agent:
-        scopes |= Q(scope=BudgetScope.AGENT, key=f"{namespace}/{agent}")
-    if root_id is not None:
-        scopes |= Q(scope=BudgetScope.TASK, key=str(root_id))
-    return list(Budget.objects.filter(scopes).order_by("pk"))
+# On the path of every model call's record: SQL written once, as the writer's statements are (the
+# queryset API compiles a statement in more Python than its round trip takes).
+_BUDGET_ROWS = RowLoader(Budget)
+_BUDGETS_OF_SQL = f"""
+SELECT {_BUDGET_ROWS.columns} FROM recovery_budget
+WHERE (scope = '{BudgetScope.NAMESPACE.value}' AND key = %s) OR (scope = '{BudgetScope.AGENT.value}' AND key = %s)
+   OR (scope = '{BudgetScope.TASK.value}' AND key = %s)
+ORDER BY id
+"""
+_LOCK_BUDGETS_OF_SQL = _BUDGETS_OF_SQL + " FOR UPDATE"
+
+
+def budgets_of(*, namespace: str, agent: str | None, root_id: uuid.UUID | None, lock: bool = False) -> list[Budget]:
+    """The budgets that apply to work of this namespace, agent and task tree; ``lock``: locked
+    for the rest of the transaction, in id order."""
+    params = [namespace, f"{namespace}/{agent}" if agent else None, str(root_id) if root_id else None]
+    return _BUDGET_ROWS.fetch_all(_LOCK_BUDGETS_OF_SQL if lock else _BUDGETS_OF_SQL, params)
 
 
 def budget_spend(budget: Budget, *, now: datetime) -> Decimal:
@@ -114,10 +124,9 @@ def budget_note_spending(written: WrittenEvents) -> None:
     if not spending or task.sandbox:
         return
     now = written.now
-    scoped = budgets_of(namespace=task.namespace, agent=spending[0].agent, root_id=task_root_id(task))
-    if not scoped:
+    locked = budgets_of(namespace=task.namespace, agent=spending[0].agent, root_id=task_root_id(task), lock=True)
+    if not locked:
         return
-    locked = list(Budget.objects.select_for_update().filter(pk__in=[b.pk for b in scoped]).order_by("pk"))
     model_calls = [event for event in spending if event.type == et.LLM_CALLED]
     for budget in locked:
         # A paid tool's answer is never refused: the tool acted, and its answer must be kept.

@@ -10,8 +10,8 @@ price change never rewrites history: it is a new version of the table for later 
 A paid tool's answer may carry the cost the tool charged (``ToolCallResultReceived``'s
 ``cost``, as its provider reported it); it is summed with the model calls, under its tool.
 
-The writer then adds each priced call into ``CostRollup`` rows (``rollup_add``) in the same
-transaction as the event, so the rollups always equal the sum of the events;
+The writer then adds each priced call into ``CostRollup`` rows (``rollup_records``) in the same
+statement as the event, so the rollups always equal the sum of the events;
 ``rollup_differences`` recomputes them from the log to prove it. Sandboxes (replays) are left out:
 they are not the fleet's spending.
 """
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.event_types import USAGE_KEYS, reported_cost
@@ -54,21 +53,30 @@ class Rates:
     per_million: Mapping[str, Decimal]
 
 
+# On the append path of every model call: SQL written once, as the writer's statements are (the
+# queryset API compiles a statement in more Python than its round trip takes).
+_RATES_SQL = """
+SELECT DISTINCT ON (token_type) token_type, per_million, currency, version
+FROM backplane_modelprice
+WHERE provider = %s AND model = %s AND valid_from <= %s AND (valid_to IS NULL OR valid_to > %s)
+ORDER BY token_type, valid_from DESC
+"""
+
+
 def rates_at(*, provider: str, model: str, at: datetime) -> Rates | None:
     """The provider's model's rates in force at ``at``, or None when the table has none."""
-    rows = list(ModelPrice.objects.filter(provider=provider, model=model, valid_from__lte=at)
-                .filter(Q(valid_to__isnull=True) | Q(valid_to__gt=at)).order_by("token_type", "-valid_from"))
-    latest: dict[str, ModelPrice] = {}
-    for row in rows:
-        latest.setdefault(row.token_type, row)
+    with connection.cursor() as cursor:
+        cursor.execute(_RATES_SQL, [provider, model, at, at])
+        latest = {token_type: (per_million, currency, version)
+                  for token_type, per_million, currency, version in cursor.fetchall()}
     if TokenType.INPUT not in latest or TokenType.OUTPUT not in latest:
         return None
-    currencies = {row.currency for row in latest.values()}
+    currencies = {currency for _, currency, _ in latest.values()}
     if len(currencies) != 1:
         return None  # a table that mixes currencies for one model cannot be summed
-    versions = sorted({row.version for row in latest.values()})
+    versions = sorted({version for _, _, version in latest.values()})
     return Rates(currency=currencies.pop(), version="+".join(versions),
-                 per_million={t: row.per_million for t, row in latest.items()})
+                 per_million={t: per_million for t, (per_million, _, _) in latest.items()})
 
 
 def cost_of(usage: Mapping[str, int], rates: Rates) -> Decimal:
@@ -202,30 +210,37 @@ def rollup_rows(task: Task, events: Iterable[Any], *, root_id: Any) -> dict[RowK
     return rows
 
 
-def rollup_add(task: Task, events: Sequence[Event]) -> None:
-    """Add a write's model calls into the rollups, in the writer's transaction. Rows are
-    upserted in key order, so two writers that share rows always lock them in the same order."""
-    if task.sandbox or not any(costs_something(event) for event in events):
-        return
-    rows = rollup_rows(task, events, root_id=task_root_id(task))
-    records = [{"scope": k[0], "key": k[1], "hour": k[2], "shard": k[3], "currency": k[4],
-                **{name: str(value) if name == "cost" else value for name, value in v.items()}}
-               for k, v in sorted(rows.items())]
-    updates = ", ".join(f"{name} = backplane_costrollup.{name} + excluded.{name}" for name in _COUNTERS)
-    columns = ", ".join(("scope", "key", "hour", "shard", "currency", *_COUNTERS))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO backplane_costrollup ({columns})
-            SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS r(
-                scope text, key text, hour timestamptz, shard smallint, currency text, calls bigint,
-                unpriced_calls bigint, input_tokens bigint, output_tokens bigint, cache_read_input_tokens bigint,
-                cache_creation_input_tokens bigint, reasoning_output_tokens bigint, cost numeric)
-            ORDER BY scope, key, hour, shard, currency
-            ON CONFLICT (scope, key, hour, shard, currency) DO UPDATE SET {updates}
-            """,
-            [json.dumps(records)],
-        )
+def rollup_records(writes: Iterable[tuple[Task, Sequence[Event]]]) -> list[dict[str, Any]]:
+    """The rollup increments of a write (events by task) as the writer's statement takes them
+    (``ROLLUP_UPSERT_SQL``): one record per row, since one statement may not update a row twice,
+    in key order, so two writers that share rows always lock them in the same order. Sandboxes
+    add nothing; a write with nothing that costs makes no query."""
+    rows: dict[RowKey, dict[str, Any]] = {}
+    for task, events in writes:
+        if task.sandbox or not any(costs_something(event) for event in events):
+            continue
+        for row_key, counters in rollup_rows(task, events, root_id=task_root_id(task)).items():
+            total = rows.setdefault(row_key, dict.fromkeys(_COUNTERS, 0))
+            for name in _COUNTERS:
+                total[name] += counters[name]
+    return [{"scope": k[0], "key": k[1], "hour": k[2], "shard": k[3], "currency": k[4],
+             **{name: str(value) if name == "cost" else value for name, value in v.items()}}
+            for k, v in sorted(rows.items())]
+
+
+# The rollups' part of the writer's statement (a CTE of it: the increments arrive with the
+# events, in the same round trip). Its one parameter is ``rollup_records``' rows as JSON.
+ROLLUP_UPSERT_SQL = f"""
+    INSERT INTO backplane_costrollup ({", ".join(("scope", "key", "hour", "shard", "currency", *_COUNTERS))})
+    SELECT {", ".join(("scope", "key", "hour", "shard", "currency", *_COUNTERS))}
+    FROM jsonb_to_recordset(%s::jsonb) AS r(
+        scope text, key text, hour timestamptz, shard smallint, currency text, calls bigint,
+        unpriced_calls bigint, input_tokens bigint, output_tokens bigint, cache_read_input_tokens bigint,
+        cache_creation_input_tokens bigint, reasoning_output_tokens bigint, cost numeric)
+    ORDER BY scope, key, hour, shard, currency
+    ON CONFLICT (scope, key, hour, shard, currency) DO UPDATE SET
+        {", ".join(f"{name} = backplane_costrollup.{name} + excluded.{name}" for name in _COUNTERS)}
+"""
 
 
 def rollup_differences() -> list[str]:

@@ -6,9 +6,9 @@ runs inside the caller's transaction, on a task row the caller has locked (``loc
 1. number, clock and hash each event on the task's head;
 2. apply the reducer (``backplane.eventlog.reducer``), the only code that decides a task's
    status, attempts, lease, output and error;
-3. insert the events and write the projection in one statement, add model calls into the cost
-   rollups (backplane.eventlog.costs), and write the events' outbox messages plus the lifecycle
-   announcement in one more statement;
+3. insert the events, write the projection and add what they cost into the cost rollups
+   (backplane.eventlog.costs) in one statement, and write the events' outbox messages plus the
+   lifecycle announcement in one more;
 4. run the follow-ups other parts registered (``register_follow_up``), in registration order,
    still inside the transaction: recovery plugs its circuit breakers, sagas and the report
    of a sub-task's result to its parent in here, so the event log never imports recovery.
@@ -30,7 +30,7 @@ from django.utils import timezone
 from backplane.delivery.outbox import Message, outbox_enqueue_many
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_timestamp
-from backplane.eventlog.costs import rollup_add
+from backplane.eventlog.costs import ROLLUP_UPSERT_SQL, rollup_records
 from backplane.eventlog.errors import NotFound, SandboxRefused, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task
@@ -162,7 +162,6 @@ def write_events(
         events.append(_number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None))
     task.updated_at = now
     _insert_events_and_update_projections([task], [events])
-    rollup_add(task, events)
     span_annotate_write(task_id=task.pk, kind=task.kind, seq=task.last_seq, events=events,
                         agent=agent, lease_epoch=task.lease_epoch)
     # The events' own messages, then the lifecycle announcement: one INSERT for the whole write.
@@ -349,7 +348,8 @@ def _number_event(
 
 
 # Every write of events (one client event, a client batch, a sweep over many tasks) is this
-# one round trip: the events and the projections go in as two JSON arrays of records. The
+# one round trip: the events, the projections and the cost rollups' increments go in as three
+# JSON arrays of records. The
 # queryset API, a VALUES list or unnest() arrays all have the client-side binding compile or
 # quote every value in Python, while a JSON text is quoted once.
 # The columns come from the models (``recordset``); the projection's are the reducer's fields.
@@ -375,7 +375,8 @@ projection AS (
     UPDATE backplane_task AS t SET {assignments}
     FROM jsonb_to_recordset(%s::jsonb) AS {projection.definition('p')}
     WHERE t.id = p.id
-)
+),
+rollups AS ({ROLLUP_UPSERT_SQL})
 SELECT task_id, seq, position FROM inserted
 """
 
@@ -388,7 +389,9 @@ def _insert_events_and_update_projections(tasks: list[Task], events_of: list[lis
     event_rows = [{name: getattr(e, name) for name in event_columns} for e in events]
     # Tasks without events still get their projection written, as write_events does.
     projection_rows = [{name: getattr(t, name) for name in _PROJECTION_COLUMNS} for t in tasks]
-    params = [recordset_json(event_rows), recordset_json(projection_rows)]
+    # What the events cost, added into the rollups (eventlog/costs.py); most writes add nothing.
+    rollups = rollup_records(zip(tasks, events_of, strict=True))
+    params = [recordset_json(event_rows), recordset_json(projection_rows), recordset_json(rollups)]
     with connection.cursor() as cursor:
         cursor.execute(_insert_events_of_tasks_sql(), params)
         positions = {(task_id, seq): position for task_id, seq, position in cursor.fetchall()}

@@ -60,6 +60,13 @@ class RowLoader(Generic[M]):
             row = cursor.fetchone()
         return None if row is None else self.load(row)
 
+    def fetch_all(self, sql: str, params: Sequence[Any]) -> list[M]:
+        """Run ``sql`` (which selects ``self.columns``) and load every row."""
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        return [self.load(row) for row in rows]
+
 
 @dataclass(frozen=True)
 class Recordset:

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import transaction
 from django.utils import timezone
 
-from backplane.eventlog import costs, forks, services
+from backplane.eventlog import costs, forks, services, writer
 from backplane.eventlog.errors import InvalidInput
 from backplane.eventlog.event_types import prompt_sha256
 from backplane.eventlog.models import CostRollup, Event, ModelPrice, Task
@@ -132,6 +133,25 @@ def test_rollups_sum_a_task_its_tree_agent_model_and_namespace(priced: None) -> 
     assert rollup("namespace", "acme")["calls"] == 3
     assert costs.rollup_differences() == []
     call_command("rebuild_projections", "--check")  # exits 0
+
+
+def test_one_write_over_many_tasks_adds_rows_they_share_once(priced: None) -> None:
+    """The writer's statement may not update a row twice: tasks that share a rollup row (same
+    namespace, agent, model and shard) have their increments merged before it runs."""
+    first = new_task()
+    second = new_task()
+    while second.pk.int % costs.SHARDS != first.pk.int % costs.SHARDS:
+        second = new_task()
+    priced_call = costs.llm_called_priced({"model": "m-1", "provider": "acme-ai", "output": {}, "usage": USAGE},
+                                          at=timezone.now())
+    with transaction.atomic():
+        tasks = [writer.lock_task(namespace="acme", task_id=task.pk) for task in (first, second)]
+        writer.write_events_many([writer.TaskWrite(task=task, drafts=[EventDraft(type="LLMCalled", payload=priced_call)])
+                                  for task in tasks], agent="a", now=timezone.now())
+    assert rollup("namespace", "acme") == {"calls": 2, "cost": 2 * USAGE_COST, "unpriced": 0,
+                                           "input": 2_000_000, "reasoning": 400_000}
+    assert CostRollup.objects.filter(scope="namespace").count() == 1
+    assert costs.rollup_differences() == []
 
 
 def test_the_check_finds_a_rollup_that_is_not_the_sum_of_its_events(priced: None) -> None:
