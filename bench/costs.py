@@ -46,7 +46,8 @@ class RawFloor:
         self.conn.execute("CREATE TABLE floor_price (model text, token_type text, per_million numeric,"
                           " valid_from timestamptz, PRIMARY KEY (model, token_type, valid_from))")
         self.conn.execute("CREATE TABLE floor_budget (id serial PRIMARY KEY, scope text, key text)")
-        self.conn.execute("INSERT INTO floor_price VALUES ('m', 'input', 3, '2026-01-01'), ('m', 'output', 15, '2026-01-01')")
+        self.conn.execute("INSERT INTO floor_price VALUES ('m', 'input', 3, '2026-01-01'),"
+                          " ('m', 'output', 15, '2026-01-01')")
         self.conn.execute("INSERT INTO floor_task VALUES (1, 0), (2, 0)")
         self.conn.autocommit = False
         self.payload = json.dumps({"model": "m", "prompt": PROMPT, "output": {"score": 71},
@@ -134,8 +135,8 @@ def main() -> None:
     print(f"  plain client event, same payload:        {result['plain_us']:8.0f} µs")
     print(f"  LLMCalled (validated, priced, rolled up): {result['llm_called_us']:8.0f} µs")
     print(f"  ratio {result['ratio']:.3f} (target ≤ 1.10)")
-    print(f"  floor, psycopg alone: plain {result['floor_plain_us']:.0f} µs, model call {result['floor_model_us']:.0f} µs,"
-          f" ratio {result['floor_ratio']:.3f}")
+    print(f"  floor, psycopg alone: plain {result['floor_plain_us']:.0f} µs,"
+          f" model call {result['floor_model_us']:.0f} µs, ratio {result['floor_ratio']:.3f}")
 
 
 if __name__ == "__main__":

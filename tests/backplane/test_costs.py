@@ -146,8 +146,9 @@ def test_one_write_over_many_tasks_adds_rows_they_share_once(priced: None) -> No
                                           at=timezone.now())
     with transaction.atomic():
         tasks = [writer.lock_task(namespace="acme", task_id=task.pk) for task in (first, second)]
-        writer.write_events_many([writer.TaskWrite(task=task, drafts=[EventDraft(type="LLMCalled", payload=priced_call)])
-                                  for task in tasks], agent="a", now=timezone.now())
+        writes = [writer.TaskWrite(task=task, drafts=[EventDraft(type="LLMCalled", payload=priced_call)])
+                  for task in tasks]
+        writer.write_events_many(writes, agent="a", now=timezone.now())
     assert rollup("namespace", "acme") == {"calls": 2, "cost": 2 * USAGE_COST, "unpriced": 0,
                                            "input": 2_000_000, "reasoning": 400_000}
     assert CostRollup.objects.filter(scope="namespace").count() == 1
