@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from django import forms
 
 from backplane.eventlog.models import TaskStatus
-from dashboard.selectors import TaskFilters
+from backplane.eventlog.selectors import TaskFilters
 
 SANDBOX_CHOICES = [("", "leave out sandboxes"), ("with", "with sandboxes"), ("only", "sandboxes only")]
 TIME_FIELDS = ("created_after", "created_before", "updated_after", "updated_before", "stalled_since",

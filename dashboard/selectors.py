@@ -22,8 +22,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q, QuerySet
-from django.db.models.expressions import RawSQL
+from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.urls import reverse
 from django.utils import timezone
@@ -35,6 +34,7 @@ from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.costs import decimal_text
 from backplane.eventlog.drift import MISSING, HistoryEntry
 from backplane.eventlog.models import Agent, CostRollup, Event, Task, TaskStatus
+from backplane.eventlog.selectors import TaskFilters, tasks_filtered
 from backplane.integrity.models import (
     IntegrityAlert,
     IntegrityAlertKind,
@@ -196,86 +196,6 @@ def feed_events(*, after_position: int | None = None, limit: int = 30) -> list[F
 
 
 # --- the task list -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskFilters:
-    q: str = ""
-    status: str = ""
-    kind: str = ""
-    namespace: str = ""
-    agent: str = ""
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    updated_after: datetime | None = None
-    updated_before: datetime | None = None
-    stalled_since: datetime | None = None
-    recovered_since: datetime | None = None
-    replayed_since: datetime | None = None
-    recovering: bool = False
-    sandboxes: str = ""  # "": left out (the fleet's view), "with": shown too, "only": nothing else
-
-
-PAYLOAD_MATCH_SQL = (
-    "SELECT task_id FROM backplane_event WHERE jsonb_to_tsvector('simple'::regconfig, payload, "
-    "'[\"string\", \"numeric\"]'::jsonb) @@ phraseto_tsquery('simple', %s)"
-)
-
-
-def tasks_filtered(filters: TaskFilters) -> QuerySet[Task]:
-    tasks = Task.objects.all()
-    if filters.q:
-        # Words inside any event's payload (the task's input is in its TaskStarted), or the task's id.
-        match = Q(pk__in=RawSQL(PAYLOAD_MATCH_SQL, [filters.q]))
-        try:
-            match |= Q(pk=uuid.UUID(filters.q.strip()))
-        except ValueError:
-            pass
-        tasks = tasks.filter(match)
-    if filters.status:
-        tasks = tasks.filter(status=filters.status)
-    if filters.kind:
-        tasks = tasks.filter(kind=filters.kind)
-    if filters.namespace:
-        tasks = tasks.filter(namespace=filters.namespace)
-    if filters.agent:
-        claimed = Event.objects.filter(type=et.TASK_CLAIMED, agent=filters.agent).values("task_id")
-        tasks = tasks.filter(Q(pk__in=claimed) | Q(lease_holder=filters.agent) | Q(created_by=filters.agent))
-    for name, lookup in (
-        ("created_after", "created_at__gte"),
-        ("created_before", "created_at__lt"),
-        ("updated_after", "updated_at__gte"),
-        ("updated_before", "updated_at__lt"),
-    ):
-        value = getattr(filters, name)
-        if value is not None:
-            tasks = tasks.filter(**{lookup: value})
-    if filters.stalled_since is not None:
-        stalled = Event.objects.filter(type=et.TASK_STALLED, recorded_at__gte=filters.stalled_since)
-        tasks = tasks.filter(pk__in=stalled.values("task_id"))
-    if filters.recovered_since is not None:
-        recovered = Event.objects.filter(type=et.TASK_CLAIMED, recorded_at__gte=filters.recovered_since,
-                                         payload__contains={"recovered": True})
-        tasks = tasks.filter(pk__in=recovered.values("task_id"))
-    if filters.replayed_since is not None:
-        tasks = tasks.filter(
-            pk__in=RawSQL("SELECT task_id FROM backplane_idempotentreplay WHERE minute >= %s",
-                          [filters.replayed_since.replace(second=0, microsecond=0)])
-        )
-    if filters.recovering:
-        tasks = tasks.filter(status__in=[TaskStatus.PENDING, TaskStatus.RUNNING], attempts__gt=0)
-    if filters.sandboxes == "only":
-        tasks = tasks.filter(sandbox=True)
-    elif filters.sandboxes != "with":
-        tasks = tasks.filter(sandbox=False)
-    return tasks
-
-
-def task_ids_matching(filters: TaskFilters, *, limit: int) -> tuple[list[uuid.UUID], bool]:
-    """The ids of the tasks the list shows for ``filters``, newest first, at most ``limit``, and
-    whether more match. One query."""
-    ids = list(tasks_filtered(filters).order_by("-created_at", "-id").values_list("id", flat=True)[: limit + 1])
-    return ids[:limit], len(ids) > limit
 
 
 LIST_FIELDS = ("id", "namespace", "kind", "status", "attempts", "max_attempts", "lease_holder", "lease_expires_at",

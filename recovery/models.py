@@ -244,3 +244,129 @@ class BudgetDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.budget} by {self.decided_by}"
+
+
+class Pause(models.Model):
+    """Work of a namespace, or of one kind in it, that claims pass over while a fix goes out
+    (recovery/fleet.py). Leases already held run on. A pause in force has no ``resumed_at``;
+    lifting it fills the resume fields, so the row is its own audit trail."""
+
+    namespace = models.CharField(max_length=100, validators=[NAME_VALIDATOR])
+    kind = models.CharField(max_length=100, blank=True, default="", help_text="Blank: every kind of the namespace.")
+    reason = models.TextField()
+    paused_by = models.CharField(max_length=150)
+    paused_at = models.DateTimeField()
+    resumed_by = models.CharField(max_length=150, blank=True, default="")
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resume_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "kind"], condition=Q(resumed_at__isnull=True),
+                                    name="pause_one_in_force_per_scope"),
+        ]
+        indexes = [models.Index(fields=["-paused_at"], name="pause_recent_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.kind or '*'} paused by {self.paused_by}"
+
+
+class BulkAction(models.TextChoices):
+    CANCEL = "cancel"  # tasks: TaskCancelled
+    RETRY = "retry"  # failed or dead-lettered tasks back to work
+    FORK_FROM_FAILURE = "fork_from_failure"  # tasks: a fork from the step before the failure
+    DEAD_LETTER_REQUEUE = "dead_letter_requeue"  # dead letters
+    DEAD_LETTER_DISCARD = "dead_letter_discard"  # dead letters
+
+
+class BulkJobStatus(models.TextChoices):
+    DRAFT = "draft"  # a dry run: the selection is frozen, nothing done yet
+    RUNNING = "running"
+    PAUSED = "paused"
+    ABORTED = "aborted"
+    FINISHED = "finished"
+
+
+class BulkJob(models.Model):
+    """An action over a frozen list of tasks or dead letters, executed by the worker in chunks
+    (recovery/bulk.py). A dry run freezes the selection into ``BulkJobItem`` rows and their
+    hash; starting the job names that hash, so exactly the list that was shown is executed.
+    Each decision on the job (start, pause, resume, abort) is a ``BulkJobDecision``."""
+
+    action = models.CharField(max_length=24, choices=BulkAction.choices)
+    status = models.CharField(max_length=10, choices=BulkJobStatus.choices, default=BulkJobStatus.DRAFT)
+    # What selected the items: a task-list filter (backplane.eventlog.selectors.TaskFilters as
+    # JSON), a dead-letter filter, or {"ids": [...]}.
+    selection = models.JSONField(default=dict)
+    selection_hash = models.CharField(max_length=64)
+    options = models.JSONField(default=dict, blank=True)
+    reason = models.TextField()
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    chunk_size = models.PositiveIntegerField(default=200)
+    rate_per_second = models.PositiveIntegerField(default=200)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The worker running the job holds it until then (a conditional UPDATE claims it); a worker
+    # killed mid-job leaves it to expire, and the next worker resumes at the first pending item.
+    runner_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["-created_at"], name="bulkjob_recent_idx"),
+            models.Index(fields=["runner_until"], name="bulkjob_running_idx", condition=Q(status="running")),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.action} of {self.total} ({self.status})"
+
+
+class BulkItemStatus(models.TextChoices):
+    PENDING = "pending"
+    DONE = "done"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+class BulkJobItem(models.Model):
+    """One item of a job's frozen list, and its result, written in the transaction that acts
+    on it: an item is done once, whatever kills the worker."""
+
+    job = models.ForeignKey(BulkJob, on_delete=models.CASCADE, related_name="items")
+    index = models.PositiveIntegerField()
+    # A task's id, or a dead letter's id, as text.
+    target = models.CharField(max_length=64)
+    # What the dry run said would happen to it ("cancel", "skip: already completed").
+    planned = models.CharField(max_length=200)
+    status = models.CharField(max_length=8, choices=BulkItemStatus.choices, default=BulkItemStatus.PENDING)
+    detail = models.TextField(blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="bulkjob_item_once")]
+        indexes = [models.Index(fields=["job", "index"], name="bulkjob_item_pending_idx",
+                                condition=Q(status="pending"))]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} item {self.index}: {self.target} {self.status}"
+
+
+class BulkJobDecision(models.Model):
+    """Who created, started, paused, resumed or aborted a job, when and why: its audit trail."""
+
+    job = models.ForeignKey(BulkJob, on_delete=models.PROTECT, related_name="decisions")
+    action = models.CharField(max_length=16)  # create | start | pause | resume | abort | finish
+    decided_by = models.CharField(max_length=150)
+    reason = models.TextField(blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "at"], name="bulkjob_decision_job_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} job {self.job_id} by {self.decided_by}"

@@ -43,6 +43,11 @@ LLM_CALLED = "LLMCalled"
 # (recovery/budgets.py); written into the log of the task whose call crossed the line.
 BUDGET_WARNING = "BudgetWarning"
 BUDGET_EXCEEDED = "BudgetExceeded"
+# A person (or an agent of the namespace) cancelled the task: it is closed, its lease holder's
+# next write is refused; ``compensate`` starts its saga as a failure would (recovery/fleet.py).
+TASK_CANCELLED = "TaskCancelled"
+# A person sent a failed task back to work with fresh attempts (a bulk retry, recovery/bulk.py).
+TASK_RETRIED = "TaskRetried"
 
 # Written only by the backplane itself; a client sending one gets 400 (API.md).
 SERVER_ONLY_TYPES = frozenset(
@@ -67,6 +72,8 @@ SERVER_ONLY_TYPES = frozenset(
         TASK_FORKED,
         BUDGET_WARNING,
         BUDGET_EXCEEDED,
+        TASK_CANCELLED,
+        TASK_RETRIED,
     }
 )
 

@@ -111,11 +111,13 @@ class TaskStatus(models.TextChoices):
     DEAD_LETTERED = "dead_lettered"
     COMPENSATING = "compensating"
     COMPENSATED = "compensated"
+    CANCELLED = "cancelled"
 
 
 # No event may be appended once a task is in one of these.
 CLOSED_STATUSES = frozenset(
-    {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED, TaskStatus.COMPENSATED}
+    {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED, TaskStatus.COMPENSATED,
+     TaskStatus.CANCELLED}
 )
 
 

@@ -26,8 +26,9 @@ from backplane.eventlog.chain import GENESIS_HASH
 
 PENDING, RUNNING, COMPLETED, FAILED = "pending", "running", "completed", "failed"
 DEAD_LETTERED, COMPENSATING, COMPENSATED = "dead_lettered", "compensating", "compensated"
+CANCELLED = "cancelled"
 # A task in one of these has finished (models.CLOSED_STATUSES, as the reducer spells them).
-FINISHED = frozenset({COMPLETED, FAILED, DEAD_LETTERED, COMPENSATED})
+FINISHED = frozenset({COMPLETED, FAILED, DEAD_LETTERED, COMPENSATED, CANCELLED})
 
 
 class EventFacts(Protocol):
@@ -161,6 +162,10 @@ def _transition(state: TaskState, event: EventFacts) -> TaskState:
         return dataclasses.replace(state, status=COMPENSATED)
     if kind == et.PROJECTION_RECONCILED:
         return _reconciled(state, event)
+    if kind == et.TASK_CANCELLED:
+        return _without_lease(state, status=CANCELLED)
+    if kind == et.TASK_RETRIED:
+        return _without_lease(state, status=PENDING, attempts=0, error=None)
     return state
 
 
@@ -191,6 +196,8 @@ TRANSITION_TYPES = frozenset(
         et.COMPENSATION_STARTED,
         et.TASK_COMPENSATED,
         et.PROJECTION_RECONCILED,
+        et.TASK_CANCELLED,
+        et.TASK_RETRIED,
     }
 )
 

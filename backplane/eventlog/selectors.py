@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -14,11 +15,13 @@ from typing import Any, NamedTuple
 import psycopg
 from django.db import connection
 from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
 from psycopg.postgres import types as psycopg_types
 
+from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import GENESIS_HASH, api_time_sql, stored_row_hash
 from backplane.eventlog.errors import InvalidInput, NotFound
-from backplane.eventlog.models import Task
+from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.eventlog.reducer import TRANSITION_TYPES, TaskState, task_reduce
 
 # A task's log for chain_verify_range: the columns the hash covers, in seq order (an index
@@ -368,3 +371,132 @@ def task_head_traces(tasks: Sequence[Task]) -> dict[uuid.UUID, tuple[str | None,
             [[task.pk for task in tasks], [task.last_seq for task in tasks]],
         )
         return {task_id: (trace_id, span_id) for task_id, trace_id, span_id in cursor.fetchall()}
+
+
+# --- tasks by filter: the task list, bulk jobs, saved searches and alerts ---------------------
+
+
+@dataclass(frozen=True)
+class TaskFilters:
+    q: str = ""
+    status: str = ""
+    kind: str = ""
+    namespace: str = ""
+    agent: str = ""
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    stalled_since: datetime | None = None
+    recovered_since: datetime | None = None
+    replayed_since: datetime | None = None
+    recovering: bool = False
+    sandboxes: str = ""  # "": left out (the fleet's view), "with": shown too, "only": nothing else
+
+    def as_json(self) -> dict[str, Any]:
+        """The filters that are set, as JSON (times in ISO 8601): what a saved search or a bulk
+        job keeps, and what ``task_filters_from_json`` reads back."""
+        data: dict[str, Any] = {}
+        for name in TASK_FILTER_FIELDS:
+            value = getattr(self, name)
+            if value:
+                data[name] = value.isoformat() if isinstance(value, datetime) else value
+        return data
+
+
+TASK_FILTER_FIELDS = tuple(field.name for field in dataclasses.fields(TaskFilters))
+_FILTER_TIMES = frozenset(name for name in TASK_FILTER_FIELDS if name.endswith(("_after", "_before", "_since")))
+
+
+def task_filters_from_json(data: Mapping[str, Any]) -> TaskFilters:
+    """``TaskFilters.as_json`` read back; anything else is refused (400 with the field named)."""
+    if not isinstance(data, Mapping):
+        raise InvalidInput("filter must be an object", {"filter": f"keys: {', '.join(TASK_FILTER_FIELDS)}"})
+    unknown = sorted(set(data) - set(TASK_FILTER_FIELDS))
+    if unknown:
+        raise InvalidInput("filter has unknown keys",
+                           {"filter": f"unknown {', '.join(unknown)}; known: {', '.join(TASK_FILTER_FIELDS)}"})
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "recovering":
+            if not isinstance(value, bool):
+                raise InvalidInput("filter.recovering must be a boolean", {"filter.recovering": "true or false"})
+        elif name in _FILTER_TIMES:
+            try:
+                value = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            except ValueError:
+                raise InvalidInput(f"filter.{name} is not a time", {f"filter.{name}": "RFC 3339"}) from None
+            if value.tzinfo is None:
+                raise InvalidInput(f"filter.{name} needs a timezone", {f"filter.{name}": "RFC 3339, with offset"})
+        elif not isinstance(value, str) or len(value) > 200:
+            raise InvalidInput(f"filter.{name} must be a string", {f"filter.{name}": "at most 200 characters"})
+        values[name] = value
+    if values.get("sandboxes", "") not in ("", "with", "only"):
+        raise InvalidInput("filter.sandboxes is not one of '', 'with', 'only'", {"filter.sandboxes": "'', with, only"})
+    if values.get("status") and values["status"] not in TaskStatus.values:
+        raise InvalidInput("filter.status is not a task status", {"filter.status": ", ".join(TaskStatus.values)})
+    return TaskFilters(**values)
+
+
+PAYLOAD_MATCH_SQL = (
+    "SELECT task_id FROM backplane_event WHERE jsonb_to_tsvector('simple'::regconfig, payload, "
+    "'[\"string\", \"numeric\"]'::jsonb) @@ phraseto_tsquery('simple', %s)"
+)
+
+
+def tasks_filtered(filters: TaskFilters) -> QuerySet[Task]:
+    tasks = Task.objects.all()
+    if filters.q:
+        # Words inside any event's payload (the task's input is in its TaskStarted), or the task's id.
+        match = Q(pk__in=RawSQL(PAYLOAD_MATCH_SQL, [filters.q]))
+        try:
+            match |= Q(pk=uuid.UUID(filters.q.strip()))
+        except ValueError:
+            pass
+        tasks = tasks.filter(match)
+    if filters.status:
+        tasks = tasks.filter(status=filters.status)
+    if filters.kind:
+        tasks = tasks.filter(kind=filters.kind)
+    if filters.namespace:
+        tasks = tasks.filter(namespace=filters.namespace)
+    if filters.agent:
+        claimed = Event.objects.filter(type=et.TASK_CLAIMED, agent=filters.agent).values("task_id")
+        tasks = tasks.filter(Q(pk__in=claimed) | Q(lease_holder=filters.agent) | Q(created_by=filters.agent))
+    for name, lookup in (
+        ("created_after", "created_at__gte"),
+        ("created_before", "created_at__lt"),
+        ("updated_after", "updated_at__gte"),
+        ("updated_before", "updated_at__lt"),
+    ):
+        value = getattr(filters, name)
+        if value is not None:
+            tasks = tasks.filter(**{lookup: value})
+    if filters.stalled_since is not None:
+        stalled = Event.objects.filter(type=et.TASK_STALLED, recorded_at__gte=filters.stalled_since)
+        tasks = tasks.filter(pk__in=stalled.values("task_id"))
+    if filters.recovered_since is not None:
+        recovered = Event.objects.filter(type=et.TASK_CLAIMED, recorded_at__gte=filters.recovered_since,
+                                         payload__contains={"recovered": True})
+        tasks = tasks.filter(pk__in=recovered.values("task_id"))
+    if filters.replayed_since is not None:
+        tasks = tasks.filter(
+            pk__in=RawSQL("SELECT task_id FROM backplane_idempotentreplay WHERE minute >= %s",
+                          [filters.replayed_since.replace(second=0, microsecond=0)])
+        )
+    if filters.recovering:
+        tasks = tasks.filter(status__in=[TaskStatus.PENDING, TaskStatus.RUNNING], attempts__gt=0)
+    if filters.sandboxes == "only":
+        tasks = tasks.filter(sandbox=True)
+    elif filters.sandboxes != "with":
+        tasks = tasks.filter(sandbox=False)
+    return tasks
+
+
+def task_ids_matching(filters: TaskFilters, *, limit: int) -> tuple[list[uuid.UUID], bool]:
+    """The ids of the tasks the list shows for ``filters``, newest first, at most ``limit``, and
+    whether more match. One query."""
+    ids = list(tasks_filtered(filters).order_by("-created_at", "-id").values_list("id", flat=True)[: limit + 1])
+    return ids[:limit], len(ids) > limit
+
+

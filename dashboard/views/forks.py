@@ -26,6 +26,7 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog import forks
 from backplane.eventlog.errors import BackplaneError, NotFound, TaskExists
 from backplane.eventlog.models import Task, user_actor
+from backplane.eventlog.selectors import task_ids_matching
 from dashboard import selectors
 from dashboard.fork_forms import BulkForkConfirmForm, BulkForkForm, CompareForm, ForkForm, fork_bulk_token
 from dashboard.forms import TaskFilterForm
@@ -155,7 +156,7 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
         if not filters_form.is_valid():
             form.add_error(None, "The list's filter is not valid; filter again.")
             return _bulk_page(request, {"step": "invalid", "form": form, "query": data["query"]}, status=400)
-        ids, more = selectors.task_ids_matching(filters_form.filters(), limit=forks.BULK_MAX_ITEMS)
+        ids, more = task_ids_matching(filters_form.filters(), limit=forks.BULK_MAX_ITEMS)
     else:
         ids = data["ids"]
     plan = forks.fork_from_failure_plan(ids)
