@@ -333,6 +333,12 @@ BACKPLANE_AUDIT_S3_REGION = env_str("BACKPLANE_AUDIT_S3_REGION", "")
 BACKPLANE_AUDIT_S3_RETENTION_DAYS = env_int("BACKPLANE_AUDIT_S3_RETENTION_DAYS", 7 * 365, minimum=1)
 # How often new events get leaf indices and a signed tree head (backplane/integrity/sealing.py).
 BACKPLANE_SEAL_SECONDS = env_int("BACKPLANE_SEAL_SECONDS", 10, minimum=1)
+# Bulk jobs (recovery/bulk.py): the largest frozen list a dry run accepts; how long a worker runs
+# one job before it lets go and enqueues it again; how long its claim on the job lasts (a
+# killed worker's job is resumed by another once it runs out, so it must outlast one chunk).
+BACKPLANE_BULK_MAX_ITEMS = env_int("BACKPLANE_BULK_MAX_ITEMS", 200_000, minimum=1)
+BACKPLANE_BULK_RUN_SECONDS = env_float("BACKPLANE_BULK_RUN_SECONDS", 20.0, minimum=0.1)
+BACKPLANE_BULK_LEASE_SECONDS = env_int("BACKPLANE_BULK_LEASE_SECONDS", 60, minimum=2)
 
 # The demo fleet that `make run` starts (docs/demo.md); the launcher reads BACKPLANE_DEMO itself.
 BACKPLANE_DEMO_RATE = env_float("BACKPLANE_DEMO_RATE", 1.0, minimum=0.0)
@@ -366,6 +372,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": float(BACKPLANE_RETENTION_SECONDS),
         "options": {"expires": BACKPLANE_RETENTION_SECONDS},
     },
+    # Alert rules on saved searches (recovery/alerts.py): a run still queued after one interval is dropped.
+    "evaluate-alerts": {"task": "recovery.tasks.evaluate_alerts", "schedule": 30.0, "options": {"expires": 30}},
+    # Bulk jobs (recovery/bulk.py): running jobs that no worker holds (a killed worker's lease ran
+    # out) are enqueued again; a run still queued after one interval is dropped.
+    "resume-bulk-jobs": {"task": "recovery.tasks.resume_bulk_jobs", "schedule": 5.0, "options": {"expires": 5}},
 }
 CELERY_TIMEZONE = "UTC"
 # /readyz answers 503 when a periodic duty above has not succeeded for a few of its intervals

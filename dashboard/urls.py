@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from dashboard.views import fleet, integrity
+from dashboard.views import fleet, fleet_ops, integrity
 from dashboard.views import pages as views
 
 app_name = "dashboard"
@@ -19,6 +19,10 @@ urlpatterns = [
     path("tasks/", include("dashboard.views.forks")),
     path("dead-letters/", include("dashboard.views.dead_letters")),
     path("budgets/", include("dashboard.views.budgets")),
+    path("pauses/", include("dashboard.views.fleet_ops")),
+    path("jobs/", include("dashboard.views.jobs")),
+    path("tasks/<uuid:task_id>/cancel/", fleet_ops.task_cancel_view, name="task-cancel"),
+    path("searches/", include("dashboard.views.searches")),
     path("agents/", fleet.agents_page, name="agents"),
     path("agents/<int:agent_id>/reset-breaker/", fleet.agent_breaker_reset, name="agent-breaker-reset"),
     path("tools/<int:tool_id>/reset-breaker/", fleet.tool_breaker_reset_view, name="tool-breaker-reset"),

@@ -12,8 +12,20 @@ from django.http import HttpRequest
 
 from backplane.admin import ReadOnlyAdmin, short
 from backplane.eventlog.models import user_actor
-from recovery import gateway
-from recovery.models import RETAINED_STATUS_CHOICES, RetentionRule, Tool, ToolCall, default_retained_statuses
+from recovery import alerts, gateway
+from recovery.models import (
+    RETAINED_STATUS_CHOICES,
+    AlertRule,
+    AlertTransition,
+    BulkJob,
+    BulkJobDecision,
+    Pause,
+    RetentionRule,
+    SavedSearch,
+    Tool,
+    ToolCall,
+    default_retained_statuses,
+)
 
 
 @admin.register(Tool)
@@ -83,3 +95,121 @@ class RetentionRuleAdmin(admin.ModelAdmin):
     @admin.display(description="kind", ordering="kind")
     def kind_or_all(self, rule: RetentionRule) -> str:
         return rule.kind or "(every kind)"
+
+
+@admin.register(Pause)
+class PauseAdmin(ReadOnlyAdmin):
+    """Pauses are set and lifted through recovery/fleet.py (the dashboard's Pauses page, the API), which
+    keep one in force per scope and record who and why; here they are only looked at."""
+
+    list_display = ("namespace", "kind_or_all", "paused_by", "paused_at", "reason_start", "resumed_by", "resumed_at")
+    list_filter = ("namespace",)
+    search_fields = ("namespace", "kind", "paused_by", "reason")
+    ordering = ("-paused_at",)
+
+    @admin.display(description="kind", ordering="kind")
+    def kind_or_all(self, pause: Pause) -> str:
+        return pause.kind or "(every kind)"
+
+    @admin.display(description="reason")
+    def reason_start(self, pause: Pause) -> str:
+        return pause.reason if len(pause.reason) <= 60 else f"{pause.reason[:59]}…"
+
+
+@admin.register(SavedSearch)
+class SavedSearchAdmin(admin.ModelAdmin):
+    """Saved from the task list (recovery/alerts.py checks the filter then); here renamed, pinned or
+    deleted. Deleting goes through the service, so a firing rule of the search resolves first."""
+
+    list_display = ("name", "slug", "pinned", "created_by", "created_at")
+    list_filter = ("pinned",)
+    search_fields = ("name", "slug", "created_by")
+    ordering = ("name",)
+    readonly_fields = ("slug", "filter", "created_by", "created_at")
+    fields = ("name", "pinned", *readonly_fields)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # the task list's "Save this search" makes them, from a checked filter
+
+    def delete_model(self, request: HttpRequest, obj: SavedSearch) -> None:
+        alerts.saved_search_delete(search_id=obj.pk, by=user_actor(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[SavedSearch]) -> None:
+        for search in queryset:
+            alerts.saved_search_delete(search_id=search.pk, by=user_actor(request.user))
+
+
+@admin.register(AlertRule)
+class AlertRuleAdmin(admin.ModelAdmin):
+    """Rules are added, changed and deleted through recovery/alerts.py (disabling or deleting a
+    firing rule resolves it, with its message); the state is the evaluator's alone."""
+
+    # The counts and evaluation times are on the detail page: the list fits 1280 px.
+    list_display = ("search", "threshold", "window_seconds", "state", "state_since")
+    list_filter = ("state", "enabled")
+    search_fields = ("search__name", "search__slug")
+    ordering = ("search__name", "pk")
+    list_select_related = ("search",)
+    readonly_fields = ("state", "state_since", "last_count", "last_evaluated_at", "created_by", "created_at")
+    fields = ("search", "threshold", "window_seconds", "enabled", *readonly_fields)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: AlertRule | None = None) -> tuple[str, ...]:
+        # A rule stays on its search: its history and its message key belong to that search.
+        return ("search", *self.readonly_fields) if obj is not None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: AlertRule, form: forms.ModelForm, change: bool) -> None:
+        saved = alerts.alert_rule_set(search_id=obj.search_id, window_seconds=obj.window_seconds,
+                                      threshold=obj.threshold, enabled=obj.enabled,
+                                      created_by=user_actor(request.user), rule_id=obj.pk if change else None)
+        obj.pk = saved.pk
+
+    def delete_model(self, request: HttpRequest, obj: AlertRule) -> None:
+        alerts.alert_rule_delete(rule_id=obj.pk, by=user_actor(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AlertRule]) -> None:
+        for rule in queryset:
+            alerts.alert_rule_delete(rule_id=rule.pk, by=user_actor(request.user))
+
+
+@admin.register(AlertTransition)
+class AlertTransitionAdmin(ReadOnlyAdmin):
+    """The alerts' history: written with each crossing's message, never edited."""
+
+    list_display = ("at", "search_name", "state", "count", "threshold", "window_seconds", "reason")
+    list_filter = ("state",)
+    search_fields = ("search_name", "reason")
+    ordering = ("-at",)
+
+
+class BulkJobDecisionInline(admin.TabularInline):
+    """A job's audit trail: who created, started, paused, resumed or aborted it, and why."""
+
+    model = BulkJobDecision
+    fields = ("at", "action", "decided_by", "reason")
+    readonly_fields = fields
+    extra = 0
+    ordering = ("at", "pk")
+
+    def has_add_permission(self, request: HttpRequest, obj: BulkJob | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: BulkJob | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: BulkJob | None = None) -> bool:
+        return False
+
+
+@admin.register(BulkJob)
+class BulkJobAdmin(ReadOnlyAdmin):
+    """Bulk jobs change only through recovery/bulk.py (the API and the dashboard's job pages)."""
+
+    list_display = ("id", "action", "status", "total", "done", "skipped", "failed", "created_by", "created_at")
+    list_filter = ("status", "action")
+    search_fields = ("=id", "created_by", "reason")
+    ordering = ("-created_at",)
+    fields = ("action", "status", "reason", "selection", "selection_hash", "options", "created_by", "created_at",
+              "retry_of", "total", "done", "skipped", "failed", "chunk_size", "rate_per_second", "started_at",
+              "finished_at", "runner_until")
+    readonly_fields = fields
+    inlines = (BulkJobDecisionInline,)

@@ -80,73 +80,83 @@ def dead_letter_requeue(
     if payload is not None:
         ensure_storable_json(payload, "payload")
     with transaction.atomic(durable=True):
-        dead_letter = _lock_pending(dead_letter_id)
-        now = timezone.now()
-        if dead_letter.source == DeadLetterSource.OUTBOX:
-            message = None
-            if dead_letter.outbox_message_id is not None:  # None once the message was pruned
-                message = OutboxMessage.objects.select_for_update().filter(pk=dead_letter.outbox_message_id).first()
-            if message is None:
-                raise InvalidInput("the outbox message is gone (pruned)", {"id": dead_letter.pk})
-            # The same row goes back, keeping its id, which is its place in its key's order: under
-            # strict ordering the messages that waited behind it are delivered after it (it heads
-            # its key again); under best effort they went ahead already and it comes late.
-            message.status = OutboxStatus.PENDING
-            message.attempts = 0
-            message.next_attempt_at = now
-            message.last_error = ""
-            message.holds_key = False
-            message.claimed_until = None
-            message.claim_token = None
-            if payload is not None:
-                message.payload = payload
-            message.save(update_fields=["status", "attempts", "next_attempt_at", "last_error", "payload", "holds_key",
-                                        "claimed_until", "claim_token"])
-            outbox_wake_relays()
-        elif dead_letter.source == DeadLetterSource.TASK:
-            assert dead_letter.task_id is not None  # a task's dead letter always names it (PROTECT)
-            current = Task.objects.select_for_update().get(pk=dead_letter.task_id)
-            if current.status != TaskStatus.DEAD_LETTERED:
-                raise InvalidInput("the task is no longer dead-lettered", {"status": current.status})
-            if payload is not None:
-                raise InvalidInput("a task is requeued as it is", {"payload": "not allowed for task dead letters"})
-        elif dead_letter.source == DeadLetterSource.COMPENSATION:
-            if payload is not None:
-                raise InvalidInput("a compensation is retried as declared", {"payload": "not allowed here"})
-        elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
-            if payload is not None:
-                raise InvalidInput("an audit export is retried as it is", {"payload": "not allowed here"})
-        else:
-            raise InvalidInput(
-                f"requeueing {dead_letter.source} dead letters is not supported",
-                {"source": dead_letter.source},
-            )
-        # An edit replaces the payload on the message; the dead letter and the log keep both.
-        edit = {} if payload is None else {"payload": payload, "original_payload": dead_letter.payload}
-        dead_letter.status = DeadLetterStatus.REQUEUED
-        dead_letter.decided_by = decided_by
-        dead_letter.decided_at = now
-        dead_letter.reason = reason
+        return dead_letter_requeue_in_transaction(dead_letter_id=dead_letter_id, decided_by=decided_by,
+                                                  reason=reason, payload=payload)
+
+
+def dead_letter_requeue_in_transaction(
+    *, dead_letter_id: int, decided_by: str, reason: str, payload: dict[str, Any] | None = None
+) -> DeadLetter:
+    """``dead_letter_requeue``'s decision in the caller's transaction (a bulk job's chunk,
+    recovery/bulk.py), with ``reason`` and ``payload`` already checked. Locks the dead letter,
+    then its task."""
+    dead_letter = _lock_pending(dead_letter_id)
+    now = timezone.now()
+    if dead_letter.source == DeadLetterSource.OUTBOX:
+        message = None
+        if dead_letter.outbox_message_id is not None:  # None once the message was pruned
+            message = OutboxMessage.objects.select_for_update().filter(pk=dead_letter.outbox_message_id).first()
+        if message is None:
+            raise InvalidInput("the outbox message is gone (pruned)", {"id": dead_letter.pk})
+        # The same row goes back, keeping its id, which is its place in its key's order: under
+        # strict ordering the messages that waited behind it are delivered after it (it heads
+        # its key again); under best effort they went ahead already and it comes late.
+        message.status = OutboxStatus.PENDING
+        message.attempts = 0
+        message.next_attempt_at = now
+        message.last_error = ""
+        message.holds_key = False
+        message.claimed_until = None
+        message.claim_token = None
         if payload is not None:
-            # The payload as it failed stays on record beside the one requeued.
-            dead_letter.original_payload = dead_letter.payload
-            dead_letter.payload = payload
-        dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason", "payload", "original_payload"])
-        # For a task's own dead letter the event is the requeue: the reducer sends the task
-        # back to pending with fresh attempts. Otherwise it records the decision in the log.
-        task = _record_in_task_log(
-            dead_letter, et.DEAD_LETTER_REQUEUED, decided_by=decided_by, reason=reason,
-            extra={"edited_payload": payload is not None, **edit},
+            message.payload = payload
+        message.save(update_fields=["status", "attempts", "next_attempt_at", "last_error", "payload", "holds_key",
+                                    "claimed_until", "claim_token"])
+        outbox_wake_relays()
+    elif dead_letter.source == DeadLetterSource.TASK:
+        assert dead_letter.task_id is not None  # a task's dead letter always names it (PROTECT)
+        current = Task.objects.select_for_update().get(pk=dead_letter.task_id)
+        if current.status != TaskStatus.DEAD_LETTERED:
+            raise InvalidInput("the task is no longer dead-lettered", {"status": current.status})
+        if payload is not None:
+            raise InvalidInput("a task is requeued as it is", {"payload": "not allowed for task dead letters"})
+    elif dead_letter.source == DeadLetterSource.COMPENSATION:
+        if payload is not None:
+            raise InvalidInput("a compensation is retried as declared", {"payload": "not allowed here"})
+    elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
+        if payload is not None:
+            raise InvalidInput("an audit export is retried as it is", {"payload": "not allowed here"})
+    else:
+        raise InvalidInput(
+            f"requeueing {dead_letter.source} dead letters is not supported",
+            {"source": dead_letter.source},
         )
-        if dead_letter.source == DeadLetterSource.COMPENSATION:
-            assert task is not None  # a compensation always belongs to a task
-            saga_retry_compensation(task, dead_letter.reference, now=now)
-        elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
-            # The export continues from the last recorded segment, so requeueing is an export run
-            # now rather than at the next hourly beat (which would retry it anyway).
-            transaction.on_commit(audit_export.delay)
-        transaction.on_commit(
-            functools.partial(counters.dead_letter_decided_count, decision=DeadLetterStatus.REQUEUED.value))
+    # An edit replaces the payload on the message; the dead letter and the log keep both.
+    edit = {} if payload is None else {"payload": payload, "original_payload": dead_letter.payload}
+    dead_letter.status = DeadLetterStatus.REQUEUED
+    dead_letter.decided_by = decided_by
+    dead_letter.decided_at = now
+    dead_letter.reason = reason
+    if payload is not None:
+        # The payload as it failed stays on record beside the one requeued.
+        dead_letter.original_payload = dead_letter.payload
+        dead_letter.payload = payload
+    dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason", "payload", "original_payload"])
+    # For a task's own dead letter the event is the requeue: the reducer sends the task
+    # back to pending with fresh attempts. Otherwise it records the decision in the log.
+    task = _record_in_task_log(
+        dead_letter, et.DEAD_LETTER_REQUEUED, decided_by=decided_by, reason=reason,
+        extra={"edited_payload": payload is not None, **edit},
+    )
+    if dead_letter.source == DeadLetterSource.COMPENSATION:
+        assert task is not None  # a compensation always belongs to a task
+        saga_retry_compensation(task, dead_letter.reference, now=now)
+    elif dead_letter.source == DeadLetterSource.AUDIT_EXPORT:
+        # The export continues from the last recorded segment, so requeueing is an export run
+        # now rather than at the next hourly beat (which would retry it anyway).
+        transaction.on_commit(audit_export.delay)
+    transaction.on_commit(
+        functools.partial(counters.dead_letter_decided_count, decision=DeadLetterStatus.REQUEUED.value))
     return dead_letter
 
 
@@ -157,31 +167,39 @@ def dead_letter_discard(*, dead_letter_id: int, decided_by: str, reason: str, co
     its succeeded tool calls declared are run (a saga)."""
     reason = _require_reason(reason)
     with transaction.atomic(durable=True):
-        dead_letter = _lock_pending(dead_letter_id)
-        if compensate and dead_letter.source != DeadLetterSource.TASK:
-            raise InvalidInput("only a task's dead letter can be compensated", {"compensate": "task dead letters only"})
-        dead_letter.status = DeadLetterStatus.DISCARDED
-        dead_letter.decided_by = decided_by
-        dead_letter.decided_at = timezone.now()
-        dead_letter.reason = reason
-        dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason"])
-        if dead_letter.source == DeadLetterSource.OUTBOX and dead_letter.outbox_message_id is not None:
-            # The message stays dead; under strict ordering its key goes on without it.
-            released = OutboxMessage.objects.filter(pk=dead_letter.outbox_message_id, holds_key=True).update(
-                holds_key=False
-            )
-            if released:
-                outbox_wake_relays()
-        # With ``compensate`` the event fails the task for good (the reducer), and the failure
-        # starts its saga (recovery's follow-up to the write).
-        task = _record_in_task_log(dead_letter, et.DEAD_LETTER_DISCARDED, decided_by=decided_by, reason=reason,
-                                   extra={"compensate": compensate})
-        if dead_letter.source == DeadLetterSource.COMPENSATION:
-            # Nobody will undo this step: the saga goes on with the steps before it.
-            assert task is not None
-            saga_skip_compensation(task, dead_letter.reference, now=dead_letter.decided_at)
-        transaction.on_commit(
-            functools.partial(counters.dead_letter_decided_count, decision=DeadLetterStatus.DISCARDED.value))
+        return dead_letter_discard_in_transaction(dead_letter_id=dead_letter_id, decided_by=decided_by,
+                                                  reason=reason, compensate=compensate)
+
+
+def dead_letter_discard_in_transaction(*, dead_letter_id: int, decided_by: str, reason: str,
+                                       compensate: bool = False) -> DeadLetter:
+    """``dead_letter_discard``'s decision in the caller's transaction (a bulk job's chunk), with
+    ``reason`` already checked."""
+    dead_letter = _lock_pending(dead_letter_id)
+    if compensate and dead_letter.source != DeadLetterSource.TASK:
+        raise InvalidInput("only a task's dead letter can be compensated", {"compensate": "task dead letters only"})
+    dead_letter.status = DeadLetterStatus.DISCARDED
+    dead_letter.decided_by = decided_by
+    dead_letter.decided_at = timezone.now()
+    dead_letter.reason = reason
+    dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason"])
+    if dead_letter.source == DeadLetterSource.OUTBOX and dead_letter.outbox_message_id is not None:
+        # The message stays dead; under strict ordering its key goes on without it.
+        released = OutboxMessage.objects.filter(pk=dead_letter.outbox_message_id, holds_key=True).update(
+            holds_key=False
+        )
+        if released:
+            outbox_wake_relays()
+    # With ``compensate`` the event fails the task for good (the reducer), and the failure
+    # starts its saga (recovery's follow-up to the write).
+    task = _record_in_task_log(dead_letter, et.DEAD_LETTER_DISCARDED, decided_by=decided_by, reason=reason,
+                               extra={"compensate": compensate})
+    if dead_letter.source == DeadLetterSource.COMPENSATION:
+        # Nobody will undo this step: the saga goes on with the steps before it.
+        assert task is not None
+        saga_skip_compensation(task, dead_letter.reference, now=dead_letter.decided_at)
+    transaction.on_commit(
+        functools.partial(counters.dead_letter_decided_count, decision=DeadLetterStatus.DISCARDED.value))
     return dead_letter
 
 

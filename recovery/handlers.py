@@ -35,13 +35,19 @@ def feed_agent_breakers(written: WrittenEvents) -> None:
 
 
 def start_saga_on_failure(written: WrittenEvents) -> None:
-    """A task that has just failed for good compensates what its tool calls did."""
+    """A task that has just failed for good compensates what its tool calls did; so does one
+    just cancelled by someone who asked for it (``TaskCancelled`` with ``compensate``)."""
     if written.previous_status != TaskStatus.FAILED and written.status == TaskStatus.FAILED:
+        saga_start_if_due(written.task, now=written.now)
+    elif written.was_open and written.status == TaskStatus.CANCELLED and any(
+        event.type == et.TASK_CANCELLED and event.payload.get("compensate") for event in written.events
+    ):
         saga_start_if_due(written.task, now=written.now)
 
 
 # A child task in one of these has a result its parent must hear about.
-REPORTED_TO_PARENT = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED})
+REPORTED_TO_PARENT = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED,
+                                TaskStatus.CANCELLED})
 
 
 def report_to_parent(written: WrittenEvents) -> None:

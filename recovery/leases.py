@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -18,10 +19,11 @@ from backplane.eventlog.errors import InvalidInput, StaleLease
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.reducer import lease_extended, task_state_apply, task_state_of
 from backplane.eventlog.selectors import task_head_traces
-from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.telemetry.tracing import task_span, tracing_enabled
 from recovery.breakers import breaker_gate_claim, breaker_trial_unused
 from recovery.budgets import blocked_roots, budget_gate
+from recovery.fleet import pauses_holding_back
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,10 @@ def _claim_oldest_pending(
             candidates = candidates.exclude(pk__in=RawSQL(_TREES_SQL, [blocked]))
         if kinds:
             candidates = candidates.filter(kind__in=kinds)
+        # Paused work is passed over (recovery/fleet.py), in the claim's own statement: a pause
+        # committed before it started holds the task back; one committing meanwhile holds back
+        # every later claim, and leases already granted run on.
+        candidates = candidates.exclude(Exists(pauses_holding_back(OuterRef("namespace"), OuterRef("kind"))))
         task = candidates.order_by("created_at", "id").first()
         if task is None:
             return None
@@ -148,6 +154,12 @@ def _recovery_span(*, task: Task, agent: Agent) -> AbstractContextManager[None]:
 
 def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
     task = lock_task(namespace=namespace, task_id=task_id)
+    if (not task.is_leased and task.lease_epoch == lease_epoch
+            and (task.is_closed or task.status == TaskStatus.COMPENSATING)):
+        # Closed first, for the holder whose lease the task's end took (a cancellation keeps the
+        # epoch): it learns why its lease is gone instead of a stale_lease it would take for a
+        # lost race. A holder fenced off earlier (a stall bumps the epoch) still gets stale_lease.
+        raise task_closed_error(task)
     if not task.is_leased or task.lease_epoch != lease_epoch:
         raise StaleLease("lease epoch is not the task's current lease", {"lease_epoch": lease_epoch})
     # A heartbeat after the deadline does not revive the lease, even before the detector sweeps it.

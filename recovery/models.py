@@ -4,6 +4,7 @@ tools, and the retention rules that prune finished tasks."""
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -370,3 +371,96 @@ class BulkJobDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} job {self.job_id} by {self.decided_by}"
+
+
+class SavedSearch(models.Model):
+    """A task-list filter kept under a name (recovery/alerts.py): shared by its URL
+    (``/searches/<slug>/`` opens the task list with it), pinned as a tile on the overview, and
+    watched by alert rules. ``filter`` is ``TaskFilters.as_json()``, checked on the way in."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    filter = models.JSONField(default=dict, blank=True)
+    pinned = models.BooleanField(default=False, help_text="Shown as a tile with its live count on the overview.")
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "saved searches"
+        indexes = [models.Index(fields=["name"], name="savedsearch_pinned_idx", condition=Q(pinned=True))]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# Longer windows would make every evaluation scan most of the task table's recent index.
+ALERT_WINDOW_MAX_SECONDS = 30 * 24 * 3600
+ALERT_THRESHOLD_MAX = 1_000_000_000
+
+
+class AlertState(models.TextChoices):
+    OK = "ok"
+    FIRING = "firing"
+
+
+class AlertRule(models.Model):
+    """"When the count of a saved search over a window reaches a threshold" (recovery/alerts.py).
+
+    The count is the number of tasks the search matches whose ``updated_at`` falls in the last
+    ``window_seconds``. The rule fires when it is at least ``threshold`` and resolves when it is
+    below again; each crossing is one ``AlertTransition`` and one outbox message (topic
+    ``backplane.alerts``), never one per evaluation. ``state`` changes only by a conditional
+    UPDATE whose row count is checked, so concurrent evaluators cross once."""
+
+    search = models.ForeignKey(SavedSearch, on_delete=models.CASCADE, related_name="alert_rules")
+    window_seconds = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(ALERT_WINDOW_MAX_SECONDS)],
+        help_text="Count the tasks updated in this many last seconds (at most 30 days).",
+    )
+    threshold = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(ALERT_THRESHOLD_MAX)],
+        help_text="Fire when the count is at least this.",
+    )
+    enabled = models.BooleanField(default=True)
+    state = models.CharField(max_length=8, choices=AlertState.choices, default=AlertState.OK)
+    state_since = models.DateTimeField()
+    last_count = models.PositiveIntegerField(null=True, blank=True)
+    last_evaluated_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(window_seconds__gte=1), name="alertrule_window_positive"),
+            models.CheckConstraint(condition=Q(threshold__gte=1), name="alertrule_threshold_positive"),
+        ]
+        indexes = [models.Index(fields=["state_since"], name="alertrule_firing_idx", condition=Q(state="firing"))]
+
+    def __str__(self) -> str:
+        return f"{self.search}: {self.threshold} or more updated in {self.window_seconds}s ({self.state})"
+
+
+class AlertTransitionState(models.TextChoices):
+    FIRED = "fired"
+    RESOLVED = "resolved"
+
+
+class AlertTransition(models.Model):
+    """A rule fired or resolved: its history, and what was sent on ``backplane.alerts``. Kept
+    when the rule is deleted (``rule`` then empty; the search's name and the numbers stay)."""
+
+    rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="transitions")
+    search_name = models.CharField(max_length=200)
+    state = models.CharField(max_length=8, choices=AlertTransitionState.choices)
+    count = models.PositiveIntegerField()
+    threshold = models.PositiveIntegerField()
+    window_seconds = models.PositiveIntegerField()
+    # Why a rule resolved other than by its count: "rule deleted", "rule disabled", ...
+    reason = models.CharField(max_length=200, blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["-at"], name="alerttransition_recent_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.search_name} {self.state} at {self.count}/{self.threshold}"

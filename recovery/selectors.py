@@ -10,17 +10,17 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Window
+from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
-from backplane.eventlog.errors import NotFound
+from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.lineage import history_of
 from backplane.eventlog.models import Agent, BreakerTransition, Task
 from backplane.eventlog.selectors import task_visible
-from recovery.models import Tool, ToolCall
+from recovery.models import BulkItemStatus, BulkJob, BulkJobItem, Tool, ToolCall
 
 
 def tool_call_visible(*, namespace: str | None, key: str) -> ToolCall:
@@ -297,3 +297,41 @@ def tools_overview(*, now: datetime | None = None) -> list[ToolRow]:
                             p50_ms=None if p50 is None else p50 * 1000, p95_ms=None if p95 is None else p95 * 1000,
                             in_flight=flying))
     return rows
+
+
+# --- bulk jobs (recovery/bulk.py) -------------------------------------------------------------
+
+
+def bulk_job_get(job_id: int) -> BulkJob:
+    job = BulkJob.objects.filter(pk=job_id).first()
+    if job is None:
+        raise NotFound("job not found", {"job_id": job_id})
+    return job
+
+
+def bulk_jobs_recent(*, limit: int, before_id: int | None = None) -> tuple[list[BulkJob], int | None]:
+    """Jobs newest first, a keyset page: the jobs and the cursor of the next page (None: last)."""
+    jobs = BulkJob.objects.order_by("-pk")
+    if before_id is not None:
+        jobs = jobs.filter(pk__lt=before_id)
+    page = list(jobs[: limit + 1])
+    return page[:limit], page[limit - 1].pk if len(page) > limit else None
+
+
+def bulk_job_items_page(job: BulkJob, *, status: str | None, after_index: int,
+                        limit: int) -> tuple[list[BulkJobItem], int | None]:
+    """A job's items in index order after ``after_index`` (keyset), optionally of one status;
+    the items and the cursor of the next page (None: last)."""
+    if status is not None and status not in BulkItemStatus.values:
+        raise InvalidInput("unknown status", {"status": f"one of {', '.join(BulkItemStatus.values)}"})
+    items = BulkJobItem.objects.filter(job=job, index__gt=after_index)
+    if status is not None:
+        items = items.filter(status=status)
+    page = list(items.order_by("index")[: limit + 1])
+    return page[:limit], page[limit - 1].index if len(page) > limit else None
+
+
+def bulk_job_planned_counts(job: BulkJob) -> list[tuple[str, int]]:
+    """What the dry run plans, by outcome, most first: ``[("retry", 2950), ("skip: …", 50)]``."""
+    rows = BulkJobItem.objects.filter(job=job).values_list("planned").annotate(n=Count("pk")).order_by("-n", "planned")
+    return [(planned, n) for planned, n in rows]

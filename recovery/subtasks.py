@@ -17,11 +17,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import IdempotencyMismatch, SandboxRefused, TaskClosed
+from backplane.eventlog.errors import IdempotencyMismatch, SandboxRefused
 from backplane.eventlog.lineage import TO_HEAD, SeqRange, find_in_history, history_ranges, inherited_ranges
-from backplane.eventlog.models import Task
+from backplane.eventlog.models import Task, TaskStatus
 from backplane.eventlog.services import ensure_storable_json, task_create_in_transaction
-from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def subtask_dispatch(
                 )
             return SubtaskOutcome(child=existing, dispatch_key=dispatch_key, created=False)
         if parent.is_closed:
-            raise TaskClosed(f"task is {parent.status}", {"status": parent.status})
+            raise task_closed_error(parent)
         child = task_create_in_transaction(
             namespace=parent.namespace,
             kind=kind,
@@ -157,7 +157,13 @@ def _recorded_child(parent: Task, *, step: int, kind: str, input: dict[str, Any]
 
 
 def child_result_draft(child: Task, *, status: str) -> EventDraft:
-    """``SubAgentResultReceived``: what a child's final event made of it, for a parent's log."""
+    """``SubAgentResultReceived``: what a child's final event made of it, for a parent's log.
+
+    A cancelled child reports like a failed one: its error says who cancelled it and why (read
+    from its ``TaskCancelled``, so the parent's agent can tell a cancellation from a crash)."""
+    error = child.error
+    if status == TaskStatus.CANCELLED:
+        error = task_closed_error(child).message
     return EventDraft(
         type=et.SUB_AGENT_RESULT_RECEIVED,
         payload={
@@ -166,7 +172,7 @@ def child_result_draft(child: Task, *, status: str) -> EventDraft:
             "kind": child.kind,
             "status": status,
             "output": child.output,
-            "error": child.error,
+            "error": error,
         },
         causation_id=f"{child.pk}:{child.last_seq}",
     )

@@ -8,7 +8,7 @@ import time
 from celery import shared_task
 from django.conf import settings
 
-from recovery import detector, retention, tool_calls
+from recovery import alerts, bulk, detector, retention, tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -44,3 +44,27 @@ def prune_retained_tasks() -> int:
     while (pruned := retention.retention_prune_batch()) and time.monotonic() < deadline:
         total += pruned
     return total + pruned
+
+
+@shared_task(ignore_result=True)
+def evaluate_alerts() -> int:
+    """Count every enabled alert rule's saved search and record the crossings (recovery/alerts.py).
+    Several workers may run it at once: each crossing is still announced once."""
+    return alerts.alerts_evaluate()
+
+
+@shared_task(ignore_result=True)
+def run_bulk_job(job_id: int) -> None:
+    """Run a bulk job's chunks for a while under its runner lease, then enqueue it again if work
+    is left (the lease is released first, so the next run can claim it)."""
+    if bulk.bulk_job_run(job_id):
+        run_bulk_job.delay(job_id)
+
+
+@shared_task(ignore_result=True)
+def resume_bulk_jobs() -> int:
+    """Enqueue the running jobs nobody runs: never picked up, or their worker was killed."""
+    job_ids = bulk.bulk_jobs_unattended()
+    for job_id in job_ids:
+        run_bulk_job.delay(job_id)
+    return len(job_ids)

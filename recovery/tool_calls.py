@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.costs import decimal_text
-from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, SandboxRefused, TaskClosed
+from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, SandboxRefused
 from backplane.eventlog.event_types import reported_cost
 from backplane.eventlog.lineage import (
     TO_HEAD,
@@ -30,7 +30,7 @@ from backplane.eventlog.lineage import (
 )
 from backplane.eventlog.models import Task
 from backplane.eventlog.services import ensure_storable_json, replay_count
-from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.telemetry import counters
 from recovery.budgets import budget_gate
 from recovery.models import ToolCall, ToolCallStatus
@@ -86,7 +86,7 @@ def tool_call_dispatch(
             replay_count(task_id=task.pk, kind="tool_call", now=timezone.now())
             return ToolCallOutcome(call=existing, replayed=True)
         if task.is_closed:
-            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+            raise task_closed_error(task)
         now = timezone.now()
         ttl = timedelta(seconds=ttl_seconds or settings.BACKPLANE_TOOL_CALL_TTL_SECONDS)
         if task.forked_from_id is not None:
@@ -177,7 +177,7 @@ def tool_call_record_result(
                 {"idempotency_key": key, "status": call.status},
             )
         if task.is_closed:
-            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+            raise task_closed_error(task)
         now = timezone.now()
         call.status = status
         call.result = result

@@ -89,6 +89,17 @@ CONFLICT_EXAMPLES["budget_exceeded"] = _example(
     "budget_exceeded", "budget_exceeded", "the namespace budget of acme is spent: 250.10 of 250.00 USD today",
     {"budget_id": 3, "scope": "namespace", "key": "acme", "period": "day", "unit": "currency", "currency": "USD",
      "limit": "250.00", "spend": "250.10"})
+CONFLICT_EXAMPLES["job_conflict"] = _example(
+    "job_conflict", "job_conflict", "the selection hash is not this job's frozen list",
+    {"status": "draft", "selection_hash": "9f2c4e0b7d1a3c5e8f6a2b4d0c1e3f5a7b9d2c4e6f8a0b1c3d5e7f9a2b4c6d8e"})
+CONFLICT_EXAMPLES["pause_in_force"] = _example(
+    "pause_in_force", "pause_in_force", "a pause is already in force for this scope",
+    {"namespace": "acme", "kind": "lead-qualification", "pause_id": 4, "paused_by": "user:dana",
+     "reason": "the CRM tool rejects every lookup"})
+CONFLICT_EXAMPLES["task_cancelled"] = _example(
+    "task_closed (cancelled)", "task_closed", "task was cancelled by user:dana: prompt v7 loops on step 3",
+    {"status": "cancelled", "cancelled_by": "user:dana", "reason": "prompt v7 loops on step 3",
+     "cancelled_at": "2026-12-02T01:40:00+00:00"})
 # The conflicts of a write: the usual three, what a sandbox refuses (backplane/eventlog/forks.py)
 # and a spent budget (recovery/budgets.py).
 WRITE_CONFLICTS = ("seq_conflict", "stale_lease", "task_closed", "sandbox_refused", "budget_exceeded")
@@ -102,7 +113,9 @@ def errors(*statuses: int, conflicts: tuple[str, ...] = ("seq_conflict", "stale_
     responses = {}
     for code in sorted(common | set(statuses)):
         if code == 409:
-            description = "Conflict: " + ", ".join(f"`{name}`" for name in conflicts) + "."
+            # By code: two examples of one code (a task closed, a task cancelled) name it once.
+            codes = dict.fromkeys(CONFLICT_EXAMPLES[name].value["error"]["code"] for name in conflicts)
+            description = "Conflict: " + ", ".join(f"`{code}`" for code in codes) + "."
             examples = [CONFLICT_EXAMPLES[name] for name in conflicts]
         else:
             description, examples = ERROR_RESPONSES[code]

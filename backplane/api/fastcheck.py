@@ -24,7 +24,13 @@ from rest_framework import fields as drf_fields
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from backplane.api.serializers import JSONObjectField, StrictCharField, StrictIntegerField, StrictSerializer
+from backplane.api.serializers import (
+    JSONObjectField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    StrictUUIDField,
+)
 
 # What a compiled check returns for "not accepted as is": the caller asks the serializer.
 Check = Callable[[Any], Any]
@@ -215,7 +221,7 @@ def _field_check(field: serializers.Field) -> Check:
         return _integer_check(field)
     if type(field) is JSONObjectField:
         return _object_check(field)
-    if type(field) is serializers.UUIDField:
+    if type(field) is StrictUUIDField:
         return _uuid_check(field)
     raise NotCompilable(f"{field.field_name}: {type(field).__name__} is not supported")
 

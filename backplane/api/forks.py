@@ -18,6 +18,7 @@ from backplane.api.serializers import (
     StrictCharField,
     StrictIntegerField,
     StrictSerializer,
+    StrictUUIDField,
     TaskOut,
     task_as_api_dict,
 )
@@ -37,14 +38,14 @@ class TaskForkIn(StrictSerializer):
     at_seq = StrictIntegerField(min_value=1, max_value=2**31 - 1)
     reason = StrictCharField(min_length=1, max_length=REASON_MAX_CHARS)
     input = JSONObjectField(required=False)
-    task_id = serializers.UUIDField(required=False)
+    task_id = StrictUUIDField(required=False)
     sandbox = StrictBooleanField(required=False)
     tool_answers: serializers.ListSerializer[Any] = serializers.ListSerializer(
         child=ToolAnswerIn(), required=False, max_length=1000)
 
 
 class DiffSideOut(serializers.Serializer):
-    task_id = serializers.UUIDField()
+    task_id = StrictUUIDField()
     seq = serializers.IntegerField()
     type = serializers.CharField()
 
@@ -66,8 +67,8 @@ class DiffCountsOut(serializers.Serializer):
 
 
 class TaskDiffOut(serializers.Serializer):
-    a = serializers.UUIDField()
-    b = serializers.UUIDField()
+    a = StrictUUIDField()
+    b = StrictUUIDField()
     first_divergence = DivergenceOut(allow_null=True)
     counts = DiffCountsOut()
 

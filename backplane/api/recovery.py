@@ -30,6 +30,7 @@ from backplane.api.serializers import (
     StrictCharField,
     StrictIntegerField,
     StrictSerializer,
+    StrictUUIDField,
     TaskOut,
     name_field,
     optional_timestamp,
@@ -46,7 +47,7 @@ from recovery.models import ToolCall, ToolCallStatus
 class LeaseClaimIn(StrictSerializer):
     kinds = serializers.ListField(child=name_field(), required=False, min_length=1, max_length=100)
     lease_seconds = StrictIntegerField(required=False, min_value=1, max_value=3600)
-    task_id = serializers.UUIDField(required=False)
+    task_id = StrictUUIDField(required=False)
 
 
 class LeaseClaimOut(serializers.Serializer):
@@ -96,7 +97,7 @@ class ToolCallResultIn(StrictSerializer):
 class ToolCallOut(serializers.Serializer):
     idempotency_key = serializers.CharField()
     effect_key = serializers.CharField()
-    task_id = serializers.UUIDField()
+    task_id = StrictUUIDField()
     step = serializers.IntegerField()
     tool = serializers.CharField()
     input = JSONObjectField()
@@ -414,7 +415,7 @@ class RecoveryContextView(ApiView):
 
 
 class ToolInvokeIn(StrictSerializer):
-    task_id = serializers.UUIDField()
+    task_id = StrictUUIDField()
     step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
     input = JSONObjectField()
     lease_epoch = StrictIntegerField(required=False, min_value=0)

@@ -32,6 +32,14 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictUUIDField(serializers.UUIDField):
+    def to_internal_value(self, data: Any) -> Any:
+        # DRF's field also takes an integer (``UUID(int=...)``): ``false`` would name a task.
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
 class StrictBooleanField(serializers.BooleanField):
     def to_internal_value(self, data: Any) -> bool:
         if not isinstance(data, bool):
@@ -97,7 +105,8 @@ class TaskOut(serializers.Serializer):
     namespace = serializers.CharField()
     kind = serializers.CharField()
     status = serializers.ChoiceField(
-        choices=["pending", "running", "completed", "failed", "dead_lettered", "compensating", "compensated"]
+        choices=["pending", "running", "completed", "failed", "dead_lettered", "compensating", "compensated",
+                 "cancelled"]
     )
     input = JSONObjectField()
     output = JSONObjectField(allow_null=True)
@@ -159,8 +168,8 @@ def task_as_api_dict(task: Task | TaskRow) -> dict[str, Any]:
 class TaskCreateIn(StrictSerializer):
     kind = name_field()
     input = JSONObjectField()
-    task_id = serializers.UUIDField(required=False)
-    parent_task_id = serializers.UUIDField(required=False, allow_null=True)
+    task_id = StrictUUIDField(required=False)
+    parent_task_id = StrictUUIDField(required=False, allow_null=True)
     max_attempts = StrictIntegerField(required=False, min_value=1, max_value=100)
     metadata = JSONObjectField(required=False)
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from backplane.api import budgets, dead_letters, forks, integrity, views
+from backplane.api import budgets, dead_letters, fleet, forks, integrity, jobs, views
 from backplane.api import recovery as recovery_api
 
 urlpatterns = [
@@ -12,6 +12,9 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/verify/", views.TaskVerifyView.as_view(), name="task-verify"),
     path("tasks/<uuid:task_id>/fork/", forks.TaskForkView.as_view(), name="task-fork"),
     path("tasks/<uuid:task_id>/diff/<uuid:other_id>/", forks.TaskDiffView.as_view(), name="task-diff"),
+    path("tasks/<uuid:task_id>/cancel/", fleet.TaskCancelView.as_view(), name="task-cancel"),
+    path("pauses/", fleet.PausesView.as_view(), name="pauses"),
+    path("pauses/<int:pause_id>/resume/", fleet.PauseResumeView.as_view(), name="pause-resume"),
     path("leases/", recovery_api.leases_route, name="leases"),
     path("tasks/<uuid:task_id>/heartbeat/", recovery_api.heartbeat_route, name="task-heartbeat"),
     path("tasks/<uuid:task_id>/release/", recovery_api.ReleaseView.as_view(), name="task-release"),
@@ -30,6 +33,14 @@ urlpatterns = [
     path("events/<int:position>/proof/", integrity.EventProofView.as_view(), name="event-proof"),
     path("budgets/", budgets.BudgetsView.as_view(), name="budgets"),
     path("budgets/<int:budget_id>/resume/", budgets.BudgetResumeView.as_view(), name="budget-resume"),
+    path("jobs/", jobs.JobsView.as_view(), name="jobs"),
+    path("jobs/<int:job_id>/", jobs.JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<int:job_id>/items/", jobs.JobItemsView.as_view(), name="job-items"),
+    path("jobs/<int:job_id>/start/", jobs.JobStartView.as_view(), name="job-start"),
+    path("jobs/<int:job_id>/pause/", jobs.JobPauseView.as_view(), name="job-pause"),
+    path("jobs/<int:job_id>/resume/", jobs.JobResumeView.as_view(), name="job-resume"),
+    path("jobs/<int:job_id>/abort/", jobs.JobAbortView.as_view(), name="job-abort"),
+    path("jobs/<int:job_id>/retry-failed/", jobs.JobRetryFailedView.as_view(), name="job-retry-failed"),
     path("dead-letters/", dead_letters.DeadLettersView.as_view(), name="dead-letters"),
     path(
         "dead-letters/<int:dead_letter_id>/requeue/",

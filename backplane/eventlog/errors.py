@@ -72,6 +72,14 @@ class AlreadyDecided(BackplaneError):
     code = "already_decided"
 
 
+class JobConflict(BackplaneError):
+    """A bulk job asked to do what its state does not allow (started twice, resumed while
+    running), or started with a selection hash that is not its frozen list's (recovery/bulk.py)."""
+
+    status = 409
+    code = "job_conflict"
+
+
 class CircuitOpen(BackplaneError):
     """A circuit breaker (an agent's or a tool's) is open; try again after ``retry_after`` seconds."""
 
@@ -97,3 +105,10 @@ class ToolUnavailable(BackplaneError):
 
     status = 502
     code = "tool_unavailable"
+
+
+class PauseInForce(BackplaneError):
+    """A pause already holds this scope back (recovery/fleet.py): lift it before pausing again."""
+
+    status = 409
+    code = "pause_in_force"

@@ -78,33 +78,52 @@ def task_fork(
     for answer in tool_answers:
         ensure_storable_json(answer.result, "tool_answers")
     with transaction.atomic(durable=True):
-        source = _source_for_fork(namespace=namespace, source_task_id=source_task_id, at_seq=at_seq,
-                                  sandbox=sandbox)
-        at_event = Event.objects.only("seq", "hash", "type").get(task=source, seq=at_seq)
-        replaced = input is not None and input != source.input
-        payload = {
-            "source_task_id": str(source.pk),
-            "at_seq": at_seq,
-            "source_hash": at_event.hash,
-            "source_type": at_event.type,
-            "reason": reason,
-            "forked_by": forked_by,
-            "by_staff": by_staff,
-            "sandbox": sandbox,
-            "input_replaced": replaced,
-            "tool_answers": [answer.as_json() for answer in tool_answers],
-        }
-        return task_create_in_transaction(
-            namespace=source.namespace,
-            kind=source.kind,
-            input=input if input is not None else source.input,
-            agent=forked_by,
-            task_id=task_id or uuid.uuid4(),
-            parent_task_id=None,
-            max_attempts=source.max_attempts,
-            metadata=source.metadata,
-            fork=ForkOrigin(source=source, at_seq=at_seq, sandbox=sandbox, payload=payload),
-        )
+        return task_fork_in_transaction(namespace=namespace, source_task_id=source_task_id, at_seq=at_seq,
+                                        reason=reason, forked_by=forked_by, by_staff=by_staff, input=input,
+                                        task_id=task_id, sandbox=sandbox, tool_answers=tool_answers)
+
+
+def task_fork_in_transaction(
+    *,
+    namespace: str | None,
+    source_task_id: uuid.UUID,
+    at_seq: int,
+    reason: str,
+    forked_by: str,
+    by_staff: bool,
+    input: dict[str, Any] | None = None,
+    task_id: uuid.UUID | None = None,
+    sandbox: bool = False,
+    tool_answers: Sequence[ToolAnswer] = (),
+) -> TaskCreateOutcome:
+    """``task_fork`` in the caller's transaction (a bulk job's chunk), its arguments checked."""
+    source = _source_for_fork(namespace=namespace, source_task_id=source_task_id, at_seq=at_seq,
+                              sandbox=sandbox)
+    at_event = Event.objects.only("seq", "hash", "type").get(task=source, seq=at_seq)
+    replaced = input is not None and input != source.input
+    payload = {
+        "source_task_id": str(source.pk),
+        "at_seq": at_seq,
+        "source_hash": at_event.hash,
+        "source_type": at_event.type,
+        "reason": reason,
+        "forked_by": forked_by,
+        "by_staff": by_staff,
+        "sandbox": sandbox,
+        "input_replaced": replaced,
+        "tool_answers": [answer.as_json() for answer in tool_answers],
+    }
+    return task_create_in_transaction(
+        namespace=source.namespace,
+        kind=source.kind,
+        input=input if input is not None else source.input,
+        agent=forked_by,
+        task_id=task_id or uuid.uuid4(),
+        parent_task_id=None,
+        max_attempts=source.max_attempts,
+        metadata=source.metadata,
+        fork=ForkOrigin(source=source, at_seq=at_seq, sandbox=sandbox, payload=payload),
+    )
 
 
 def _source_for_fork(*, namespace: str | None, source_task_id: uuid.UUID, at_seq: int, sandbox: bool) -> Task:
@@ -132,7 +151,7 @@ def _source_for_fork(*, namespace: str | None, source_task_id: uuid.UUID, at_seq
 
 # The events after which a task had failed (or been taken back) for the last time: a fork from
 # failure continues from just before the last of them.
-_FAILURE_TYPES = (et.TASK_FAILED, et.TASK_STALLED, et.TASK_DEAD_LETTERED)
+FAILURE_TYPES = (et.TASK_FAILED, et.TASK_STALLED, et.TASK_DEAD_LETTERED)
 
 
 # Per task, the run of failure events its log ends its last failure with (a stall that
@@ -162,7 +181,7 @@ def failure_points(task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
     if not task_ids:
         return {}
     with connection.cursor() as cursor:
-        cursor.execute(_FAILURE_POINTS_SQL, [list(task_ids), list(_FAILURE_TYPES)])
+        cursor.execute(_FAILURE_POINTS_SQL, [list(task_ids), list(FAILURE_TYPES)])
         return {task_id: seq for task_id, seq in cursor.fetchall()}
 
 

@@ -38,7 +38,8 @@ def enqueue_lifecycle(*, task: Task, previous_status: str | None, seq: int, even
         outbox_enqueue_many([message], now=now)
 
 
-LIFECYCLE_STATUSES = frozenset({"pending", "completed", "failed", "dead_lettered"})
+# A cancellation is announced too: a subscriber waiting for a task's end must hear of it.
+LIFECYCLE_STATUSES = frozenset({"pending", "completed", "failed", "dead_lettered", "cancelled"})
 
 
 def lifecycle_payload(task: Task, previous_status: str | None) -> dict[str, Any]:

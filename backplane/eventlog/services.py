@@ -31,12 +31,11 @@ from backplane.eventlog.errors import (
     IdempotencyMismatch,
     InvalidInput,
     SeqConflict,
-    TaskClosed,
     TaskExists,
 )
 from backplane.eventlog.lifecycle import enqueue_lifecycle
 from backplane.eventlog.models import Agent, Event, Task, hash_token
-from backplane.eventlog.writer import EventDraft, check_lease, lock_task, write_events
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.telemetry import counters
 
 
@@ -247,7 +246,7 @@ def _settled(draft: EventDraft, *, now: datetime) -> EventDraft:
 def check_open_at(task: Task, expected_seq: int | None) -> None:
     """409 for a closed task, then for an ``expected_seq`` that is not the task's ``last_seq``."""
     if task.is_closed:
-        raise TaskClosed(f"task is {task.status}", {"status": task.status})
+        raise task_closed_error(task)
     if expected_seq is not None and expected_seq != task.last_seq:
         raise SeqConflict(
             f"expected_seq {expected_seq} but the task is at {task.last_seq}",

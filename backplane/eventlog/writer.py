@@ -28,12 +28,13 @@ from django.db import connection
 from django.utils import timezone
 
 from backplane.delivery.outbox import Message, outbox_enqueue_many
+from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_timestamp
 from backplane.eventlog.costs import ROLLUP_UPSERT_SQL, rollup_records
 from backplane.eventlog.errors import NotFound, SandboxRefused, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.eventlog.reducer import REDUCED_FIELDS, TaskState, task_reduce, task_state_apply, task_state_of
 from backplane.lib.sql_rows import RowLoader, recordset, recordset_json
 from backplane.telemetry.tracing import current_trace_ids, span_annotate_write, traceparent
@@ -121,12 +122,32 @@ def check_lease(task: Task, lease_epoch: int | None, *, now: datetime | None = N
             "lease epoch is not the task's current one",
             {"lease_epoch": lease_epoch},
         )
+    if lease_epoch is not None and not task.is_leased and task.status == TaskStatus.COMPENSATING:
+        # A saga runs after the task failed for good or was cancelled: the lease that epoch
+        # names has ended with the task's work, and the holder hears why.
+        raise task_closed_error(task)
     if lease_epoch is not None and lease_expired(task, now=now):
         assert task.lease_expires_at is not None
         raise StaleLease(
             "the lease expired; claim the task again",
             {"lease_epoch": lease_epoch, "expired_at": task.lease_expires_at.isoformat()},
         )
+
+
+def task_closed_error(task: Task) -> TaskClosed:
+    """The 409 for a write that meets a closed task. A cancelled one (or one compensating, or
+    compensated, after its cancellation) names who cancelled it, why and when, so its lease
+    holder learns why its work stopped; the ``TaskCancelled`` event is read only here, on the
+    error path."""
+    details: dict[str, Any] = {"status": task.status}
+    if task.status in (TaskStatus.CANCELLED, TaskStatus.COMPENSATING, TaskStatus.COMPENSATED):
+        cancelled = (Event.objects.filter(task_id=task.pk, type=et.TASK_CANCELLED)
+                     .only("payload", "recorded_at").order_by("-seq").first())
+        if cancelled is not None:
+            details.update(cancelled_by=cancelled.payload.get("cancelled_by"), reason=cancelled.payload.get("reason"),
+                           cancelled_at=cancelled.recorded_at.isoformat())
+            return TaskClosed(f"task was cancelled by {details['cancelled_by']}: {details['reason']}", details)
+    return TaskClosed(f"task is {task.status}", details)
 
 
 def lease_expired(task: Task, *, now: datetime | None = None) -> bool:
@@ -158,7 +179,7 @@ def write_events(
     events: list[Event] = []
     for index, draft in enumerate(drafts):
         if task.is_closed and not allow_closed:
-            raise TaskClosed(f"task is {task.status}", {"status": task.status})
+            raise task_closed_error(task)
         events.append(_number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None))
     task.updated_at = now
     _insert_events_and_update_projections([task], [events])
@@ -298,7 +319,7 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
         events: list[Event] = []
         for draft in write.drafts:
             if task.is_closed:
-                raise TaskClosed(f"task is {task.status}", {"status": task.status})
+                raise task_closed_error(task)
             events.append(_number_event(task, draft, agent=agent, now=now))
         task.updated_at = now
         written.append(events)

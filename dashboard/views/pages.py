@@ -25,7 +25,9 @@ from backplane.runtime.duties import duties_state
 from dashboard import selectors
 from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
+from dashboard.views import searches
 from dashboard.views.common import int_param, staff_only
+from recovery.fleet import pause_blocking, pauses_in_force
 from recovery.selectors import recovery_context
 
 # --- overview ------------------------------------------------------------------------------------
@@ -39,8 +41,10 @@ def _overview_parts(request: HttpRequest) -> dict[str, Any]:
         "spend": selectors.spend_today(now=figures.now),
         "duties": duties,
         "duties_overdue": [duty for duty in duties if duty.overdue],
+        "pauses": pauses_in_force(),
         "hour_ago": format_timestamp(figures.hour_ago),
         "minute_ago": format_timestamp(figures.now - timedelta(minutes=1)),
+        **searches.overview_parts(),
     }
 
 
@@ -76,6 +80,8 @@ def overview_live(request: HttpRequest) -> JsonResponse:
         {
             "tiles": render_to_string("dashboard/_tiles.html", parts, request=request),
             "duties": render_to_string("dashboard/_duties.html", parts, request=request),
+            "saved_tiles": render_to_string("dashboard/_saved_tiles.html", parts, request=request),
+            "alerts": render_to_string("dashboard/_alerts.html", parts, request=request),
             "feed": render_to_string("dashboard/_feed_rows.html", {"feed": feed}, request=request),
             "last_position": feed[0].position if feed else after,
             "chart": selectors.activity_per_minute(hours=hours),
@@ -103,8 +109,9 @@ def task_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.copy()
     query.pop("cursor", None)
     query.pop("partial", None)
+    query.pop("search", None)
     context = {"form": form, "page": page, "error": error, "query": query.urlencode(), "nav": "tasks",
-               "bulk_max": BULK_MAX_ITEMS}
+               "bulk_max": BULK_MAX_ITEMS, "saved_search": searches.named_search(request.GET.get("search"))}
     if request.GET.get("partial") == "rows":
         return JsonResponse(
             {
@@ -126,6 +133,7 @@ def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
         "chain": selectors.chain_state(task.pk),
         "spend": selectors.task_spend(task),
         "now": timezone.now(),
+        "pause": pause_blocking(task),
     }
 
 

@@ -117,6 +117,13 @@
       }
     });
     BP.renderTimes(tiles);
+    // Pinned saved searches (their live counts) and the alerts panel.
+    const saved = document.getElementById("saved-tiles");
+    saved.innerHTML = data.saved_tiles;
+    saved.hidden = !saved.querySelector(".tile");
+    const alerts = document.getElementById("alerts-body");
+    alerts.innerHTML = data.alerts;
+    BP.renderTimes(alerts);
     const duties = document.getElementById("duties-body");
     duties.innerHTML = data.duties;
     BP.renderTimes(duties);

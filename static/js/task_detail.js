@@ -199,5 +199,20 @@
     forkForm.querySelector("input[name=reason]").focus();
   }
 
+  // --- cancel ------------------------------------------------------------------------------------
+  // The button lives in the header, which live updates re-render: listen on the document.
+  const cancelDialog = document.getElementById("cancel-dialog");
+  document.addEventListener("click", (event) => {
+    if (!event.target.closest("#cancel-task")) return;
+    cancelDialog.showModal();
+    document.getElementById("cancel-reason").focus();
+  });
+  cancelDialog.addEventListener("click", (event) => {
+    if (event.target.closest("[data-close]") || event.target === cancelDialog) cancelDialog.close();
+  });
+  document.getElementById("cancel-form").addEventListener("submit", () => {
+    setTimeout(() => { document.getElementById("cancel-submit").disabled = true; }, 0);
+  });
+
   if (window.location.hash) document.querySelector(window.location.hash)?.classList.add("targeted");
 })();

@@ -20,7 +20,17 @@ from backplane.delivery.models import DeadLetter, WebhookSubscription
 from backplane.eventlog import services
 from backplane.eventlog.models import Agent, BreakerTransition, CostRollup, ModelPrice, Task
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
-from recovery.models import RetentionRule, Tool, ToolCall
+from recovery.models import (
+    AlertRule,
+    AlertTransition,
+    BulkJob,
+    BulkJobDecision,
+    Pause,
+    RetentionRule,
+    SavedSearch,
+    Tool,
+    ToolCall,
+)
 from tests.browser.conftest import password_hash
 
 WIDTH = 1280
@@ -78,6 +88,34 @@ def _fill() -> None:
         RetentionRule.objects.create(namespace="acme-marketing-eu", kind="lead-qualification" if n else "",
                                      keep_seconds=30 * 24 * 3600, tasks_pruned=1_250_000, events_pruned=98_000_000,
                                      last_pruned_at=now)
+        Pause.objects.create(namespace="acme-marketing-eu", kind="lead-qualification" if n else "",
+                             reason="the CRM enrichment tool rejects every lookup since the 14:05 deploy; rollback "
+                                    "in progress", paused_by="user:operator-with-a-long-name", paused_at=now,
+                             resumed_by="user:operator-with-a-long-name" if n == 2 else "",
+                             resumed_at=now if n == 2 else None)
+    for n in range(3):
+        search = SavedSearch.objects.create(
+            name=f"Lead qualification stalled after the CRM enrichment deploy {n}", pinned=n != 1,
+            slug=f"lead-qualification-stalled-after-the-crm-enrichment-deploy-{n}",
+            created_by="user:operator-with-a-long-name",
+            filter={"namespace": "acme-marketing-eu", "kind": "lead-qualification", "q": "crm-enrichment timeout"},
+            created_at=now)
+        rule = AlertRule.objects.create(search=search, window_seconds=3600, threshold=1_000, state="firing",
+                                        state_since=now, last_count=1_250, last_evaluated_at=now,
+                                        created_by="user:operator-with-a-long-name", created_at=now)
+        AlertTransition.objects.create(rule=rule, search_name=search.name, state="resolved", count=999,
+                                       threshold=1_000, window_seconds=3600, at=now,
+                                       reason="rule disabled by user:operator-with-a-long-name")
+    for n in range(3):
+        job = BulkJob.objects.create(
+            action="fork_from_failure" if n else "dead_letter_discard", status="running",
+            selection={"filter": {"namespace": "acme-marketing-eu", "kind": "lead-qualification",
+                                  "q": "crm-enrichment timeout"}},
+            selection_hash=_hex(f"job {n}"), reason="deploy 412 of the CRM enrichment tool failed them; fixed in 413",
+            created_by="user:operator-with-a-long-name", created_at=now, total=200_000, done=123_456,
+            skipped=65_432, failed=1_234, started_at=now)
+        BulkJobDecision.objects.create(job=job, action="create", decided_by="user:operator-with-a-long-name",
+                                       reason=job.reason, at=now)
     assert Task.objects.count() == 3 and Agent.objects.count() == 3
 
 
@@ -110,4 +148,4 @@ def test_every_changelist_fits_1280_px(page: Page, screenshot: Callable[[Page, s
         }""")
         screenshot(page, url.strip("/").replace("/", "-"))
     too_wide = {url: width for url, width in widths.items() if width > WIDTH}
-    assert len(widths) == 16 and not too_wide, too_wide
+    assert len(widths) == 21 and not too_wide, too_wide

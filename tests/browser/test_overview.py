@@ -20,7 +20,8 @@ Screenshot = Callable[[Page, str], Path]
 
 TILES = [
     "tasks-pending", "tasks-running", "tasks-completed", "tasks-failed", "tasks-dead_lettered",
-    "tasks-compensating", "tasks-compensated", "events-per-minute", "outbox-pending", "outbox-oldest-age",
+    "tasks-compensating", "tasks-compensated", "tasks-cancelled", "events-per-minute", "outbox-pending",
+    "outbox-oldest-age",
     "dead-letters-pending", "stalled", "recovering", "recoveries-hour", "replays-hour", "breakers-open",
     "chain-verification", "duties",
 ]

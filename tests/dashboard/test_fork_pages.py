@@ -423,9 +423,10 @@ def test_sandboxes_are_left_out_of_the_overview_and_the_task_list_by_default(
 
 # --- queries ------------------------------------------------------------------------------------
 
-# The session and its user are two of them on every page; a task's model spend is one more.
-TASK_PAGE_QUERIES = 11
-FORK_PAGE_QUERIES = 12
+# The session and its user are two of them on every page; a task's model spend is one more, and
+# so is the pause that may hold a pending task back (recovery/fleet.py).
+TASK_PAGE_QUERIES = 12
+FORK_PAGE_QUERIES = 13
 DIFF_PAGE_QUERIES = 10
 
 

@@ -580,7 +580,7 @@ def test_rules_are_made_for_finished_statuses_only(db: None) -> None:
     from backplane.eventlog.errors import InvalidInput
 
     rule = retention.retention_rule_ensure(namespace="demo", keep_seconds=900)
-    assert rule.statuses == ["completed", "failed", "dead_lettered", "compensated"] and rule.kind == ""
+    assert rule.statuses == ["completed", "failed", "dead_lettered", "compensated", "cancelled"] and rule.kind == ""
     again = retention.retention_rule_ensure(namespace="demo", keep_seconds=60, statuses=["completed"])
     assert again.pk == rule.pk and (again.keep_seconds, again.statuses) == (60, ["completed"])
     with pytest.raises(InvalidInput):
