@@ -39,7 +39,7 @@ from backplane.eventlog.errors import AlreadyDecided, BackplaneError, InvalidInp
 from backplane.eventlog.forks import FAILURE_TYPES, failure_points, task_fork_in_transaction
 from backplane.eventlog.models import CLOSED_STATUSES, Task, TaskStatus
 from backplane.eventlog.selectors import task_filters_from_json, tasks_filtered
-from backplane.eventlog.writer import EventDraft, write_events
+from backplane.eventlog.writer import EventDraft, lock_tasks, write_events
 from recovery.dead_letters import dead_letter_discard_in_transaction, dead_letter_requeue_in_transaction
 from recovery.fleet import tasks_cancel_locked
 from recovery.models import BulkAction, BulkItemStatus, BulkJob, BulkJobDecision, BulkJobItem, BulkJobStatus
@@ -373,8 +373,7 @@ Apply = Callable[[BulkJob, Sequence[PendingItem], datetime], list[ItemResult]]
 
 def _apply_cancel(job: BulkJob, items: Sequence[PendingItem], now: datetime) -> list[ItemResult]:
     by_id = {uuid.UUID(item.target): item for item in items}
-    # Locks in id order, as every multi-task write does, so two of them never deadlock.
-    tasks = list(Task.objects.select_for_update().filter(pk__in=list(by_id)).order_by("pk"))
+    tasks = lock_tasks(list(by_id))
     found = {task.pk for task in tasks}
     results = [ItemResult(item.id, BulkItemStatus.SKIPPED, "no such task")
                for task_id, item in by_id.items() if task_id not in found]
@@ -417,7 +416,7 @@ def _apply_retry(job: BulkJob, items: Sequence[PendingItem], now: datetime) -> l
             results.append(ItemResult(item.id, BulkItemStatus.SKIPPED, "dead-lettered, but its dead letter is decided"))
         else:
             results.append(ItemResult(item.id, BulkItemStatus.SKIPPED, f"{status}, not failed"))
-    for task in Task.objects.select_for_update().filter(pk__in=failed_ids).order_by("pk"):
+    for task in lock_tasks(failed_ids):
         item = by_id[task.pk]
         if task.status != TaskStatus.FAILED:  # changed since it was read, before the lock
             results.append(ItemResult(item.id, BulkItemStatus.SKIPPED, f"{task.status}, not failed"))

@@ -86,6 +86,7 @@ class EventDraft:
 # API costs more Python than the database's own work, so they are written as SQL.
 _TASK_ROWS = RowLoader(Task)
 _LOCK_TASK_SQL = f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = %s FOR UPDATE"
+_LOCK_TASKS_SQL = f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
 _LOCK_TASK_IN_NAMESPACE_SQL = (
     f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = %s AND namespace = %s FOR UPDATE"
 )
@@ -100,6 +101,12 @@ def lock_task(*, namespace: str | None, task_id: uuid.UUID) -> Task:
     if task is None:
         raise NotFound("task not found", {"task_id": str(task_id)})
     return task
+
+
+def lock_tasks(task_ids: Sequence[uuid.UUID]) -> list[Task]:
+    """Lock many task rows for the rest of the transaction, in id order (the order every
+    multi-task write takes them in, so two never deadlock); the ones that exist, in that order."""
+    return _TASK_ROWS.fetch_all(_LOCK_TASKS_SQL, [list(task_ids)])
 
 
 def check_lease(task: Task, lease_epoch: int | None, *, now: datetime | None = None) -> None:
