@@ -86,7 +86,8 @@ class LeaseLost(BackplaneAPIError):
     """The lease this work was done under is gone: it expired and was swept, another agent
     holds the task now, or the task was closed.
 
-    Raised for a ``409 stale_lease`` answer, and by :class:`~backplane_client.TaskSession`
+    Raised for a ``409 stale_lease`` or ``409 task_closed`` answer (a cancelled task's details
+    say who cancelled it and why), and by :class:`~backplane_client.TaskSession`
     *without sending anything* once its heartbeat has seen the lease lost (``sent`` is then
     false, and ``status``/``code`` are those of the heartbeat's answer). Stop working on the
     task: whoever holds it now resumes from the log.
@@ -145,6 +146,8 @@ class ToolOutcomeMissing(RuntimeError):
 
 _SUBCLASS_OF_CODE: dict[str, type[BackplaneAPIError]] = {
     "stale_lease": LeaseLost,
+    # A closed task takes no more work: cancelled under the lease, or already finished.
+    "task_closed": LeaseLost,
     "sandbox_refused": SandboxRefused,
 }
 

@@ -152,14 +152,20 @@ def _recovery_span(*, task: Task, agent: Agent) -> AbstractContextManager[None]:
     })
 
 
+# Where a cancellation leaves a task: cancelled, or compensating and then compensated after one.
+_ENDED_BY_OTHERS = frozenset({TaskStatus.CANCELLED, TaskStatus.COMPENSATING, TaskStatus.COMPENSATED})
+
+
 def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
     task = lock_task(namespace=namespace, task_id=task_id)
-    if (not task.is_leased and task.lease_epoch == lease_epoch
-            and (task.is_closed or task.status == TaskStatus.COMPENSATING)):
-        # Closed first, for the holder whose lease the task's end took (a cancellation keeps the
-        # epoch): it learns why its lease is gone instead of a stale_lease it would take for a
-        # lost race. A holder fenced off earlier (a stall bumps the epoch) still gets stale_lease.
-        raise task_closed_error(task)
+    if not task.is_leased and task.lease_epoch == lease_epoch and task.status in _ENDED_BY_OTHERS:
+        # The holder whose lease a cancellation took (it keeps the epoch) learns why its lease is
+        # gone: task_closed naming the cancellation, not a stale_lease it would take for a lost
+        # race. Any other end keeps the contract's stale_lease: the holder wrote that end itself,
+        # or was fenced off earlier (a stall bumps the epoch).
+        closed = task_closed_error(task)
+        if "cancelled_by" in closed.details:
+            raise closed
     if not task.is_leased or task.lease_epoch != lease_epoch:
         raise StaleLease("lease epoch is not the task's current lease", {"lease_epoch": lease_epoch})
     # A heartbeat after the deadline does not revive the lease, even before the detector sweeps it.
