@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.helpers import ActionForm
@@ -12,17 +13,19 @@ from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
 from backplane.eventlog import services
-from backplane.eventlog.errors import AlreadyDecided
+from backplane.eventlog.errors import AlreadyDecided, BackplaneError
 from backplane.eventlog.models import Agent, BreakerTransition, CostRollup, Event, ModelPrice, Task, user_actor
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
-from recovery import breakers, dead_letters
+from recovery import breakers, bulk
+from recovery.models import BulkAction
 
 # Changelists fit a 1280 px window (tests/browser/test_admin_widths.py): a few columns to find a
 # row by, ids and hashes cut to their first characters (the whole value on hover and on the
@@ -203,18 +206,16 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    """Reviewers decide here too: "requeue selected" and "discard selected" ask for a reason on a
-    page of their own, then go through the same service as the dashboard and the API
-    (``dead_letters_decide_many``), which records each decision and decides each dead letter once;
-    the outcome is reported per item. The rows themselves stay read-only."""
+    """Reviewers decide here too, as a bulk job (recovery/bulk.py, the one way to act in bulk):
+    "requeue selected" and "discard selected" ask for a reason on a page of their own, then make
+    a draft job over the selected dead letters and open its page (/jobs/<id>/), where the dry
+    run is shown and a reviewer starts exactly that list. The rows themselves stay read-only."""
 
     list_display = ("id", "source", "topic", "status", "attempts", "created_at")
     list_filter = ("status", "source")
     search_fields = ("reference", "topic", "=task__id")
     ordering = ("-id",)
     actions = ("requeue_selected", "discard_selected")
-    # Per-item messages after a decision on many; the rest are summed up in one more.
-    REPORTED_ITEMS = 20
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Reviewers (the Reviewers group holds only review_deadletter) may open the list they decide from.
@@ -223,24 +224,22 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def has_review_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("backplane.review_deadletter")
 
-    @admin.action(description="Requeue the selected dead letters (asks for a reason)", permissions=["review"])
+    @admin.action(description="Requeue the selected dead letters (a job: asks for a reason)", permissions=["review"])
     def requeue_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
-        return self._decide(request, queryset, "requeue")
+        return self._draft_job(request, queryset, BulkAction.DEAD_LETTER_REQUEUE)
 
-    @admin.action(description="Discard the selected dead letters (asks for a reason)", permissions=["review"])
+    @admin.action(description="Discard the selected dead letters (a job: asks for a reason)", permissions=["review"])
     def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
-        return self._decide(request, queryset, "discard")
+        return self._draft_job(request, queryset, BulkAction.DEAD_LETTER_DISCARD)
 
-    def _decide(self, request: HttpRequest, queryset: QuerySet[DeadLetter], action: str) -> HttpResponse | None:
-        """First the page asking why (and showing what is selected), then the decisions."""
+    def _draft_job(self, request: HttpRequest, queryset: QuerySet[DeadLetter], action: str) -> HttpResponse | None:
+        """First the page asking why (and showing what is selected), then the draft job's page."""
         if not self.has_review_permission(request):  # the admin offers the action only to reviewers; check anyway
             raise PermissionDenied
-        most = dead_letters.BULK_MAX_ITEMS
+        most = settings.BACKPLANE_BULK_MAX_ITEMS
+        # One more than the most: the dry run refuses an over-large list with its own message.
         ids = list(queryset.order_by("created_at", "id").values_list("pk", flat=True)[: most + 1])
-        if len(ids) > most:
-            messages.error(request, f"At most {most} dead letters at once; nothing was decided. "
-                                    "Narrow the list with the filters.")
-            return None
+        verb = "requeue" if action == BulkAction.DEAD_LETTER_REQUEUE else "discard"
         reason = request.POST.get("reason", "").strip()
         if request.POST.get("confirm") != "yes" or not reason:
             shown = list(queryset.order_by("created_at", "id")[:50])
@@ -248,9 +247,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             return TemplateResponse(request, "dashboard/dead_letters/admin_confirm.html", {
                 **self.admin_site.each_context(request),
                 "opts": self.model._meta,
-                "title": f"{action.capitalize()} {len(ids)} dead letter{'s' if len(ids) != 1 else ''}?",
-                "action": action,
-                "action_name": f"{action}_selected",
+                "title": f"{verb.capitalize()} {len(ids)} dead letter{'s' if len(ids) != 1 else ''}?",
+                "action": verb,
+                "action_name": f"{verb}_selected",
                 "ids": ids,
                 "shown": shown,
                 "pending": pending,
@@ -259,26 +258,13 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
                 "missing_reason": request.POST.get("confirm") == "yes" and not reason,
             })
-        results = dead_letters.dead_letters_decide_many(
-            ids=ids, action=action, decided_by=user_actor(request.user), reason=reason
-        )
-        self._report(request, action, results)
-        return None
-
-    def _report(self, request: HttpRequest, action: str, results: list[dead_letters.BulkItemResult]) -> None:
-        done = [r.dead_letter_id for r in results if r.outcome == "done"]
-        verb = "Requeued" if action == "requeue" else "Discarded"
-        listed = ", ".join(f"#{pk}" for pk in done[: self.REPORTED_ITEMS])
-        more = f" and {len(done) - self.REPORTED_ITEMS} more" if len(done) > self.REPORTED_ITEMS else ""
-        summary = f"{verb} {len(done)} of {len(results)} dead letter(s)"
-        messages.success(request, f"{summary}: {listed}{more}." if done else f"{summary}.")
-        others = [r for r in results if r.outcome != "done"]
-        for result in others[: self.REPORTED_ITEMS]:
-            level = messages.WARNING if result.outcome == "skipped" else messages.ERROR
-            messages.add_message(request, level, f"#{result.dead_letter_id} {result.outcome}: {result.detail}")
-        if len(others) > self.REPORTED_ITEMS:
-            messages.warning(request, f"… and {len(others) - self.REPORTED_ITEMS} more skipped or failed "
-                                      "(see their status in the list).")
+        try:
+            job = bulk.bulk_job_plan(action=action, selection={"ids": ids}, reason=reason,
+                                     created_by=user_actor(request.user))
+        except BackplaneError as exc:
+            messages.error(request, f"Nothing was planned: {exc.message}.")
+            return None
+        return redirect("dashboard:job", job_id=job.pk)
 
 
 @admin.register(BreakerTransition)

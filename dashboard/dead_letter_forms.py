@@ -1,5 +1,5 @@
 """The dead-letter pages' forms: the queue's filters, one decision on a dead letter, and a
-decision on many (what to decide, on which, and the signed confirmation of a dry run)."""
+decision on many (what to decide, on which, and why: a draft bulk job)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.core import signing
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetterSource, DeadLetterStatus
-from backplane.delivery.selectors import BULK_MAX, DeadLetterFilters
+from backplane.delivery.selectors import DeadLetterFilters
 from dashboard.forms import ViewerDateTimeField
+from recovery.models import BulkAction
 
 STATUS_CHOICES = [
     ("", "any status"),
@@ -120,9 +120,10 @@ class DiscardForm(forms.Form):
                                                           "effects its succeeded tool calls declared")
 
 
-# --- many at once ------------------------------------------------------------------------------
+# --- many at once: a draft job -------------------------------------------------------------------
 
-BULK_ACTIONS = [("requeue", "Requeue"), ("discard", "Discard")]
+# The queue's bulk bar offers these; each is a bulk job's action (recovery/bulk.py).
+BULK_JOB_ACTIONS = [(BulkAction.DEAD_LETTER_REQUEUE, "Requeue"), (BulkAction.DEAD_LETTER_DISCARD, "Discard")]
 
 
 class IdListField(forms.Field):
@@ -137,16 +138,17 @@ class IdListField(forms.Field):
             ids = [int(item) for item in value]
         except (TypeError, ValueError):
             raise forms.ValidationError("Dead letters are named by their numbers.") from None
-        if any(pk <= 0 for pk in ids):
+        if any(pk <= 0 or pk >= 2**63 for pk in ids):
             raise forms.ValidationError("Dead letters are named by their numbers.")
         return list(dict.fromkeys(ids))
 
 
-class BulkForm(forms.Form):
+class DeadLetterJobForm(forms.Form):
     """The queue's bulk bar: the checked dead letters, or every pending one matching the filter
-    (``query``, the queue's filter as a query string), what to do and why."""
+    (``query``, the queue's filter as a query string), what to do and why. It makes a draft
+    job; its page shows the dry run and a reviewer starts it there."""
 
-    action = forms.ChoiceField(choices=BULK_ACTIONS)
+    action = forms.ChoiceField(choices=BULK_JOB_ACTIONS)
     reason = reason_field()
     ids = IdListField(required=False)
     all_matching = forms.BooleanField(required=False)
@@ -157,40 +159,18 @@ class BulkForm(forms.Form):
         data = self.cleaned_data
         if not data.get("all_matching") and not data.get("ids") and not self.errors:
             raise forms.ValidationError("Select some dead letters, or all matching the filter.")
-        if len(data.get("ids") or []) > BULK_MAX:
-            raise forms.ValidationError(f"At most {BULK_MAX} dead letters at once.")
         return data
 
 
-BULK_SALT = "dashboard.dead_letters.bulk"
-# A dry run's confirmation is good for this long; after that the reviewer looks again.
-BULK_CONFIRM_MAX_AGE = timedelta(hours=1)
-
-
-def bulk_token(*, ids: list[int], action: str, reason: str, user_id: int) -> str:
-    """What the dry run showed, signed: the confirmation decides exactly that, for that user."""
-    return signing.dumps({"ids": ids, "action": action, "reason": reason, "user": user_id}, salt=BULK_SALT,
-                         compress=True)
-
-
-class BulkConfirmForm(forms.Form):
-    token = forms.CharField(max_length=20_000)
-
-    def __init__(self, *args: Any, user_id: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.user_id = user_id
-
-    def clean_token(self) -> dict[str, Any]:
-        try:
-            data = signing.loads(self.cleaned_data["token"], salt=BULK_SALT,
-                                 max_age=BULK_CONFIRM_MAX_AGE)
-        except signing.SignatureExpired:
-            raise forms.ValidationError("This dry run is more than an hour old; run it again.") from None
-        except signing.BadSignature:
-            raise forms.ValidationError("This confirmation was not made by a dry run here.") from None
-        if data.get("user") != self.user_id:
-            raise forms.ValidationError("This dry run was made by someone else; run your own.")
-        ids = data.get("ids")
-        if not isinstance(ids, list) or not all(isinstance(pk, int) for pk in ids) or len(ids) > BULK_MAX:
-            raise forms.ValidationError("This confirmation names no dead letters it may decide.")
-        return data
+def job_filter_of(filters: DeadLetterFilters) -> dict[str, str]:
+    """The queue's filter as a bulk job's dead-letter filter (the job takes pending ones only,
+    so the status is not part of it; times as RFC 3339)."""
+    values: dict[str, str] = {}
+    for name in ("source", "topic", "kind", "error"):
+        if getattr(filters, name):
+            values[name] = getattr(filters, name)
+    for name in ("created_after", "created_before"):
+        moment = getattr(filters, name)
+        if moment is not None:
+            values[name] = moment.isoformat()
+    return values

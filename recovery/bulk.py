@@ -398,7 +398,9 @@ def _apply_retry(job: BulkJob, items: Sequence[PendingItem], now: datetime) -> l
                                                   source=DeadLetterSource.TASK, status=DeadLetterStatus.PENDING)
                         .values_list("task_id", "pk"))
     failed_ids: list[uuid.UUID] = []
-    for task_id, item in by_id.items():
+    # Dead letters are requeued (and locked) in their id order, as the dead-letter jobs decide
+    # them: two jobs over overlapping dead letters never deadlock.
+    for task_id, item in sorted(by_id.items(), key=lambda pair: dead_letters.get(pair[0], 0)):
         status = statuses.get(task_id)
         if status is None:
             results.append(ItemResult(item.id, BulkItemStatus.SKIPPED, "no such task"))
@@ -453,7 +455,9 @@ def _apply_fork(job: BulkJob, items: Sequence[PendingItem], now: datetime) -> li
 
 def _apply_dead_letter_decision(job: BulkJob, items: Sequence[PendingItem], now: datetime) -> list[ItemResult]:
     results: list[ItemResult] = []
-    for item in items:
+    # In dead-letter id order, as the retry's requeues: two jobs over overlapping dead letters
+    # lock them in the same order and never deadlock.
+    for item in sorted(items, key=lambda item: int(item.target)):
         try:
             if job.action == BulkAction.DEAD_LETTER_REQUEUE:
                 decided = dead_letter_requeue_in_transaction(dead_letter_id=int(item.target),

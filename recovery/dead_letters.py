@@ -10,8 +10,6 @@ concurrent decision fail instead of acting twice.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -35,7 +33,7 @@ def _lock_pending(dead_letter_id: int) -> DeadLetter:
         raise NotFound("dead letter not found", {"id": dead_letter_id})
     if dead_letter.status != DeadLetterStatus.PENDING:
         raise AlreadyDecided(
-            f"this dead letter was already {dead_letter.status}",
+            f"this dead letter was already {dead_letter.status} by {dead_letter.decided_by or 'the backplane'}",
             {"status": dead_letter.status, "decided_by": dead_letter.decided_by},
         )
     return dead_letter
@@ -224,38 +222,3 @@ def requeue_effect(dead_letter: DeadLetter) -> str:
 
 def may_edit_payload(dead_letter: DeadLetter) -> bool:
     return dead_letter.source == DeadLetterSource.OUTBOX
-
-
-@dataclass(frozen=True)
-class BulkItemResult:
-    dead_letter_id: int
-    outcome: str  # "done" | "skipped" (someone decided it meanwhile) | "failed"
-    detail: str
-
-
-BULK_MAX_ITEMS = 1000
-BULK_ACTIONS = ("requeue", "discard")
-
-
-def dead_letters_decide_many(*, ids: Sequence[int], action: str, decided_by: str, reason: str) -> list[BulkItemResult]:
-    """The same decision on many dead letters, each in its own transaction (a failure on one
-    does not undo the others), reported per item. An item someone else decided meanwhile is
-    skipped: the row lock and status check in each decision make sure nothing happens twice."""
-    if action not in BULK_ACTIONS:
-        raise InvalidInput("unknown action", {"action": "requeue or discard"})
-    reason = _require_reason(reason)
-    if len(ids) > BULK_MAX_ITEMS:
-        raise InvalidInput(f"at most {BULK_MAX_ITEMS} dead letters at once", {"ids": f"at most {BULK_MAX_ITEMS}"})
-    decide = dead_letter_requeue if action == "requeue" else dead_letter_discard
-    results: list[BulkItemResult] = []
-    for dead_letter_id in dict.fromkeys(ids):  # each once, in the order given
-        try:
-            item = decide(dead_letter_id=dead_letter_id, decided_by=decided_by, reason=reason)
-        except AlreadyDecided as exc:
-            results.append(BulkItemResult(dead_letter_id, "skipped",
-                                          f"already {exc.details.get('status')} by {exc.details.get('decided_by')}"))
-        except (InvalidInput, NotFound) as exc:
-            results.append(BulkItemResult(dead_letter_id, "failed", exc.message))
-        else:
-            results.append(BulkItemResult(dead_letter_id, "done", f"{item.status} by {decided_by}"))
-    return results

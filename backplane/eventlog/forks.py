@@ -28,7 +28,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import BackplaneError, InvalidInput, NotFound, SandboxRefused
+from backplane.eventlog.errors import InvalidInput, NotFound, SandboxRefused
 from backplane.eventlog.lineage import MAX_FORK_DEPTH, fork_chain
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.services import (
@@ -188,76 +188,3 @@ def failure_points(task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
 def failure_point(task: Task) -> int | None:
     """``failure_points`` of one task, or None when it never failed."""
     return failure_points([task.pk]).get(task.pk)
-
-
-# --- many at once: fork from failure --------------------------------------------------------
-
-BULK_MAX_ITEMS = 1000
-# Forks made by one confirmed batch get ids derived from the batch and the source, so a batch
-# submitted twice (a double click, a retried request) finds its forks instead of making more.
-_BATCH_NAMESPACE = uuid.UUID("5f7d0e8c-6d1b-4f57-9a0e-3c1b2a4d5e6f")
-
-
-@dataclass(frozen=True)
-class ForkPlanItem:
-    """What a fork from failure will do with one task: fork it after ``at_seq``, or skip it."""
-
-    task: Task
-    at_seq: int | None
-    skip_reason: str | None
-
-
-def fork_from_failure_plan(task_ids: Sequence[uuid.UUID]) -> list[ForkPlanItem]:
-    """The dry run: for each task (each once, in the order given, at most ``BULK_MAX_ITEMS``),
-    where a fork from failure would continue, or why it will be skipped. Writes nothing."""
-    wanted = list(dict.fromkeys(task_ids))[:BULK_MAX_ITEMS]
-    tasks = Task.objects.in_bulk(wanted)
-    points = failure_points(list(tasks))
-    plan = []
-    for task_id in wanted:
-        task = tasks.get(task_id)
-        if task is None:
-            continue
-        at_seq = None if task.sandbox else points.get(task_id)
-        reason = ("a sandbox is replayed, not forked into production" if task.sandbox
-                  else "it never failed" if at_seq is None else None)
-        plan.append(ForkPlanItem(task=task, at_seq=at_seq, skip_reason=reason))
-    return plan
-
-
-@dataclass(frozen=True)
-class ForkItemResult:
-    task_id: uuid.UUID
-    outcome: str  # "done" | "skipped" (nothing to fork, or this batch forked it already) | "failed"
-    detail: str
-    fork_task_id: uuid.UUID | None = None
-
-
-def tasks_fork_from_failure(
-    *, task_ids: Sequence[uuid.UUID], reason: str, forked_by: str, batch: str
-) -> list[ForkItemResult]:
-    """Fork each task from just before its last failure, each in its own transaction (a
-    failure on one does not undo the others), reported per item, as staff (any namespace).
-
-    ``batch`` names the confirmed dry run: the same batch again forks nothing twice.
-    """
-    if len(task_ids) > BULK_MAX_ITEMS:
-        raise InvalidInput(f"at most {BULK_MAX_ITEMS} tasks at once", {"task_ids": f"at most {BULK_MAX_ITEMS}"})
-    results: list[ForkItemResult] = []
-    for item in fork_from_failure_plan(task_ids):
-        source = item.task
-        if item.at_seq is None:
-            results.append(ForkItemResult(source.pk, "skipped", item.skip_reason or ""))
-            continue
-        fork_id = uuid.uuid5(_BATCH_NAMESPACE, f"{batch}:{source.pk}")
-        try:
-            outcome = task_fork(namespace=None, source_task_id=source.pk, at_seq=item.at_seq, reason=reason,
-                                forked_by=forked_by, by_staff=True, task_id=fork_id)
-        except BackplaneError as exc:
-            results.append(ForkItemResult(source.pk, "failed", exc.message))
-            continue
-        if outcome.created:
-            results.append(ForkItemResult(source.pk, "done", f"forked after seq {item.at_seq}", outcome.task.pk))
-        else:
-            results.append(ForkItemResult(source.pk, "skipped", "this batch forked it already", outcome.task.pk))
-    return results

@@ -491,12 +491,3 @@ def tasks_filtered(filters: TaskFilters) -> QuerySet[Task]:
     elif filters.sandboxes != "with":
         tasks = tasks.filter(sandbox=False)
     return tasks
-
-
-def task_ids_matching(filters: TaskFilters, *, limit: int) -> tuple[list[uuid.UUID], bool]:
-    """The ids of the tasks the list shows for ``filters``, newest first, at most ``limit``, and
-    whether more match. One query."""
-    ids = list(tasks_filtered(filters).order_by("-created_at", "-id").values_list("id", flat=True)[: limit + 1])
-    return ids[:limit], len(ids) > limit
-
-

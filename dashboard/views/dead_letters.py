@@ -7,15 +7,16 @@ nothing changes. Decisions go through ``recovery.dead_letters`` (the API and the
 same services), which record who, when and why, write the decision into the task's log, and
 decide each dead letter once: a decision that lost a race is told who won.
 
-Many at once is two steps: a dry run (how many, a sample and what will happen to each, signed
-so the confirmation decides exactly what was shown) and the confirmation, reported per item.
+Many at once is a bulk job (recovery/bulk.py), the one way to act in bulk: the queue's bulk bar
+makes a draft job, whose page shows the dry run (the frozen list, what will happen to each) and
+starts exactly that list; the worker decides it in chunks and records a result per item.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -26,25 +27,21 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.delivery import selectors as delivery
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
+from backplane.eventlog.errors import AlreadyDecided, BackplaneError, InvalidInput, NotFound
 from backplane.eventlog.models import TaskStatus, user_actor
 from dashboard.access import may_review
 from dashboard.dead_letter_forms import (
-    BulkConfirmForm,
-    BulkForm,
     DeadLetterFilterForm,
+    DeadLetterJobForm,
     DiscardForm,
     EditRequeueForm,
     RequeueForm,
-    bulk_token,
+    job_filter_of,
 )
 from dashboard.selectors import EVENT_PAGE_SIZE
 from dashboard.templatetags.dashboard import pretty_json
 from dashboard.views.common import json_error, reviewers_only, staff_only, wants_json
-from recovery import dead_letters
-
-if TYPE_CHECKING:
-    from backplane.delivery.selectors import QueueRow
+from recovery import bulk, dead_letters
 
 PAGE_SIZE = 50
 NAV = "dead-letters"
@@ -59,12 +56,6 @@ TASK_LOG_TYPES = (et.TASK_CLAIMED, et.TASK_STALLED, et.TASK_FAILED, et.TASK_DEAD
 
 def decided_by(request: HttpRequest) -> str:
     return user_actor(request.user)
-
-
-def _reviewer_id(request: HttpRequest) -> int:
-    user_id = request.user.pk
-    assert user_id is not None, "reviewers_only lets in signed-in users only"
-    return user_id
 
 
 # --- the queue -----------------------------------------------------------------------------------
@@ -89,7 +80,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     query.pop("cursor", None)
     query.pop("partial", None)
     context = {"form": form, "page": page, "error": error, "query": query.urlencode(), "nav": NAV,
-               "reviewer": may_review(request.user), "bulk_max": delivery.BULK_MAX}
+               "reviewer": may_review(request.user), "bulk_max": settings.BACKPLANE_BULK_MAX_ITEMS}
     if request.GET.get("partial") == "rows":
         return JsonResponse(
             {
@@ -258,86 +249,48 @@ def discard(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     return _decided_answer(request, decided, f"Dead letter #{decided.pk} discarded.{saga}")
 
 
-# --- many at once --------------------------------------------------------------------------------
-
-DISCARD_EFFECT = "Discarded with your reason on record; nothing is retried."
-SKIPPED = "skipped: already {status} by {who}"
+# --- many at once: a draft job ------------------------------------------------------------------
 
 
-def _effect(item: QueueRow, action: str) -> tuple[str, str]:
-    """What the decision will do to one dead letter: (outcome, words)."""
-    if item.status != DeadLetterStatus.PENDING:
-        return "skipped", SKIPPED.format(status=item.status, who=item.decided_by or "someone")
-    if action == "discard":
-        stays = " The task stays dead-lettered (no compensation)." if item.source == DeadLetterSource.TASK else ""
-        return "done", DISCARD_EFFECT + stays
-    if item.source == DeadLetterSource.TASK and item.task_status != TaskStatus.DEAD_LETTERED:
-        return "failed", f"fails: the task is {item.task_status} now, no longer dead-lettered"
-    if item.source == DeadLetterSource.TOOL_CALL:
-        return "failed", "fails: tool-call dead letters cannot be requeued"
-    if item.source == DeadLetterSource.OUTBOX and item.outbox_message_id is None:
-        return "failed", "fails: the outbox message was pruned"
-    return "done", dead_letters.requeue_effect(item)
-
-
-def _bulk_page(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
-    return render(request, "dashboard/dead_letters/bulk.html", {"nav": NAV, **context}, status=status)
+def _not_planned(request: HttpRequest, form: DeadLetterJobForm, query: str, *, status: int,
+                 message: str = "") -> HttpResponse:
+    if wants_json(request):
+        details = {field: [str(e) for e in errors] for field, errors in form.errors.items()}
+        return json_error(status, "validation_error", message or "the bulk decision is not valid", details)
+    return render(request, "dashboard/dead_letters/bulk.html",
+                  {"nav": NAV, "form": form, "query": query, "message": message}, status=status)
 
 
 @require_POST
 @reviewers_only("Deciding dead letters")
-def bulk_preview(request: HttpRequest) -> HttpResponse:
-    """The dry run: nothing is decided here. Shows how many, a sample and what will happen to
-    each, and carries a signed confirmation of exactly these ids, this action and reason."""
-    form = BulkForm(request.POST)
+def bulk_job_draft(request: HttpRequest) -> HttpResponse:
+    """The bulk bar makes a draft job (``bulk_job_plan``: the dry run, which freezes the checked
+    dead letters or every pending one matching the filter) and shows its page, where a
+    reviewer starts exactly that list. Nothing is decided here."""
+    form = DeadLetterJobForm(request.POST)
+    query = request.POST.get("query", "")
     if not form.is_valid():
-        return _bulk_page(request, {"step": "invalid", "form": form, "query": request.POST.get("query", "")},
-                          status=400)
+        return _not_planned(request, form, query, status=400)
     data = form.cleaned_data
-    more = False
+    selection: dict[str, Any]
     if data["all_matching"]:
         filters_form = DeadLetterFilterForm(QueryDict(data["query"]))
         if not filters_form.is_valid():
-            form.add_error(None, "The queue's filter is not valid; filter again.")
-            return _bulk_page(request, {"step": "invalid", "form": form, "query": data["query"]}, status=400)
-        ids, more = delivery.dead_letter_pending_ids(filters_form.filters())
+            return _not_planned(request, form, query, status=400,
+                                message="The queue's filter is not valid; filter again.")
+        filters = filters_form.filters()
+        if not filters.wants(DeadLetterStatus.PENDING):
+            return _not_planned(request, form, query, status=400,
+                                message="The queue's filter shows no pending dead letters: there is nothing to decide.")
+        selection = {"filter": job_filter_of(filters)}
     else:
-        ids = data["ids"]
-    preview = delivery.dead_letter_bulk_preview(ids)
-    sample = [{"item": item, "outcome": _effect(item, data["action"])} for item in preview.sample]
-    token = bulk_token(ids=ids, action=data["action"], reason=data["reason"], user_id=_reviewer_id(request))
-    return _bulk_page(request, {
-        "step": "preview", "preview": preview, "sample": sample, "action": data["action"], "reason": data["reason"],
-        "token": token, "more": more, "all_matching": data["all_matching"], "query": data["query"],
-        "bulk_max": delivery.BULK_MAX,
-    })
-
-
-@require_POST
-@reviewers_only("Deciding dead letters")
-def bulk_confirm(request: HttpRequest) -> HttpResponse:
-    """Decide what the dry run showed, each dead letter in its own transaction; report each."""
-    form = BulkConfirmForm(request.POST, user_id=_reviewer_id(request))
-    if not form.is_valid():
-        if wants_json(request):
-            problems = form.errors.get("token", ["not valid"])
-            return json_error(400, "validation_error", "; ".join(str(problem) for problem in problems))
-        return _bulk_page(request, {"step": "invalid", "form": form, "query": request.POST.get("query", "")},
-                          status=400)
-    signed = form.cleaned_data["token"]
-    results = dead_letters.dead_letters_decide_many(ids=signed["ids"], action=signed["action"],
-                                                    decided_by=decided_by(request), reason=signed["reason"])
-    counts = Counter(result.outcome for result in results)
-    if wants_json(request):
-        return JsonResponse({"counts": dict(counts), "results": [
-            {"id": r.dead_letter_id, "outcome": r.outcome, "detail": r.detail} for r in results]})
-    rows = delivery.dead_letters_by_ids([result.dead_letter_id for result in results])
-    return _bulk_page(request, {
-        "step": "result", "action": signed["action"], "reason": signed["reason"],
-        "query": request.POST.get("query", ""),
-        "counts": {"done": counts["done"], "skipped": counts["skipped"], "failed": counts["failed"]},
-        "results": [{"result": result, "item": rows.get(result.dead_letter_id)} for result in results],
-    })
+        selection = {"ids": data["ids"]}
+    try:
+        job = bulk.bulk_job_plan(action=data["action"], selection=selection, reason=data["reason"],
+                                 created_by=decided_by(request))
+    except BackplaneError as exc:
+        return _not_planned(request, form, query, status=exc.status, message=f"Nothing was planned: {exc.message}.")
+    return redirect("dashboard:job", job_id=job.pk)
 
 
 urlpatterns = [
@@ -345,6 +298,5 @@ urlpatterns = [
     path("<int:dead_letter_id>/", detail, name="dead-letter"),
     path("<int:dead_letter_id>/requeue/", requeue, name="dead-letter-requeue"),
     path("<int:dead_letter_id>/discard/", discard, name="dead-letter-discard"),
-    path("bulk/", bulk_preview, name="dead-letters-bulk"),
-    path("bulk/confirm/", bulk_confirm, name="dead-letters-bulk-confirm"),
+    path("bulk/", bulk_job_draft, name="dead-letters-bulk"),
 ]

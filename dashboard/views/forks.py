@@ -6,15 +6,14 @@ fork's log records who as ``user:<username>``, with ``by_staff``. Writes go thro
 ``backplane.eventlog.forks``; a refusal (a sandbox forked into production, an event that is not
 there) is shown on the page with the contract's message, and nothing is written.
 
-Many at once is two steps, as for dead letters: a dry run (how many, a sample with the event
-each fork continues after, the skipped ones and why), signed so that the confirmation forks
-exactly what was shown and only once, then the confirmation, reported per task.
+Many at once is a bulk job (recovery/bulk.py), the one way to act in bulk, and so for reviewers
+only (staff with ``backplane.review_deadletter``): the task list's bulk bar makes a draft job,
+whose page shows the dry run and starts exactly that list; the worker forks it in chunks.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from typing import Any
 
 from django.contrib import messages
@@ -26,27 +25,20 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog import forks
 from backplane.eventlog.errors import BackplaneError, NotFound, TaskExists
 from backplane.eventlog.models import Task, user_actor
-from backplane.eventlog.selectors import task_ids_matching
 from dashboard import selectors
-from dashboard.fork_forms import BulkForkConfirmForm, BulkForkForm, CompareForm, ForkForm, fork_bulk_token
+from dashboard.fork_forms import CompareForm, ForkForm, ForkJobForm
 from dashboard.forms import TaskFilterForm
-from dashboard.views.common import int_param, staff_only
+from dashboard.views.common import int_param, reviewers_only, staff_only
 from dashboard.views.pages import render_task_page
+from recovery import bulk
+from recovery.models import BulkAction
 
 NAV = "tasks"
-# How many tasks of a dry run are listed, of those that will be forked and of those skipped.
-SAMPLE_SIZE = 25
 
 
 def forked_by(request: HttpRequest) -> str:
     """Who forked, as the API names a staff session (backplane/api/authentication.py)."""
     return user_actor(request.user)
-
-
-def _user_id(request: HttpRequest) -> int:
-    user_id = request.user.pk
-    assert user_id is not None, "staff_only lets in signed-in users only"
-    return int(user_id)
 
 
 # --- one fork ------------------------------------------------------------------------------------
@@ -133,71 +125,45 @@ def task_diff(request: HttpRequest, task_id: uuid.UUID, other_id: uuid.UUID) -> 
     })
 
 
-# --- many at once: fork from failure -------------------------------------------------------------
-
-
-def _bulk_page(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
-    return render(request, "dashboard/forks/bulk.html", {"nav": NAV, **context}, status=status)
+# --- many at once: fork from failure, as a job -----------------------------------------------------
 
 
 @require_POST
-@staff_only
-def bulk_preview(request: HttpRequest) -> HttpResponse:
-    """The dry run: nothing is forked here. Shows how many tasks, where each fork would continue
-    (a sample), the skipped ones and why, and carries a signed confirmation of exactly these."""
-    form = BulkForkForm(request.POST)
+@reviewers_only("Bulk forks")
+def fork_from_failure_job(request: HttpRequest) -> HttpResponse:
+    """The task list's bulk bar makes a draft fork-from-failure job (``bulk_job_plan``: the dry
+    run, which freezes the checked tasks or every task matching the filter, each with where
+    its fork will continue or why it is skipped) and shows its page, where a reviewer starts
+    exactly that list. Nothing is forked here."""
+    form = ForkJobForm(request.POST)
+    query = request.POST.get("query", "")
     if not form.is_valid():
-        return _bulk_page(request, {"step": "invalid", "form": form, "query": request.POST.get("query", "")},
-                          status=400)
+        return _not_planned(request, form, query)
     data = form.cleaned_data
-    more = False
+    selection: dict[str, Any]
     if data["all_matching"]:
         filters_form = TaskFilterForm(QueryDict(data["query"]))
         if not filters_form.is_valid():
-            form.add_error(None, "The list's filter is not valid; filter again.")
-            return _bulk_page(request, {"step": "invalid", "form": form, "query": data["query"]}, status=400)
-        ids, more = task_ids_matching(filters_form.filters(), limit=forks.BULK_MAX_ITEMS)
+            return _not_planned(request, form, query, message="The list's filter is not valid; filter again.")
+        selection = {"filter": filters_form.filters().as_json()}
     else:
-        ids = data["ids"]
-    plan = forks.fork_from_failure_plan(ids)
-    will_fork = [(item, item.at_seq) for item in plan if item.at_seq is not None]
-    skipped = [item for item in plan if item.at_seq is None]
-    sample = will_fork[:SAMPLE_SIZE]
-    types = selectors.events_at((item.task.pk, at_seq) for item, at_seq in sample)
-    token = fork_bulk_token(ids=[item.task.pk for item in plan], reason=data["reason"], user_id=_user_id(request))
-    return _bulk_page(request, {
-        "step": "preview", "requested": len(plan), "will_fork": len(will_fork), "skipped": len(skipped),
-        "skip_reasons": Counter(item.skip_reason for item in skipped).most_common(),
-        "sample": [{"item": item, "at_type": types.get((item.task.pk, at_seq), "")} for item, at_seq in sample],
-        "skipped_sample": skipped[:SAMPLE_SIZE], "reason": data["reason"], "token": token, "more": more,
-        "all_matching": data["all_matching"], "query": data["query"], "bulk_max": forks.BULK_MAX_ITEMS,
-        "unknown": len(ids) - len(plan),
-    })
+        selection = {"ids": [str(task_id) for task_id in data["ids"]]}
+    try:
+        job = bulk.bulk_job_plan(action=BulkAction.FORK_FROM_FAILURE, selection=selection, reason=data["reason"],
+                                 created_by=forked_by(request))
+    except BackplaneError as exc:
+        return _not_planned(request, form, query, status=exc.status, message=f"Nothing was planned: {exc.message}.")
+    return redirect("dashboard:job", job_id=job.pk)
 
 
-@require_POST
-@staff_only
-def bulk_confirm(request: HttpRequest) -> HttpResponse:
-    """Fork what the dry run showed, each task in its own transaction; report each."""
-    form = BulkForkConfirmForm(request.POST, user_id=_user_id(request))
-    if not form.is_valid():
-        return _bulk_page(request, {"step": "invalid", "form": form, "query": request.POST.get("query", "")},
-                          status=400)
-    signed = form.cleaned_data["token"]
-    results = forks.tasks_fork_from_failure(task_ids=signed["ids"], reason=signed["reason"],
-                                            forked_by=forked_by(request), batch=signed["batch"])
-    counts = Counter(result.outcome for result in results)
-    kinds = dict(Task.objects.filter(pk__in=[r.task_id for r in results]).values_list("pk", "kind"))
-    return _bulk_page(request, {
-        "step": "result", "reason": signed["reason"], "query": request.POST.get("query", ""),
-        "counts": {"done": counts["done"], "skipped": counts["skipped"], "failed": counts["failed"]},
-        "results": [{"result": result, "kind": kinds.get(result.task_id, "")} for result in results],
-    })
+def _not_planned(request: HttpRequest, form: ForkJobForm, query: str, *, status: int = 400,
+                 message: str = "") -> HttpResponse:
+    return render(request, "dashboard/forks/bulk.html", {"nav": NAV, "form": form, "query": query,
+                                                        "message": message}, status=status)
 
 
 urlpatterns = [
-    path("fork-from-failure/", bulk_preview, name="tasks-fork-bulk"),
-    path("fork-from-failure/confirm/", bulk_confirm, name="tasks-fork-bulk-confirm"),
+    path("fork-from-failure/", fork_from_failure_job, name="tasks-fork-bulk"),
     path("<uuid:task_id>/fork/", task_fork, name="task-fork"),
     path("<uuid:task_id>/compare/", task_compare, name="task-compare"),
     path("<uuid:task_id>/diff/<uuid:other_id>/", task_diff, name="task-diff"),

@@ -18,11 +18,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.chain import format_timestamp
-from backplane.eventlog.forks import BULK_MAX_ITEMS
 from backplane.eventlog.models import Task
 from backplane.integrity.verification import task_chain_verify_now
 from backplane.runtime.duties import duties_state
 from dashboard import selectors
+from dashboard.access import may_review
 from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
 from dashboard.views import searches
@@ -70,8 +70,8 @@ def overview(request: HttpRequest) -> HttpResponse:
 @require_GET
 @staff_only
 def overview_live(request: HttpRequest) -> JsonResponse:
-    """What an open overview needs after a notice: tiles, the feed after ``after_position``, the
-    chart, and the cost panel (its figures and its charts' data)."""
+    """What an open overview needs after a notice: tiles, pinned searches, alerts, pauses, the
+    feed after ``after_position``, the chart, and the cost panel (its figures and its charts' data)."""
     after = int_param(request, "after_position")
     hours = 24 if request.GET.get("hours") == "24" else 1
     feed = selectors.feed_events(after_position=after)
@@ -82,6 +82,7 @@ def overview_live(request: HttpRequest) -> JsonResponse:
             "duties": render_to_string("dashboard/_duties.html", parts, request=request),
             "saved_tiles": render_to_string("dashboard/_saved_tiles.html", parts, request=request),
             "alerts": render_to_string("dashboard/_alerts.html", parts, request=request),
+            "pauses": render_to_string("dashboard/_pauses.html", parts, request=request),
             "feed": render_to_string("dashboard/_feed_rows.html", {"feed": feed}, request=request),
             "last_position": feed[0].position if feed else after,
             "chart": selectors.activity_per_minute(hours=hours),
@@ -111,7 +112,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     query.pop("partial", None)
     query.pop("search", None)
     context = {"form": form, "page": page, "error": error, "query": query.urlencode(), "nav": "tasks",
-               "bulk_max": BULK_MAX_ITEMS, "saved_search": searches.named_search(request.GET.get("search"))}
+               "may_review": may_review(request.user), "saved_search": searches.named_search(request.GET.get("search"))}
     if request.GET.get("partial") == "rows":
         return JsonResponse(
             {

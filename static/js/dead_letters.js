@@ -1,5 +1,5 @@
 /* Dead-letter queue: the filter form (local times sent with the viewer's UTC offset), the bulk
-   bar (checked rows or "all matching this filter", then a dry run on the server), and the first
+   bar (checked rows or "all matching this filter" make a draft job, shown on its page), and the first
    page following new and decided dead letters live. */
 (function () {
   "use strict";

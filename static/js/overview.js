@@ -124,6 +124,9 @@
     const alerts = document.getElementById("alerts-body");
     alerts.innerHTML = data.alerts;
     BP.renderTimes(alerts);
+    const pauses = document.getElementById("pauses-live");
+    pauses.innerHTML = data.pauses;
+    BP.renderTimes(pauses);
     const duties = document.getElementById("duties-body");
     duties.innerHTML = data.duties;
     BP.renderTimes(duties);

@@ -1,6 +1,6 @@
 /* Task list: the first page follows new and changed tasks live; the filter form's local times
-   are sent with the viewer's UTC offset; the bulk bar forks the checked tasks, or all matching
-   the filter, from failure (a dry run on the server first). */
+   are sent with the viewer's UTC offset; the bulk bar (reviewers only) makes a draft
+   fork-from-failure job of the checked tasks, or all matching the filter, shown on its page. */
 (function () {
   "use strict";
   const form = document.getElementById("task-filters");
@@ -17,13 +17,15 @@
   const table = document.getElementById("task-table");
   const body = table.querySelector("tbody");
 
-  // --- the bulk bar: fork from failure ---------------------------------------------------------
+  // --- the bulk bar: fork from failure, as a job (reviewers only) ---------------------------------
+  const bulkForm = document.getElementById("fork-bulk-form");
   const picked = new Set();
   const allMatching = document.getElementById("all-matching");
   const reason = document.getElementById("bulk-reason");
   const preview = document.getElementById("bulk-preview");
   const pageBox = document.getElementById("pick-page");
   function syncBulk() {
+    if (!bulkForm) return;
     const all = allMatching.checked;
     const count = document.getElementById("selected-count");
     body.querySelectorAll("input[name=ids]").forEach((box) => { box.disabled = all; });
@@ -36,27 +38,29 @@
     pageBox.disabled = all || !boxes.length;
     pageBox.checked = boxes.length > 0 && boxes.every((box) => box.checked);
   }
-  body.addEventListener("change", (event) => {
-    const box = event.target.closest("input[name=ids]");
-    if (!box) return;
-    if (box.checked) picked.add(box.value); else picked.delete(box.value);
-    syncBulk();
-  });
-  pageBox.addEventListener("change", () => {
-    body.querySelectorAll("input[name=ids]").forEach((box) => {
-      box.checked = pageBox.checked;
+  if (bulkForm) {
+    body.addEventListener("change", (event) => {
+      const box = event.target.closest("input[name=ids]");
+      if (!box) return;
       if (box.checked) picked.add(box.value); else picked.delete(box.value);
+      syncBulk();
+    });
+    pageBox.addEventListener("change", () => {
+      body.querySelectorAll("input[name=ids]").forEach((box) => {
+        box.checked = pageBox.checked;
+        if (box.checked) picked.add(box.value); else picked.delete(box.value);
+      });
+      syncBulk();
+    });
+    allMatching.addEventListener("change", syncBulk);
+    reason.addEventListener("input", syncBulk);
+    bulkForm.addEventListener("submit", (event) => {
+      if (preview.disabled) { event.preventDefault(); return; }
+      // "All matching" forks by the filter: the checked rows are not sent with it.
+      if (allMatching.checked) body.querySelectorAll("input[name=ids]").forEach((box) => { box.disabled = true; });
     });
     syncBulk();
-  });
-  allMatching.addEventListener("change", syncBulk);
-  reason.addEventListener("input", syncBulk);
-  document.getElementById("fork-bulk-form").addEventListener("submit", (event) => {
-    if (preview.disabled) { event.preventDefault(); return; }
-    // "All matching" forks by the filter: the checked rows are not sent with it.
-    if (allMatching.checked) body.querySelectorAll("input[name=ids]").forEach((box) => { box.disabled = true; });
-  });
-  syncBulk();
+  }
 
   if (table.dataset.live !== "first-page") {
     BP.setLiveState("off", "Live updates follow the first page only");

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.contrib import admin
@@ -138,7 +139,28 @@ def _dead_lettered(count: int) -> list[DeadLetter]:
     return dead_lettered_tasks(count)
 
 
-def test_a_reviewer_requeues_selected_dead_letters_after_giving_a_reason(db: None) -> None:
+def _run_to_the_end(client: Client, job_id: int) -> Any:
+    """Start the draft job as its page does, and settle it as the worker does."""
+    from recovery import bulk
+    from recovery.models import BulkJob
+
+    job = BulkJob.objects.get(pk=job_id)
+    assert client.post(f"/jobs/{job.pk}/start/", {"selection_hash": job.selection_hash}).status_code == 302
+    while bulk.bulk_job_step(job.pk):
+        pass
+    job.refresh_from_db()
+    return job
+
+
+def _job_rows() -> tuple[int, int]:
+    from recovery.models import BulkJob, BulkJobItem
+
+    return BulkJob.objects.count(), BulkJobItem.objects.count()
+
+
+def test_a_reviewer_requeues_selected_dead_letters_as_a_job_after_giving_a_reason(db: None) -> None:
+    from recovery.models import BulkJob
+
     client = _reviewer_client("rita")
     items = _dead_lettered(3)
     listing = client.get("/admin/backplane/deadletter/")
@@ -146,31 +168,43 @@ def test_a_reviewer_requeues_selected_dead_letters_after_giving_a_reason(db: Non
     selected = {"action": "requeue_selected", "_selected_action": [items[0].pk, items[1].pk]}
     asked = client.post("/admin/backplane/deadletter/", selected)
     assert asked.status_code == 200 and b'name="reason"' in asked.content and b"2 selected" in asked.content
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"pending"}  # nothing yet
+    assert b"draft" in asked.content and b"job" in asked.content
     no_reason = client.post("/admin/backplane/deadletter/", {**selected, "confirm": "yes", "reason": " "})
     assert no_reason.status_code == 200 and b"Write a reason" in no_reason.content
-    done = client.post("/admin/backplane/deadletter/", {**selected, "confirm": "yes", "reason": "pool is back"},
-                       follow=True)
-    shown = [str(m) for m in done.context["messages"]]
-    assert any(f"Requeued 2 of 2 dead letter(s): #{items[0].pk}, #{items[1].pk}." == m for m in shown), shown
+    assert _job_rows() == (0, 0)
+    drafted = client.post("/admin/backplane/deadletter/", {**selected, "confirm": "yes", "reason": "pool is back"})
+    job = BulkJob.objects.get()
+    assert drafted.status_code == 302 and drafted["Location"] == f"/jobs/{job.pk}/"
+    assert (job.action, job.status, job.created_by, job.reason) == (
+        "dead_letter_requeue", "draft", "user:rita", "pool is back")
+    assert sorted(job.selection["ids"]) == [items[0].pk, items[1].pk]
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<strong>2</strong> requeue" in page and 'id="job-start"' in page
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"pending"}  # the dry run decides nothing
+
+    assert _run_to_the_end(client, job.pk).done == 2
     assert list(DeadLetter.objects.order_by("id").values_list("status", "decided_by", "reason")) == [
         ("requeued", "user:rita", "pool is back"), ("requeued", "user:rita", "pool is back"), ("pending", None, "")]
     assert Event.objects.filter(type="DeadLetterRequeued").count() == 2
     assert Task.objects.filter(pk__in=[items[0].task_id, items[1].task_id], status="pending").count() == 2
 
 
-def test_a_discard_in_the_admin_reports_what_someone_else_decided_meanwhile(db: None) -> None:
+def test_a_discard_job_from_the_admin_skips_what_someone_else_decided_meanwhile(db: None) -> None:
     from recovery import dead_letters
+    from recovery.models import BulkJob
 
     client = _reviewer_client("rita")
     first, second = _dead_lettered(2)
-    dead_letters.dead_letter_requeue(dead_letter_id=second.pk, decided_by="user:sam", reason="mine")
-    done = client.post("/admin/backplane/deadletter/", {
+    client.post("/admin/backplane/deadletter/", {
         "action": "discard_selected", "_selected_action": [first.pk, second.pk], "confirm": "yes", "reason": "stale",
-    }, follow=True)
-    shown = [str(m) for m in done.context["messages"]]
-    assert f"Discarded 1 of 2 dead letter(s): #{first.pk}." in shown
-    assert f"#{second.pk} skipped: already requeued by user:sam" in shown
+    })
+    job = BulkJob.objects.get()
+    assert job.action == "dead_letter_discard" and job.total == 2
+    dead_letters.dead_letter_requeue(dead_letter_id=second.pk, decided_by="user:sam", reason="mine")
+    job = _run_to_the_end(client, job.pk)
+    assert (job.done, job.skipped, job.failed) == (1, 1, 0)
+    assert "already requeued" in job.items.get(target=str(second.pk)).detail
+    assert DeadLetter.objects.get(pk=first.pk).status == "discarded"
     assert DeadLetter.objects.get(pk=second.pk).decided_by == "user:sam"
     assert Event.objects.filter(task__dead_letters=second, type__startswith="DeadLetter").count() == 1
 
@@ -192,10 +226,12 @@ def test_the_admin_actions_need_the_review_permission(db: None) -> None:
                                                        "confirm": "yes", "reason": "forged"}).status_code == 403
     assert DeadLetter.objects.get(pk=item.pk).status == "pending"
     assert not Event.objects.filter(type__startswith="DeadLetter").exists()
+    assert _job_rows() == (0, 0)
 
 
-def test_all_dead_letters_the_admin_list_shows_can_be_decided_at_once(db: None) -> None:
+def test_all_dead_letters_the_admin_list_shows_go_into_one_job(db: None) -> None:
     from recovery import dead_letters
+    from recovery.models import BulkJob
 
     client = _reviewer_client("rita")
     items = _dead_lettered(3)
@@ -204,10 +240,24 @@ def test_all_dead_letters_the_admin_list_shows_can_be_decided_at_once(db: None) 
     across = {"action": "discard_selected", "select_across": "1", "_selected_action": [items[1].pk]}
     asked = client.post(url, across)
     assert asked.status_code == 200 and b"2 selected" in asked.content
-    done = client.post(url, {**across, "confirm": "yes", "reason": "all stale"}, follow=True)
-    assert f"Discarded 2 of 2 dead letter(s): #{items[1].pk}, #{items[2].pk}." in [
-        str(m) for m in done.context["messages"]]
+    client.post(url, {**across, "confirm": "yes", "reason": "all stale"})
+    job = BulkJob.objects.get()
+    assert job.selection == {"ids": [items[1].pk, items[2].pk]}
+    assert _run_to_the_end(client, job.pk).done == 2
     assert DeadLetter.objects.get(pk=items[0].pk).status == "requeued"
+    assert set(DeadLetter.objects.filter(pk__in=[items[1].pk, items[2].pk]).values_list("status", flat=True)) == {
+        "discarded"}
+
+
+def test_an_over_large_selection_in_the_admin_plans_nothing(db: None, settings: Any) -> None:
+    client = _reviewer_client("rita")
+    items = _dead_lettered(3)
+    settings.BACKPLANE_BULK_MAX_ITEMS = 2
+    refused = client.post("/admin/backplane/deadletter/", {
+        "action": "requeue_selected", "_selected_action": [d.pk for d in items], "confirm": "yes", "reason": "r"},
+        follow=True)
+    assert any("more than 2 items" in str(m) for m in refused.context["messages"])
+    assert _job_rows() == (0, 0) and set(DeadLetter.objects.values_list("status", flat=True)) == {"pending"}
 
 
 def test_a_webhook_subscription_sets_its_delivery_and_retries_in_the_admin(staff_client: Client) -> None:

@@ -1,16 +1,20 @@
-"""Fork from failure over many tasks: the dry run writes nothing, the batch forks exactly its
-list once, each task after the event before its last failure."""
+"""Fork from failure over many tasks, as a bulk job: the dry run writes nothing, the job forks
+exactly its frozen list once, each task after the event before its last failure."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from django.db import transaction
 from django.utils import timezone
 
 from backplane.eventlog import forks, services
-from backplane.eventlog.errors import InvalidInput
+from backplane.eventlog.errors import InvalidInput, JobConflict
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft, lock_task, write_events
+from recovery import bulk
+from recovery.models import BulkJob, BulkJobItem
 
 pytestmark = pytest.mark.django_db
 
@@ -24,32 +28,48 @@ def failed_task(n: int) -> Task:
     return Task.objects.get(pk=task.pk)
 
 
-def test_the_dry_run_writes_nothing_and_the_batch_forks_its_list_once() -> None:
+def run_to_the_end(job: BulkJob) -> BulkJob:
+    while bulk.bulk_job_step(job.pk):
+        pass
+    job.refresh_from_db()
+    return job
+
+
+def test_the_dry_run_writes_nothing_and_the_job_forks_its_list_once() -> None:
     failed = [failed_task(n) for n in range(3)]
     running = services.task_create(namespace="acme", kind="k", input={}, agent="a").task
     sandbox = forks.task_fork(namespace="acme", source_task_id=failed[0].pk, at_seq=1, reason="replay",
                               forked_by="a", by_staff=False, sandbox=True).task
-    ids = [t.pk for t in failed] + [running.pk, sandbox.pk]
+    ids = [str(t.pk) for t in [*failed, running, sandbox]]
     events = Event.objects.count()
 
-    plan = forks.fork_from_failure_plan(ids + ids[:1])
-    assert [(p.task.pk, p.at_seq) for p in plan] == [(t.pk, 2) for t in failed] + [(running.pk, None),
-                                                                                   (sandbox.pk, None)]
-    assert plan[3].skip_reason == "it never failed" and "sandbox" in (plan[4].skip_reason or "")
+    job = bulk.bulk_job_plan(action="fork_from_failure", selection={"ids": ids + ids[:1]}, reason="bad deploy",
+                             created_by="alice")
+    assert list(job.items.order_by("index").values_list("target", "planned")) == [
+        *((str(t.pk), "fork from just before its last failure") for t in failed),
+        (str(running.pk), "skip: it never failed"),
+        (str(sandbox.pk), "skip: a sandbox is replayed, not forked into production")]
     assert Event.objects.count() == events
 
-    results = forks.tasks_fork_from_failure(task_ids=ids, reason="bad deploy", forked_by="alice", batch="b-1")
-    assert [r.outcome for r in results] == ["done", "done", "done", "skipped", "skipped"]
+    bulk.bulk_job_start(job_id=job.pk, selection_hash=job.selection_hash, decided_by="alice")
+    job = run_to_the_end(job)
+    assert list(job.items.order_by("index").values_list("status", flat=True)) == [
+        "done", "done", "done", "skipped", "skipped"]
     made = Task.objects.filter(forked_from__in=failed, sandbox=False)
     assert made.count() == 3 and {t.forked_at_seq for t in made} == {2}
     forked = Event.objects.get(task=made[0], seq=2)
     assert forked.payload["by_staff"] is True and forked.payload["forked_by"] == "alice"
 
-    again = forks.tasks_fork_from_failure(task_ids=ids, reason="bad deploy", forked_by="alice", batch="b-1")
-    assert [r.outcome for r in again[:3]] == ["skipped"] * 3
+    with pytest.raises(JobConflict):  # started once only
+        bulk.bulk_job_start(job_id=job.pk, selection_hash=job.selection_hash, decided_by="alice")
+    assert run_to_the_end(job).done == 3
     assert Task.objects.filter(forked_from__in=failed, sandbox=False).count() == 3
-    assert forks.tasks_fork_from_failure(task_ids=ids[:1], reason="again", forked_by="alice", batch="b-2")[0].outcome \
-        == "done"
+    # Another job over the same task is another decision: it forks again, under its own id.
+    second = bulk.bulk_job_plan(action="fork_from_failure", selection={"ids": ids[:1]}, reason="again",
+                                created_by="alice")
+    bulk.bulk_job_start(job_id=second.pk, selection_hash=second.selection_hash, decided_by="alice")
+    assert run_to_the_end(second).done == 1
+    assert Task.objects.filter(forked_from=failed[0], sandbox=False).count() == 2
 
 
 def test_a_stall_that_dead_letters_is_one_failure() -> None:
@@ -65,10 +85,12 @@ def test_a_stall_that_dead_letters_is_one_failure() -> None:
     assert forks.failure_point(Task.objects.get(pk=task.pk)) == 2
 
 
-def test_too_many_at_once_is_refused() -> None:
-    with pytest.raises(InvalidInput):
-        forks.tasks_fork_from_failure(task_ids=[Task().pk for _ in range(forks.BULK_MAX_ITEMS + 1)], reason="x",
-                                      forked_by="a", batch="b")
+def test_too_many_at_once_is_refused_and_plans_nothing(settings: Any) -> None:
+    settings.BACKPLANE_BULK_MAX_ITEMS = 2
+    with pytest.raises(InvalidInput, match="more than 2 items"):
+        bulk.bulk_job_plan(action="fork_from_failure", selection={"ids": [str(failed_task(n).pk) for n in range(3)]},
+                           reason="x", created_by="a")
+    assert not BulkJob.objects.exists() and not BulkJobItem.objects.exists()
 
 
 def test_the_last_failure_counts_not_an_earlier_one() -> None:

@@ -1,6 +1,7 @@
 """Dead-letter review in the browser: a reviewer requeues one and the task runs again, edit and
 requeue refuses invalid JSON in the page and on the server, a viewer cannot decide, a bulk
-requeue reports what someone else decided meanwhile, and new dead letters appear live."""
+requeue is a job whose dry run and result show what someone else decided meanwhile, and new
+dead letters appear live."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from playwright.sync_api import Page, expect
 
 from backplane.delivery.models import DeadLetter, OutboxMessage
 from backplane.eventlog.models import Event
-from recovery import dead_letters
+from recovery import bulk, dead_letters
+from recovery.models import BulkJob
 from tests.browser.conftest import (
     REVIEWER_USERNAME,
     ApiAgent,
@@ -212,8 +214,7 @@ def test_a_viewer_sees_no_decision_controls_and_a_forged_decision_gets_403(
     forged = {
         f"/dead-letters/{item.pk}/requeue/": {"reason": "forged"},
         f"/dead-letters/{item.pk}/discard/": {"reason": "forged", "compensate": "on"},
-        "/dead-letters/bulk/": {"action": "requeue", "reason": "forged", "ids": str(item.pk)},
-        "/dead-letters/bulk/confirm/": {"token": "forged"},
+        "/dead-letters/bulk/": {"action": "dead_letter_requeue", "reason": "forged", "ids": str(item.pk)},
     }
     for path, data in forged.items():
         answer = page.request.post(path, form={**data, "csrfmiddlewaretoken": token})
@@ -221,12 +222,13 @@ def test_a_viewer_sees_no_decision_controls_and_a_forged_decision_gets_403(
         assert answer.status == 403, (path, answer.status)
         assert "review_deadletter" in answer.text() and "nothing was changed" in answer.text(), path
     assert_undecided(item, "dead_lettered")
+    assert not BulkJob.objects.exists()
 
 
 # --- many at once ------------------------------------------------------------------------------
 
 
-def test_a_bulk_requeue_of_50_with_one_decided_meanwhile_reports_49_done_and_1_skipped(
+def test_a_bulk_requeue_of_50_is_a_job_that_skips_the_one_decided_meanwhile(
     reviewer_page: Page, agent: ApiAgent, screenshot: Screenshot
 ) -> None:
     task_ids = dead_lettered_tasks(agent, 50)
@@ -243,25 +245,38 @@ def test_a_bulk_requeue_of_50_with_one_decided_meanwhile_reports_49_done_and_1_s
     expect(preview_button).to_be_enabled()
     with page.expect_navigation():
         preview_button.click()
-    expect(page.locator("#match-count")).to_have_text("50")
-    expect(page.locator("#will-decide")).to_have_text("50")
-    expect(page.locator("#bulk-reason-shown")).to_have_text(reason)
-    expect(page.locator("#sample-table tbody tr.outcome-done")).to_have_count(10)
+    job = BulkJob.objects.get()
+    assert path_of(page.url) == f"/jobs/{job.pk}/"
+    assert (job.action, job.total, job.created_by) == ("dead_letter_requeue", 50, REVIEWER)
+    expect(page.locator("#job-status")).to_have_text("draft")
+    expect(page.locator("#job-reason")).to_have_text(reason)
+    expect(page.locator("#job-planned")).to_contain_text("50 requeue")
+    expect(page.locator("#count-pending")).to_have_text("50")
+    expect(page.locator("#items-pending tbody tr")).to_have_count(50)
     screenshot(scrolled_to_top(page), "dead-letters-bulk-dry-run")
     assert DeadLetter.objects.filter(status="pending").count() == 50  # a dry run decides nothing
 
-    # Between the dry run and the confirmation someone else discards one.
+    # Between the dry run and the start someone else discards one.
     taken = items[17]
     dead_letters.dead_letter_discard(dead_letter_id=taken.pk, decided_by="user:sam", reason="duplicate lead")
+    page.click("#job-start")
+    expect(page.locator("#job-dialog-summary")).to_contain_text("50 items")
     with page.expect_navigation():
-        page.locator("#bulk-confirm").click()
-    expect(page.locator("#count-done")).to_have_text("49")
+        page.click("#job-dialog-confirm")
+    expect(page.locator("#job-status")).to_have_text("running")
+    # The worker's chunks, run here; the page follows them by its poll.
+    while bulk.bulk_job_step(job.pk):
+        pass
+    expect(page.locator("#count-done")).to_have_text("49", timeout=10_000)
     expect(page.locator("#count-skipped")).to_have_text("1")
     expect(page.locator("#count-failed")).to_have_text("0")
-    expect(page.locator("#result-table tbody tr[data-outcome=done]")).to_have_count(49)
-    skipped = page.locator("#result-table tbody tr[data-outcome=skipped]")
-    expect(skipped).to_have_attribute("data-id", str(taken.pk))
-    expect(skipped).to_contain_text("already discarded by user:sam")
+    page.reload()
+    expect(page.locator("#job-status")).to_have_text("finished")
+    expect(page.locator("#items-done tbody tr")).to_have_count(49)
+    skipped = page.locator("#items-skipped tbody tr")
+    expect(skipped).to_have_count(1)
+    expect(skipped).to_contain_text(str(taken.pk))
+    expect(skipped).to_contain_text("already discarded")
     screenshot(scrolled_to_top(page), "dead-letters-bulk-result")
 
     assert DeadLetter.objects.filter(status="requeued", decided_by=REVIEWER, reason=reason).count() == 49

@@ -1,6 +1,6 @@
 """Forks in the browser: fork from a point of the timeline, land on the fork, compare it with its
-source and see where they drift apart; a refused fork says why; fork many from failure with a
-dry run first."""
+source and see where they drift apart; a refused fork says why; fork many from failure as a job,
+a dry run first (reviewers only)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,25 @@ from playwright.sync_api import Page, expect
 
 from backplane.eventlog import forks, lineage
 from backplane.eventlog.models import Event, Task
-from tests.browser.conftest import SCREENSHOT_DIR, STAFF_USERNAME, ApiAgent, path_of, scrolled_to_top, wait_live
+from recovery import bulk
+from recovery.models import BulkJob
+from tests.browser.conftest import (
+    REVIEWER_USERNAME,
+    SCREENSHOT_DIR,
+    STAFF_USERNAME,
+    ApiAgent,
+    csrf_token_of,
+    path_of,
+    scrolled_to_top,
+    wait_live,
+)
 from tests.browser.fleet import TaskWithTools, build_task_with_tools, claim_task, steps
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 Screenshot = Callable[[Page, str], Path]
 OPERATOR = f"user:{STAFF_USERNAME}"
+REVIEWER = f"user:{REVIEWER_USERNAME}"
 TARGETED = re.compile(r"\btargeted\b")
 # The first divergence's highlight (static/css/dashboard.css).
 HIGHLIGHT = "rgb(255, 241, 194)"
@@ -170,12 +182,12 @@ def failed_tasks(agent: ApiAgent, count: int, kind: str) -> list[uuid.UUID]:
     return ids
 
 
-def test_it_forks_the_failed_tasks_of_a_filter_after_a_dry_run(
-    logged_in_page: Page, agent: ApiAgent, screenshot: Screenshot
+def test_it_forks_the_failed_tasks_of_a_filter_as_a_job_after_a_dry_run(
+    reviewer_page: Page, agent: ApiAgent, screenshot: Screenshot
 ) -> None:
     failed = failed_tasks(agent, 3, "enrichment")
     agent.create_task("enrichment", {"lead": "pending@example.com"})
-    page = logged_in_page
+    page = reviewer_page
     page.goto("/tasks/?kind=enrichment")
     expect(page.locator("#task-table tbody tr[data-task-id]")).to_have_count(4)
     page.locator("#all-matching").check()
@@ -186,30 +198,51 @@ def test_it_forks_the_failed_tasks_of_a_filter_after_a_dry_run(
     with page.expect_navigation():
         page.locator("#bulk-preview").click()
 
-    expect(page.locator("h1")).to_contain_text("Dry run: fork 3 tasks from failure")
-    expect(page.locator("#match-count")).to_have_text("4")
-    expect(page.locator("#will-skip")).to_have_text("1")
-    sample = page.locator("#sample-table tbody tr[data-task-id]")
-    assert sorted(sample.evaluate_all("rows => rows.map(r => r.dataset.taskId)")) == sorted(map(str, failed))
-    # Each fork continues after the event before the failure: the second step, seq 4.
-    assert set(sample.evaluate_all("rows => rows.map(r => r.dataset.atSeq)")) == {"4"}
-    expect(page.locator("#skipped-table")).to_contain_text("it never failed")
-    assert (Task.objects.count(), Event.objects.count()) == before
+    job = BulkJob.objects.get()
+    assert path_of(page.url) == f"/jobs/{job.pk}/"
+    assert (job.action, job.selection, job.created_by) == (
+        "fork_from_failure", {"filter": {"kind": "enrichment"}}, REVIEWER)
+    expect(page.locator("#job-status")).to_have_text("draft")
+    expect(page.locator("#job-planned")).to_contain_text("3 fork from just before its last failure")
+    expect(page.locator("#job-planned")).to_contain_text("1 will be skipped: it never failed")
+    expect(page.locator("#items-pending tbody tr")).to_have_count(4)
+    assert (Task.objects.count(), Event.objects.count()) == before  # the dry run forks nothing
     screenshot(scrolled_to_top(page), "fork-bulk-dry-run")
 
+    page.click("#job-start")
+    expect(page.locator("#job-dialog-summary")).to_contain_text("fork from failure of 4 items")
     with page.expect_navigation():
-        page.locator("#bulk-confirm").click()
+        page.click("#job-dialog-confirm")
+    while bulk.bulk_job_step(job.pk):
+        pass
+    page.reload()
+    expect(page.locator("#job-status")).to_have_text("finished")
     expect(page.locator("#count-done")).to_have_text("3")
+    expect(page.locator("#count-skipped")).to_have_text("1")
     made = Task.objects.filter(forked_from_id__in=failed)
     assert sorted(str(t.forked_from_id) for t in made) == sorted(map(str, failed))
+    # Each fork continues after the event before the failure: the second step, seq 4.
+    assert {t.forked_at_seq for t in made} == {4}
     for fork in made:
-        expect(page.locator(f"#result-table tr[data-fork-id='{fork.pk}'] a.fork-link")).to_have_attribute(
-            "href", f"/tasks/{fork.pk}/")
+        expect(page.locator("#items-done")).to_contain_text(f"forked after seq 4 as {fork.pk}")
     screenshot(scrolled_to_top(page), "fork-bulk-result")
 
-    # The confirmation sent again (back, and confirm once more) forks nothing twice.
-    page.go_back()
-    with page.expect_navigation():
-        page.locator("#bulk-confirm").click()
-    expect(page.locator("#count-done")).to_have_text("0")
+    # The start sent again (a resent request from the dry run's page) is refused and forks nothing twice.
+    again = page.request.post(f"/jobs/{job.pk}/start/", form={"selection_hash": job.selection_hash,
+                                                              "csrfmiddlewaretoken": csrf_token_of(page)})
+    assert again.status == 409 and "cannot be started" in again.text()
+    while bulk.bulk_job_step(job.pk):
+        pass
     assert Task.objects.filter(forked_from_id__in=failed).count() == 3
+
+
+def test_a_non_reviewer_is_told_bulk_forks_are_for_reviewers(
+    logged_in_page: Page, agent: ApiAgent, screenshot: Screenshot
+) -> None:
+    failed_tasks(agent, 1, "enrichment")
+    page = logged_in_page
+    page.goto("/tasks/?kind=enrichment")
+    expect(page.locator("#bulk-viewer-note")).to_contain_text("for reviewers only")
+    for control in ("#fork-bulk-form", "#pick-page", "input[name=ids]", "#bulk-preview"):
+        expect(page.locator(control)).to_have_count(0)
+    screenshot(scrolled_to_top(page), "fork-bulk-viewer")

@@ -1,4 +1,4 @@
-"""Two reviewers deciding the same dead letters at the same moment: each is decided exactly
+"""Two bulk jobs deciding the same dead letters at the same moment: each is decided exactly
 once, and no task is requeued twice. Real commits, two threads, each with its own database
 connection (``committed_db``)."""
 
@@ -16,8 +16,9 @@ from django.test import Client
 
 from backplane.delivery.models import DeadLetter
 from backplane.eventlog.models import Event, Task
-from recovery import dead_letters
-from tests.dashboard.test_dead_letters import dead_lettered_tasks, make_reviewer, task_id_of, token_of
+from recovery import bulk
+from recovery.models import BulkJob
+from tests.dashboard.test_dead_letters import dead_lettered_tasks, make_reviewer, task_id_of
 
 
 def at_once(*work: Callable[[], Any]) -> list[Any]:
@@ -51,59 +52,72 @@ def decision_events_per_task(tasks: list[Any]) -> Counter[Any]:
     return Counter(dict(rows))
 
 
+def run_to_the_end(job_id: int) -> int:
+    """One worker on one job: chunks until nothing is pending; how many items it settled."""
+    settled = 0
+    while count := bulk.bulk_job_step(job_id):
+        settled += count
+    return settled
+
+
+def outcomes_by_dead_letter(*jobs: BulkJob) -> dict[int, list[str]]:
+    outcomes: dict[int, list[str]] = {}
+    for job in jobs:
+        for target, status in job.items.values_list("target", "status"):
+            outcomes.setdefault(int(target), []).append(status)
+    return outcomes
+
+
 @pytest.mark.django_db(transaction=True)
-def test_two_reviewers_confirming_the_same_100_at_once_decide_each_once(committed_db: None) -> None:
+def test_two_reviewers_jobs_over_the_same_100_run_at_once_and_decide_each_once(committed_db: None) -> None:
     items = dead_lettered_tasks(100)
     ids = [item.pk for item in items]
-    confirmations = []
+    jobs = []
     for name, chosen in (("rita", {"all_matching": "on", "query": "status=pending"}),
                          # Sam checked them newest first: the two meet in the middle of the list.
                          ("sam", {"ids": list(reversed(ids))})):
         client = Client()
         client.force_login(make_reviewer(name))
-        preview = client.post("/dead-letters/bulk/", {"action": "requeue", "reason": f"{name}: pool is back",
-                                                      **chosen})
-        assert preview.status_code == 200
-        confirmations.append((client, token_of(preview)))
+        draft = client.post("/dead-letters/bulk/", {"action": "dead_letter_requeue",
+                                                    "reason": f"{name}: pool is back", **chosen})
+        assert draft.status_code == 302
+        job = BulkJob.objects.latest("pk")
+        assert job.total == 100
+        assert client.post(f"/jobs/{job.pk}/start/", {"selection_hash": job.selection_hash}).status_code == 302
+        jobs.append(job)
 
-    def confirm(client: Client, token: str) -> dict[str, Any]:
-        response = client.post("/dead-letters/bulk/confirm/", {"token": token}, HTTP_ACCEPT="application/json")
-        assert response.status_code == 200
-        return response.json()
+    at_once(*(lambda job_id=job.pk: run_to_the_end(job_id) for job in jobs))
 
-    rita, sam = at_once(*(lambda c=c, t=t: confirm(c, t) for c, t in confirmations))
-
-    outcomes: dict[int, list[str]] = {pk: [] for pk in ids}
-    for answer in (rita, sam):
-        assert len(answer["results"]) == 100
-        for result in answer["results"]:
-            outcomes[result["id"]].append(result["outcome"])
+    rita, sam = (BulkJob.objects.get(pk=job.pk) for job in jobs)
+    outcomes = outcomes_by_dead_letter(rita, sam)
     assert all(sorted(both) == ["done", "skipped"] for both in outcomes.values()), outcomes
-    assert rita["counts"].get("done", 0) + sam["counts"].get("done", 0) == 100
-    assert "failed" not in rita["counts"] and "failed" not in sam["counts"]
+    assert rita.done + sam.done == 100 and rita.failed == sam.failed == 0
+    assert (rita.status, sam.status) == ("finished", "finished")
 
     decided = Counter(DeadLetter.objects.filter(pk__in=ids).values_list("status", "decided_by"))
-    assert decided == Counter({("requeued", "user:rita"): rita["counts"].get("done", 0),
-                               ("requeued", "user:sam"): sam["counts"].get("done", 0)})
+    assert decided == Counter({("requeued", "user:rita"): rita.done, ("requeued", "user:sam"): sam.done})
     tasks = [task_id_of(item) for item in items]
     assert decision_events_per_task(tasks) == Counter(dict.fromkeys(tasks, 1))  # no double requeue
     assert set(Task.objects.filter(pk__in=tasks).values_list("status", "attempts")) == {("pending", 0)}
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_requeue_and_a_discard_of_the_same_100_at_once_never_both_happen(committed_db: None) -> None:
+def test_a_requeue_job_and_a_discard_job_over_the_same_100_at_once_never_both_happen(committed_db: None) -> None:
     items = dead_lettered_tasks(100)
     ids = [item.pk for item in items]
+    jobs = []
+    for action, order in (("dead_letter_requeue", ids), ("dead_letter_discard", ids[::-1])):
+        job = bulk.bulk_job_plan(action=action, selection={"ids": order}, reason=f"{action} them",
+                                 created_by=f"user:{action}-er")
+        bulk.bulk_job_start(job_id=job.pk, selection_hash=job.selection_hash, decided_by=f"user:{action}-er")
+        jobs.append(job)
 
-    def decide(action: str, order: list[int]) -> list[dead_letters.BulkItemResult]:
-        return dead_letters.dead_letters_decide_many(ids=order, action=action, decided_by=f"user:{action}-er",
-                                                     reason=f"{action} them")
+    at_once(*(lambda job_id=job.pk: run_to_the_end(job_id) for job in jobs))
 
-    requeued, discarded = at_once(lambda: decide("requeue", ids), lambda: decide("discard", ids[::-1]))
-
-    done = Counter(r.dead_letter_id for r in [*requeued, *discarded] if r.outcome == "done")
-    assert done == Counter(dict.fromkeys(ids, 1))
-    assert {r.outcome for r in [*requeued, *discarded]} == {"done", "skipped"}
+    requeued, discarded = (BulkJob.objects.get(pk=job.pk) for job in jobs)
+    outcomes = outcomes_by_dead_letter(requeued, discarded)
+    assert all(sorted(both) == ["done", "skipped"] for both in outcomes.values()), outcomes
+    assert requeued.done + discarded.done == 100
     tasks = {item.task_id: item.pk for item in items}
     assert decision_events_per_task(list(tasks)) == Counter(dict.fromkeys(tasks, 1))
     # Each task went the way of the one decision its dead letter got.

@@ -82,6 +82,11 @@ def test_the_overview_shows_the_pauses_in_force(olivia_client: Client) -> None:
     fleet.pause_set(namespace="acme", kind="", paused_by="user:ops", reason="bad deploy rolling back")
     page = html(olivia_client.get("/"))
     assert 'id="pauses-in-force"' in page and "bad deploy rolling back" in page and "every kind" in page
+    # An open overview's live refresh brings it too, and takes it away once lifted.
+    live = olivia_client.get("/live/overview/").json()["pauses"]
+    assert 'id="pauses-in-force"' in live and "bad deploy rolling back" in live
+    fleet.pause_lift(pause_id=Pause.objects.get().pk, resumed_by="user:ops", reason="rolled back")
+    assert olivia_client.get("/live/overview/").json()["pauses"].strip() == ""
 
 
 def test_only_staff_see_or_use_them(victor: User) -> None:

@@ -19,7 +19,9 @@ from backplane.eventlog import forks, services
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft
 from dashboard import selectors
-from tests.dashboard.conftest import html
+from recovery import bulk
+from recovery.models import BulkJob, BulkJobDecision, BulkJobItem
+from tests.dashboard.conftest import html, reviewers_group
 
 SANDBOX_REFUSED = "a sandbox&#x27;s history is a replay; it can only be forked into another sandbox"
 
@@ -309,81 +311,126 @@ def failed_three(make_task: Callable[..., Task]) -> list[Task]:
     return made
 
 
-def token_of(page: str) -> str:
-    match = re.search(r'name="token" value="([^"]+)"', page)
-    assert match, "no confirmation on the page"
-    return match.group(1)
+@pytest.fixture
+def rita_client(olivia: User) -> Client:
+    """A reviewer (staff in the Reviewers group): bulk forks are jobs, and jobs are theirs."""
+    rita = User.objects.create_user("rita", is_staff=True)
+    rita.groups.add(reviewers_group())
+    client = Client()
+    client.force_login(rita)
+    return client
 
 
-def test_the_dry_run_writes_nothing_and_the_confirmation_forks_exactly_the_listed_tasks(
-    olivia_client: Client, failed_three: list[Task], source: Task
+def job_rows() -> tuple[int, int, int]:
+    return BulkJob.objects.count(), BulkJobItem.objects.count(), BulkJobDecision.objects.count()
+
+
+def draft_fork_job(client: Client, **data: Any) -> BulkJob:
+    response = client.post("/tasks/fork-from-failure/", data)
+    assert response.status_code == 302, html(response)
+    job = BulkJob.objects.latest("pk")
+    assert response["Location"] == f"/jobs/{job.pk}/" and job.action == "fork_from_failure"
+    return job
+
+
+def run_to_the_end(job: BulkJob) -> BulkJob:
+    while bulk.bulk_job_step(job.pk):
+        pass
+    job.refresh_from_db()
+    return job
+
+
+def test_the_dry_run_writes_nothing_and_the_job_forks_exactly_the_listed_tasks_once(
+    rita_client: Client, failed_three: list[Task], source: Task
 ) -> None:
     sandbox = fork_of(source, 2, sandbox=True)
     chosen = [failed_three[0], failed_three[1], source, sandbox]
     before = counts()
-    dry = olivia_client.post("/tasks/fork-from-failure/", {
-        "reason": "the CRM is back", "ids": [str(t.pk) for t in chosen], "query": "status=failed"})
-    assert dry.status_code == 200
-    assert counts() == before
-    page = html(dry)
-    assert re.search(r'id="match-count">4<', page) and re.search(r'id="will-fork">2<', page)
-    assert re.search(r'id="will-skip">2<', page)
-    sample = re.findall(r'<tr data-task-id="([0-9a-f-]+)" data-at-seq="(\d+)">', page)
-    assert sample == [(str(failed_three[0].pk), "2"), (str(failed_three[1].pk), "2")]
-    assert "(ReasoningStepCompleted)" in page
-    skipped = re.search(r'<table class="grid" id="skipped-table">.*?</table>', page, re.S)
-    assert skipped and "it never failed" in skipped.group(0)
-    assert "a sandbox is replayed, not forked into production" in skipped.group(0)
+    job = draft_fork_job(rita_client, reason="the CRM is back", ids=[str(t.pk) for t in chosen],
+                         query="status=failed")
+    assert counts() == before  # the dry run forks nothing
+    assert list(job.items.order_by("index").values_list("target", "planned")) == [
+        (str(failed_three[0].pk), "fork from just before its last failure"),
+        (str(failed_three[1].pk), "fork from just before its last failure"),
+        (str(source.pk), "skip: it never failed"),
+        (str(sandbox.pk), "skip: a sandbox is replayed, not forked into production")]
+    page = html(rita_client.get(f"/jobs/{job.pk}/"))
+    assert "<strong>2</strong> fork from just before its last failure" in page
+    assert "will be skipped: it never failed" in page and 'id="job-start"' in page
 
-    confirmed = olivia_client.post("/tasks/fork-from-failure/confirm/", {"token": token_of(page)})
-    assert confirmed.status_code == 200
+    assert rita_client.post(f"/jobs/{job.pk}/start/", {"selection_hash": job.selection_hash}).status_code == 302
+    job = run_to_the_end(job)
+    assert (job.status, job.done, job.skipped, job.failed) == ("finished", 2, 2, 0)
     made = Task.objects.filter(forked_from__isnull=False).exclude(pk=sandbox.pk)
     assert sorted(str(t.forked_from_id) for t in made) == sorted(str(t.pk) for t in failed_three[:2])
     assert {t.forked_at_seq for t in made} == {2}
-    assert {Event.objects.get(task=t, seq=2).payload["forked_by"] for t in made} == {"user:olivia"}
-    result = html(confirmed)
-    outcomes = dict(re.findall(r'data-task-id="([0-9a-f-]+)" data-outcome="(\w+)"', result))
-    assert outcomes == {str(failed_three[0].pk): "done", str(failed_three[1].pk): "done", str(source.pk): "skipped",
-                        str(sandbox.pk): "skipped"}
-    for fork in made:
-        assert f'href="/tasks/{fork.pk}/"' in result
+    assert {Event.objects.get(task=t, seq=2).payload["forked_by"] for t in made} == {"user:rita"}
+    done = dict(job.items.filter(status="done").values_list("target", "detail"))
+    assert {target: detail.rsplit(" as ", 1)[1] for target, detail in done.items()} == {
+        str(t.forked_from_id): str(t.pk) for t in made}
 
-    # The same confirmation again (a double click, a resent request) forks nothing twice.
+    # A second start (a double click, a resent request) is refused and forks nothing twice.
     after = counts()
-    again = html(olivia_client.post("/tasks/fork-from-failure/confirm/", {"token": token_of(page)}))
-    assert counts() == after
-    assert dict(re.findall(r'data-task-id="([0-9a-f-]+)" data-outcome="(\w+)"', again)) == {
-        str(t.pk): "skipped" for t in chosen}
-    assert "this batch forked it already" in again
+    again = rita_client.post(f"/jobs/{job.pk}/start/", {"selection_hash": job.selection_hash})
+    assert again.status_code == 409 and counts() == after
 
 
-def test_all_matching_the_filter_forks_what_the_list_shows(
-    olivia_client: Client, failed_three: list[Task], make_task: Callable[..., Task]
+def test_all_matching_the_filter_forks_what_the_dry_run_froze(
+    rita_client: Client, failed_three: list[Task], make_task: Callable[..., Task]
 ) -> None:
     make_task(kind="enrichment")  # pending: not matched by status=failed
     other_kind = make_task(kind="billing")
     fail(other_kind)
-    dry = html(olivia_client.post("/tasks/fork-from-failure/", {
-        "reason": "retry", "all_matching": "on", "query": "status=failed&kind=enrichment"}))
-    assert re.search(r'id="match-count">3<', dry) and re.search(r'id="will-fork">3<', dry)
-    olivia_client.post("/tasks/fork-from-failure/confirm/", {"token": token_of(dry)})
+    job = draft_fork_job(rita_client, reason="retry", all_matching="on", query="status=failed&kind=enrichment")
+    assert job.selection == {"filter": {"status": "failed", "kind": "enrichment"}} and job.total == 3
+    late = make_task(kind="enrichment")  # fails after the dry run: not in the frozen list
+    fail(late)
+    rita_client.post(f"/jobs/{job.pk}/start/", {"selection_hash": job.selection_hash})
+    run_to_the_end(job)
     forked = set(Task.objects.filter(forked_from__isnull=False).values_list("forked_from_id", flat=True))
     assert forked == {t.pk for t in failed_three}
 
 
-def test_a_confirmation_is_checked(olivia_client: Client, failed_three: list[Task], olivia: User) -> None:
-    dry = html(olivia_client.post("/tasks/fork-from-failure/", {"reason": "retry", "ids": [str(failed_three[0].pk)]}))
-    before = counts()
-    tampered = olivia_client.post("/tasks/fork-from-failure/confirm/", {"token": token_of(dry)[:-2] + "xx"})
-    assert tampered.status_code == 400 and "not made by a dry run here" in html(tampered)
-    someone_else = User.objects.create_user("oscar", is_staff=True)
-    other = Client()
-    other.force_login(someone_else)
-    refused = other.post("/tasks/fork-from-failure/confirm/", {"token": token_of(dry)})
-    assert refused.status_code == 400 and "made by someone else" in html(refused)
-    nothing = olivia_client.post("/tasks/fork-from-failure/", {"reason": "retry"})
-    assert nothing.status_code == 400 and "Select some tasks" in html(nothing)
-    assert counts() == before
+def test_bad_bulk_fork_input_is_refused_and_plans_nothing(
+    rita_client: Client, failed_three: list[Task], settings: Any
+) -> None:
+    before = (counts(), job_rows())
+    refusals = [
+        ({"reason": "retry"}, "Select some tasks"),
+        ({"ids": [str(failed_three[0].pk)]}, "Write a reason"),
+        ({"reason": "retry", "ids": ["not-a-task"]}, "named by their ids"),
+        ({"reason": "retry", "all_matching": "on", "query": "status=bogus"}, "filter is not valid"),
+        ({"reason": "retry", "all_matching": "on", "query": "kind=no-such-kind"}, "the selection matches nothing"),
+    ]
+    for data, says in refusals:
+        response = rita_client.post("/tasks/fork-from-failure/", data)
+        assert response.status_code == 400, data
+        assert "Nothing was forked" in html(response) and says in html(response), (data, html(response))
+    settings.BACKPLANE_BULK_MAX_ITEMS = 2
+    over = rita_client.post("/tasks/fork-from-failure/", {"reason": "retry", "all_matching": "on",
+                                                          "query": "status=failed"})
+    assert over.status_code == 400 and "more than 2 items" in html(over)
+    assert (counts(), job_rows()) == before
+
+
+def test_bulk_forks_are_for_reviewers_only(olivia_client: Client, failed_three: list[Task]) -> None:
+    page = html(olivia_client.get("/tasks/"))
+    assert 'id="fork-bulk-form"' not in page and 'name="ids"' not in page
+    assert 'id="bulk-viewer-note"' in page and "for reviewers only" in page
+    before = (counts(), job_rows())
+    refused = olivia_client.post("/tasks/fork-from-failure/", {"reason": "retry",
+                                                               "ids": [str(failed_three[0].pk)]})
+    assert refused.status_code == 403 and "review_deadletter" in html(refused)
+    as_json = olivia_client.post("/tasks/fork-from-failure/", {"reason": "retry", "all_matching": "on"},
+                                 HTTP_ACCEPT="application/json")
+    assert as_json.status_code == 403 and as_json.json()["error"]["code"] == "permission_denied"
+    assert (counts(), job_rows()) == before
+
+
+def test_a_reviewer_sees_the_bulk_bar(rita_client: Client, failed_three: list[Task]) -> None:
+    page = html(rita_client.get("/tasks/"))
+    assert 'id="fork-bulk-form"' in page and 'id="bulk-viewer-note"' not in page
+    assert all(f'name="ids" value="{t.pk}"' in page for t in failed_three)
 
 
 # --- sandboxes are no part of the fleet ------------------------------------------------------------

@@ -120,7 +120,7 @@ def test_each_tile_links_to_a_list_that_opens(olivia_client: Client, make_histor
     make_history()
     page = html(olivia_client.get("/"))
     links = [link.replace("&amp;", "&") for link in re.findall(r'data-tile="[^"]+"><a href="([^"]+)"', page)]
-    assert len(links) == 19  # 18 tiles, and the model-spend panel's calls with no price (the price table)
+    assert len(links) == 20  # 19 tiles, and the model-spend panel's calls with no price (the price table)
     admin = Client()
     admin.force_login(User.objects.create_superuser("root", password="x" * 20))
     for link in links:

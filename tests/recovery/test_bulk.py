@@ -252,7 +252,7 @@ def test_dead_letter_discard_decides_pending_ones_and_skips_those_decided_meanwh
     dead_letter_requeue(dead_letter_id=letters[1].pk, decided_by="user:sam", reason="mine")
     job = run_to_end(start(job))
     assert [(status, detail) for _, status, detail in items(job)] == [
-        ("done", "discarded"), ("skipped", "this dead letter was already requeued"), ("done", "discarded")]
+        ("done", "discarded"), ("skipped", "this dead letter was already requeued by user:sam"), ("done", "discarded")]
     assert DeadLetter.objects.filter(status="discarded", decided_by="user:rita").count() == 2
 
 
