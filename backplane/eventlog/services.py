@@ -34,7 +34,7 @@ from backplane.eventlog.errors import (
     TaskExists,
 )
 from backplane.eventlog.lifecycle import enqueue_lifecycle
-from backplane.eventlog.models import Agent, Event, Task, hash_token
+from backplane.eventlog.models import Agent, Event, Task, TaskStatus, hash_token
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.telemetry import counters
 
@@ -244,8 +244,11 @@ def _settled(draft: EventDraft, *, now: datetime) -> EventDraft:
 
 
 def check_open_at(task: Task, expected_seq: int | None) -> None:
-    """409 for a closed task, then for an ``expected_seq`` that is not the task's ``last_seq``."""
-    if task.is_closed:
+    """409 for a closed task, then for an ``expected_seq`` that is not the task's ``last_seq``.
+
+    A compensating task is refused client events too: its work ended (it failed for good or was
+    cancelled) and its saga speaks only through the compensations' results."""
+    if task.is_closed or task.status == TaskStatus.COMPENSATING:
         raise task_closed_error(task)
     if expected_seq is not None and expected_seq != task.last_seq:
         raise SeqConflict(

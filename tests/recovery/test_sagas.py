@@ -38,6 +38,11 @@ def test_three_steps_are_compensated_in_reverse_order(alice) -> None:  # type: i
         "type": "TaskFailed", "payload": {"error": "card declined later", "retryable": False},
         "lease_epoch": lease["lease_epoch"]}, format="json")
     assert Task.objects.get(pk=task["task_id"]).status == "compensating"
+    # Its work has ended: no client event is taken while the saga runs, with or without an epoch.
+    last_seq = Task.objects.get(pk=task["task_id"]).last_seq
+    assert_error(alice.post(f"/api/v1/tasks/{task['task_id']}/events/", {"type": "Noted", "payload": {}},
+                            format="json"), 409, "task_closed")
+    assert Task.objects.get(pk=task["task_id"]).last_seq == last_seq
 
     order = []
     for _ in range(3):
