@@ -38,7 +38,7 @@ from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import AlreadyDecided, BackplaneError, InvalidInput, JobConflict, NotFound
 from backplane.eventlog.forks import FAILURE_TYPES, failure_points, task_fork_in_transaction
 from backplane.eventlog.models import CLOSED_STATUSES, Task, TaskStatus
-from backplane.eventlog.selectors import task_filters_from_json, tasks_filtered
+from backplane.eventlog.selectors import filter_values_from_json, task_filters_from_json, tasks_filtered
 from backplane.eventlog.writer import EventDraft, lock_tasks, write_events
 from recovery.dead_letters import dead_letter_discard_in_transaction, dead_letter_requeue_in_transaction
 from recovery.fleet import tasks_cancel_locked
@@ -89,24 +89,7 @@ def _checked_options(action: str, options: Mapping[str, Any] | None) -> dict[str
 
 
 def _dead_letter_filters_from_json(data: Any) -> DeadLetterFilters:
-    if not isinstance(data, Mapping):
-        raise InvalidInput("filter must be an object", {"filter": f"keys: {', '.join(_DEAD_LETTER_FILTER_KEYS)}"})
-    unknown = sorted(set(data) - set(_DEAD_LETTER_FILTER_KEYS))
-    if unknown:
-        raise InvalidInput("filter has unknown keys",
-                           {"filter": f"unknown {', '.join(unknown)}; known: {', '.join(_DEAD_LETTER_FILTER_KEYS)}"})
-    values: dict[str, Any] = {}
-    for name, value in data.items():
-        if name.startswith("created_"):
-            try:
-                value = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-            except ValueError:
-                raise InvalidInput(f"filter.{name} is not a time", {f"filter.{name}": "RFC 3339"}) from None
-            if value.tzinfo is None:
-                raise InvalidInput(f"filter.{name} needs a timezone", {f"filter.{name}": "RFC 3339, with offset"})
-        elif not isinstance(value, str) or len(value) > 200:
-            raise InvalidInput(f"filter.{name} must be a string", {f"filter.{name}": "at most 200 characters"})
-        values[name] = value
+    values = filter_values_from_json(data, known=_DEAD_LETTER_FILTER_KEYS, times=("created_after", "created_before"))
     if values.get("source") and values["source"] not in DeadLetterSource.values:
         raise InvalidInput("filter.source is not a dead-letter source",
                            {"filter.source": ", ".join(DeadLetterSource.values)})

@@ -7,7 +7,7 @@ import binascii
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -408,20 +408,23 @@ TASK_FILTER_FIELDS = tuple(field.name for field in dataclasses.fields(TaskFilter
 _FILTER_TIMES = frozenset(name for name in TASK_FILTER_FIELDS if name.endswith(("_after", "_before", "_since")))
 
 
-def task_filters_from_json(data: Mapping[str, Any]) -> TaskFilters:
-    """``TaskFilters.as_json`` read back; anything else is refused (400 with the field named)."""
+def filter_values_from_json(data: Any, *, known: Sequence[str], times: Collection[str] = (),
+                            booleans: Collection[str] = ()) -> dict[str, Any]:
+    """A list filter kept as JSON (a saved search, a bulk job's selection), read back: only the
+    ``known`` keys; ``times`` as RFC 3339 with an offset, ``booleans`` as booleans, the rest as
+    strings of at most 200 characters. Anything else is refused (400 with the field named)."""
     if not isinstance(data, Mapping):
-        raise InvalidInput("filter must be an object", {"filter": f"keys: {', '.join(TASK_FILTER_FIELDS)}"})
-    unknown = sorted(set(data) - set(TASK_FILTER_FIELDS))
+        raise InvalidInput("filter must be an object", {"filter": f"keys: {', '.join(known)}"})
+    unknown = sorted(set(data) - set(known))
     if unknown:
         raise InvalidInput("filter has unknown keys",
-                           {"filter": f"unknown {', '.join(unknown)}; known: {', '.join(TASK_FILTER_FIELDS)}"})
+                           {"filter": f"unknown {', '.join(unknown)}; known: {', '.join(known)}"})
     values: dict[str, Any] = {}
     for name, value in data.items():
-        if name == "recovering":
+        if name in booleans:
             if not isinstance(value, bool):
-                raise InvalidInput("filter.recovering must be a boolean", {"filter.recovering": "true or false"})
-        elif name in _FILTER_TIMES:
+                raise InvalidInput(f"filter.{name} must be a boolean", {f"filter.{name}": "true or false"})
+        elif name in times:
             try:
                 value = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
             except ValueError:
@@ -431,6 +434,12 @@ def task_filters_from_json(data: Mapping[str, Any]) -> TaskFilters:
         elif not isinstance(value, str) or len(value) > 200:
             raise InvalidInput(f"filter.{name} must be a string", {f"filter.{name}": "at most 200 characters"})
         values[name] = value
+    return values
+
+
+def task_filters_from_json(data: Mapping[str, Any]) -> TaskFilters:
+    """``TaskFilters.as_json`` read back; anything else is refused (400 with the field named)."""
+    values = filter_values_from_json(data, known=TASK_FILTER_FIELDS, times=_FILTER_TIMES, booleans=("recovering",))
     if values.get("sandboxes", "") not in ("", "with", "only"):
         raise InvalidInput("filter.sandboxes is not one of '', 'with', 'only'", {"filter.sandboxes": "'', with, only"})
     if values.get("status") and values["status"] not in TaskStatus.values:
