@@ -8,8 +8,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
+from kombu import Connection, Exchange, Queue
 
 from backplane.eventlog import services
 from backplane.eventlog.models import Task
@@ -70,3 +72,18 @@ def check_projections() -> tuple[int, str]:
     except SystemExit as exc:
         return int(exc.code or 0), out.getvalue()
     return 0, out.getvalue()
+
+
+@pytest.fixture
+def broker_queue() -> Iterator[Any]:
+    """A queue bound to every topic on the real (filesystem) broker the relay publishes to: a
+    message no queue is bound for is unroutable and never marked delivered."""
+    conn = Connection(settings.BACKPLANE_OUTBOX_BROKER_URL, transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS)
+    queue = Queue(f"test-{uuid.uuid4().hex[:8]}", Exchange(settings.BACKPLANE_OUTBOX_EXCHANGE, type="topic"),
+                  routing_key="#")
+    with conn.SimpleQueue(queue) as simple:
+        simple.clear()
+        yield simple
+    # Unbind, or every later publish in the session also writes a file for this queue.
+    queue.bind(conn.default_channel).delete()
+    conn.release()

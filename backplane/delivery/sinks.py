@@ -15,6 +15,7 @@ from django.conf import settings
 from kombu import Connection, Exchange, Queue
 
 from backplane.delivery.models import OutboxDestination, OutboxMessage
+from backplane.delivery.outbound import OutboundRefused, outbound_client
 from backplane.delivery.relay import PublishError
 
 logger = logging.getLogger(__name__)
@@ -39,9 +40,14 @@ class KombuSink:
 
     Keeps one connection (per relay thread) and reconnects after a failure; a publish that
     fails raises PublishError so the relay backs the row off. On every connect it declares the
-    exchange and the queues of ``BACKPLANE_OUTBOX_QUEUES`` with their bindings: a topic exchange
-    drops a message that no bound queue matches, so the product's own consumers' queues must
-    exist before the first publish (external consumers declare theirs: docs/delivery.md).
+    exchange and the queues of ``BACKPLANE_OUTBOX_QUEUES`` with their bindings.
+
+    A topic exchange drops a message that no bound queue matches and still accepts the publish,
+    so "published" is not "delivered". Before each publish the sink asks the broker's binding
+    table whether the topic reaches a queue; when none does, the publish fails as *unroutable*
+    and the message waits on the relay's backoff like any failed attempt, then becomes a dead
+    letter, instead of being marked delivered. Consumers declare their queues before the product
+    publishes what they need (docs/delivery.md).
     """
 
     def __init__(self, url: str | None = None, exchange_name: str | None = None,
@@ -77,6 +83,11 @@ class KombuSink:
     def publish(self, message: OutboxMessage, body: dict[str, Any]) -> None:
         try:
             producer = self._ensure_producer()
+            if not self._routes_to_a_queue(producer.channel, message.topic):
+                raise PublishError(
+                    f"unroutable: no queue is bound to exchange {self.exchange.name!r} for topic "
+                    f"{message.topic!r}; declare the consumer's queue (docs/delivery.md) and the "
+                    "message goes out at its next attempt")
             producer.publish(
                 body,
                 exchange=self.exchange,
@@ -86,10 +97,27 @@ class KombuSink:
                 headers=_transport_headers(body, {"backplane-message-id": str(message.message_id)}),
                 retry=False,
             )
+        except PublishError:
+            raise
         except Exception as exc:  # noqa: BLE001 - kombu raises many transport-specific errors
             self.close()
             timed_out = isinstance(exc, (TimeoutError, socket.timeout)) or "timed out" in str(exc).lower()
             raise PublishError(f"broker: {exc.__class__.__name__}: {exc}", timed_out=timed_out) from exc
+
+    def _routes_to_a_queue(self, channel: Any, topic: str) -> bool:
+        """Whether a queue is bound for ``topic`` now, read from the broker's own binding table.
+
+        The Redis and filesystem transports (kombu's virtual transports, the ones this product
+        runs on) keep the bindings in the broker, shared by every process, and route in the
+        publisher with ``_lookup``; it is kombu's private method, pinned with kombu and covered
+        by tests/backplane/test_outbox_unroutable.py. A binding removed between this check and
+        the publish still loses that one message: the broker gives no answer to wait for.
+        """
+        lookup = getattr(channel, "_lookup", None)
+        if lookup is None:
+            raise PublishError(f"broker: the {type(channel).__module__} transport cannot say whether a message "
+                               "is routed, so the relay does not publish to it")
+        return bool(lookup(self.exchange.name, topic))
 
     def close(self) -> None:
         if self._connection is not None:
@@ -113,7 +141,8 @@ class WebhookSink:
     ANSWER_BYTES_KEPT = 4096
 
     def __init__(self) -> None:
-        self.client = httpx.Client(follow_redirects=False)
+        # Connects only to public or allowed addresses, never follows a redirect (outbound.py).
+        self.client = outbound_client()
 
     def publish(self, message: OutboxMessage, body: dict[str, Any]) -> None:
         subscription = message.subscription
@@ -139,6 +168,9 @@ class WebhookSink:
                     answer += chunk[: self.ANSWER_BYTES_KEPT - len(answer)]
                     if len(answer) >= self.ANSWER_BYTES_KEPT:
                         break
+        except OutboundRefused as exc:
+            # A failed attempt like a refused connection: retried, then a dead letter, with the reason.
+            raise PublishError(f"webhook {subscription.name}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise PublishError(f"webhook {subscription.name}: {exc.__class__.__name__}: {exc}",
                                timed_out=isinstance(exc, httpx.TimeoutException)) from exc

@@ -14,10 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from kombu import Connection, Exchange, Queue
 
 from backplane.delivery import outbox, relay
 from backplane.delivery import selectors as delivery_selectors
@@ -28,19 +26,6 @@ from backplane.eventlog.models import Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft
 
 UNREACHABLE_BROKER = "redis://127.0.0.1:1/0"
-
-
-@pytest.fixture
-def broker_queue():  # type: ignore[no-untyped-def]
-    """A queue bound to every topic on the real (filesystem) broker the relay publishes to."""
-    conn = Connection(settings.BACKPLANE_OUTBOX_BROKER_URL, transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS)
-    queue = Queue(f"test-{id(conn)}", Exchange(settings.BACKPLANE_OUTBOX_EXCHANGE, type="topic"), routing_key="#")
-    with conn.SimpleQueue(queue) as simple:
-        simple.clear()
-        yield simple
-    # Unbind, or every later publish in the session also writes a file for this queue.
-    queue.bind(conn.default_channel).delete()
-    conn.release()
 
 
 def drain(simple: Any, limit: int = 1000) -> list[dict[str, Any]]:
@@ -276,7 +261,7 @@ def test_the_webhook_signature_is_verifiable_by_the_consumer_helper() -> None:
     assert client.verify("s3cret", header, body, now=1_800_000_010) == 1_800_000_000
 
 
-def test_delivered_rows_are_pruned_after_the_retention(make_task: Callable[..., Task]) -> None:
+def test_delivered_rows_are_pruned_after_the_retention(make_task: Callable[..., Task], broker_queue: Any) -> None:
     make_task()
     relay.outbox_relay_until_idle(publish=Sinks(), budget_seconds=5)
     OutboxMessage.objects.update(delivered_at=timezone.now() - timedelta(days=2))
@@ -284,7 +269,7 @@ def test_delivered_rows_are_pruned_after_the_retention(make_task: Callable[..., 
     assert relay.outbox_prune_delivered() == 0 and not OutboxMessage.objects.exists()
 
 
-def test_stats_report_lag_and_counts(make_task: Callable[..., Task]) -> None:
+def test_stats_report_lag_and_counts(make_task: Callable[..., Task], broker_queue: Any) -> None:
     make_task()
     OutboxMessage.objects.update(created_at=timezone.now() - timedelta(seconds=30))
     stats = delivery_selectors.outbox_stats()

@@ -79,7 +79,7 @@ def traced_claim(client: AgentClient, trace_id: str, **body: Any) -> dict[str, A
 
 
 def test_an_append_with_a_traceparent_is_one_trace_from_request_to_the_message_sent(
-        spans: InMemorySpanExporter) -> None:
+        spans: InMemorySpanExporter, broker_queue: Any) -> None:
     alice: AgentClient = agent("alice")
     task = create_task(alice)
     response = alice.post(f"/api/v1/tasks/{task['task_id']}/events/", {

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from backplane.eventlog.models import Task
 from demo import report as crash_report
+from demo.downstream import Downstream, downstream_prune
 from demo.fleet import (
     Fleet,
     FleetConfig,
@@ -98,7 +99,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         fleet = Fleet(config, log_dir=Path(settings.VAR_DIR) / "demo" / "agents" / config.namespace)
+        downstream = Downstream(stop)
         try:
+            downstream.start()
             fleet.start()
             if options["tasks"] is None:
                 self._run_until_stopped(fleet, options, stop)
@@ -106,6 +109,8 @@ class Command(BaseCommand):
             code = self._run_batch(fleet, options, stop)
         finally:
             fleet.stop()
+            stop.set()
+            downstream.join(timeout=10)
         if code:
             raise CommandError("the crash report found problems (see above)", returncode=code)
 
@@ -135,6 +140,7 @@ class Command(BaseCommand):
                 # leaves the export (hourly) time to run before the tasks themselves go.
                 demo_dead_letters_decide(namespace=fleet.config.namespace)
                 demo_prune_own_records(older_than=timedelta(seconds=2 * fleet.config.keep_seconds))
+                downstream_prune(older_than=timedelta(seconds=2 * fleet.config.keep_seconds))
             if now >= next_summary:
                 next_summary = now + 60
                 crashes = Observation.objects.filter(kind="crash", at__gte=timezone.now() - timedelta(minutes=1))
