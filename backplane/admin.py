@@ -19,6 +19,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
+from backplane.delivery.outbound import outbound_url_validate
 from backplane.eventlog import services
 from backplane.eventlog.errors import AlreadyDecided, BackplaneError
 from backplane.eventlog.models import Agent, BreakerTransition, CostRollup, Event, ModelPrice, Task, user_actor
@@ -177,7 +178,8 @@ class WebhookSubscriptionAdmin(admin.ModelAdmin):
     concurrency, its ordering, and its retry schedule (empty fields take the settings)."""
 
     list_display = ("name", "topic_pattern", "ordering", "is_active", "created_at")
-    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    # A literal address the relay would refuse is refused here too, at save time (delivery/outbound.py).
+    formfield_overrides = {models.URLField: {"assume_scheme": "https", "validators": [outbound_url_validate]}}
     list_filter = ("is_active", "ordering")
     search_fields = ("name", "topic_pattern", "url")
     fieldsets = (

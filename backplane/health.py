@@ -1,4 +1,11 @@
-"""Liveness and readiness probes for load balancers, orchestrators and the supervisor."""
+"""Probes for orchestrators, load balancers and monitors.
+
+``/readyz`` is the whole product's readiness: the database, the broker and every periodic duty,
+so a beat that stopped turns it red instead of leaving the product quietly half-stopped.
+``/readyz/traffic`` is what a load balancer gates on: only what the web process needs to serve
+the API (the database and the broker). The API does not depend on beat, and a load balancer
+that read the duties would take every web process out of rotation when beat died.
+"""
 
 from __future__ import annotations
 
@@ -49,20 +56,34 @@ def _overdue_duties() -> list[str]:
         return [f"duties unknown: {exc.__class__.__name__}"]
 
 
+def _problems_response(problems: list[str], *, message: str) -> JsonResponse:
+    logger.warning("%s: %s", message, "; ".join(problems))
+    response = JsonResponse(
+        {"error": {"code": "unavailable", "message": message, "details": {"problems": problems}}}, status=503,
+    )
+    response["Retry-After"] = READYZ_RETRY_AFTER
+    return response
+
+
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    """200 when the database and the broker answer and every periodic duty is running, else
-    503 naming what is missing (an overdue duty by its schedule name)."""
+    """200 when the database and the broker answer and every periodic duty is running, else 503
+    naming what is missing (an overdue duty by its schedule name): the product is not quietly
+    half-stopped."""
     database = _database_problem()
     problems = [p for p in (database, _broker_problem()) if p]
     if database is None:
         problems += _overdue_duties()
     if problems:
-        logger.warning("not ready: %s", "; ".join(problems))
-        response = JsonResponse(
-            {"error": {"code": "unavailable", "message": "not ready", "details": {"problems": problems}}},
-            status=503,
-        )
-        response["Retry-After"] = READYZ_RETRY_AFTER
-        return response
+        return _problems_response(problems, message="not ready")
+    return JsonResponse({"status": "ready"})
+
+
+@require_GET
+def readyz_traffic(request: HttpRequest) -> JsonResponse:
+    """The load balancer's probe: 200 when this process can serve the API, that is when the
+    database and the broker answer, whatever the periodic duties are doing."""
+    problems = [p for p in (_database_problem(), _broker_problem()) if p]
+    if problems:
+        return _problems_response(problems, message="cannot serve traffic")
     return JsonResponse({"status": "ready"})

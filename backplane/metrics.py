@@ -11,7 +11,8 @@ Two kinds of figures, both the same in every process:
   django-prometheus) and summed here from ``settings.PROMETHEUS_MULTIPROC_DIR``.
 
 ``BACKPLANE_METRICS_TOKEN``: when set, a scrape must send ``Authorization: Bearer <token>``
-(Prometheus' ``authorization`` scrape setting); when empty the page is open, as it was.
+(Prometheus' ``authorization`` scrape setting). Without it the page is open only where
+``BACKPLANE_METRICS_OPEN`` says so (development and tests by default), and refused in production.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def register_collector(collector: Collector) -> None:
 def _authorized(request: HttpRequest) -> bool:
     expected = settings.BACKPLANE_METRICS_TOKEN
     if not expected:
-        return True
+        return bool(settings.BACKPLANE_METRICS_OPEN)
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     # compare_digest takes as long whatever prefix matches: the token cannot be guessed byte by byte.
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())
@@ -163,7 +164,11 @@ def _authorized(request: HttpRequest) -> bool:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     if not _authorized(request):
-        response = HttpResponse("metrics need Authorization: Bearer <BACKPLANE_METRICS_TOKEN>\n", status=401,
+        explanation = (
+            "metrics need Authorization: Bearer <BACKPLANE_METRICS_TOKEN>\n" if settings.BACKPLANE_METRICS_TOKEN
+            else "metrics are closed: set BACKPLANE_METRICS_TOKEN, or BACKPLANE_METRICS_OPEN=true where only your "
+                 "scraper can reach this port\n")
+        response = HttpResponse(explanation, status=401,
                                 content_type="text/plain; charset=utf-8")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response

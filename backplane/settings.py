@@ -21,6 +21,7 @@ from backplane.runtime.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_str,
 )
 from backplane.telemetry.process_files import metrics_process_files_install
@@ -70,7 +71,7 @@ SECURE_SSL_REDIRECT = env_bool("BACKPLANE_SSL_REDIRECT", not IS_LOCAL)
 # Probes from inside the deployment (compose's healthcheck, a load balancer) speak plain http.
 # The API is exempt too, but not served: a plain-http API request gets the contract's JSON 403
 # (backplane/api/middleware.py) instead of an HTML redirect its client would follow as a GET.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^api/"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^readyz/traffic$", r"^api/"]
 SECURE_HSTS_SECONDS = env_int("BACKPLANE_HSTS_SECONDS", 0 if IS_LOCAL else 365 * 24 * 3600, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BACKPLANE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("BACKPLANE_HSTS_PRELOAD", True)
@@ -92,8 +93,9 @@ INSTALLED_APPS = [
     "backplane",
     "recovery",
     "dashboard",
-    # The demo fleet sits above everything and nothing imports it (docs/demo.md).
-    "demo",
+    # The demo fleet sits above everything and nothing imports it (docs/demo.md). It runs under
+    # `make run` and in the tests only; the production image does not hold it (.dockerignore).
+    *(["demo"] if IS_LOCAL else []),
 ]
 
 MIDDLEWARE = [
@@ -149,7 +151,7 @@ def _database_url() -> str:
     )
 
 
-# Two roles (docs/operations.md): DATABASE_URL is the application's, which may insert events but
+# Two roles (docs/production.md): DATABASE_URL is the application's, which may insert events but
 # not change them, alter tables or switch triggers off (backplane/runtime/db_roles.py); the
 # optional MIGRATION_DATABASE_URL is the owner of the tables and is used by `manage.py migrate`
 # alone, which then also lets the application's role log in with DATABASE_URL's password. Without
@@ -464,10 +466,20 @@ BACKPLANE_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_BREAKER_COOLDOWN_SECONDS
 # The same breaker per registered tool (recovery/gateway.py): no usable answer counts a failure.
 BACKPLANE_TOOL_BREAKER_THRESHOLD = env_int("BACKPLANE_TOOL_BREAKER_THRESHOLD", 3, minimum=1)
 BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS", 30, minimum=1)
+# Networks that webhook and tool calls may reach besides public addresses (comma-separated CIDRs;
+# backplane/delivery/outbound.py). Private, loopback, link-local (the cloud metadata service) and
+# other non-public addresses are refused otherwise. Development and tests allow loopback, where
+# the demo's tools and the test suite's fake tools listen.
+BACKPLANE_OUTBOUND_ALLOWED_NETWORKS = env_networks(
+    "BACKPLANE_OUTBOUND_ALLOWED_NETWORKS", ["127.0.0.0/8", "::1/128"] if IS_LOCAL else [])
 # Per agent token, DRF's "<count>/<s|m|h|d>" syntax.
 BACKPLANE_RATE_LIMIT = env_str("BACKPLANE_RATE_LIMIT", "600/s")
 # /metrics asks for "Authorization: Bearer <token>" when set; open when empty (backplane/metrics.py).
 BACKPLANE_METRICS_TOKEN = env_str("BACKPLANE_METRICS_TOKEN", "")
+# Without a token, /metrics answers only where told to be open: development and tests, or a
+# production deployment that sets it because only its scraper can reach the port. Closed otherwise,
+# since the figures name namespaces, kinds and agents.
+BACKPLANE_METRICS_OPEN = env_bool("BACKPLANE_METRICS_OPEN", IS_LOCAL)
 # --- Counters and histograms summed across processes (backplane/telemetry/counters.py) ------------
 # prometheus_client's multiprocess mode: each process writes its values to files of its own in
 # one directory and /metrics sums them. prometheus_client takes the directory from the

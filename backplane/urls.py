@@ -7,6 +7,7 @@ from backplane import health, metrics
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("readyz/traffic", health.readyz_traffic, name="readyz-traffic"),
     path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("backplane.api.urls")),

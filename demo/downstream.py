@@ -48,7 +48,8 @@ def downstream_drain_once(simple: Any, *, timeout: float = 1.0) -> bool:
 def downstream_prune(*, older_than: timedelta) -> int:
     """Forget ids older than the broker could still redeliver, so the table does not grow for ever."""
     with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {TABLE} WHERE processed_at < now() - %s", [older_than])
+        cursor.execute(f"DELETE FROM {TABLE} WHERE processed_at < now() - make_interval(secs => %s)",
+                       [older_than.total_seconds()])
         return cursor.rowcount
 
 

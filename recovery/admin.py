@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from backplane.admin import ReadOnlyAdmin, short
+from backplane.delivery.outbound import outbound_url_validate
 from backplane.eventlog.models import user_actor
 from recovery import alerts, gateway
 from recovery.models import (
@@ -40,7 +41,8 @@ class ToolAdmin(admin.ModelAdmin):
     fields = ("name", "namespace", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active",
               "created_at", *readonly_fields[1:])
     actions = ("reset_breakers",)
-    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    # A literal address the gateway would refuse is refused here too, at save time (delivery/outbound.py).
+    formfield_overrides = {models.URLField: {"assume_scheme": "https", "validators": [outbound_url_validate]}}
 
     @admin.action(description="Close the circuit breaker of the selected tools", permissions=["change"])
     def reset_breakers(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:

@@ -39,6 +39,7 @@ from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
+from backplane.delivery.outbound import OutboundRefused, outbound_client
 from backplane.eventlog.errors import (
     IdempotencyMismatch,
     InvalidInput,
@@ -62,11 +63,12 @@ _client_lock = threading.Lock()
 
 def _http() -> httpx.Client:
     """One client per process, made on first use: building one costs a TLS context (a quarter
-    of a second), and it keeps connections to the tools open. httpx clients are thread-safe."""
+    of a second), and it keeps connections to the tools open. httpx clients are thread-safe.
+    It connects only to public or allowed addresses and never follows a redirect (outbound.py)."""
     global _client
     with _client_lock:
         if _client is None:
-            _client = httpx.Client(follow_redirects=False)
+            _client = outbound_client()
         return _client
 
 
@@ -200,6 +202,9 @@ def _send(*, tool: Tool, key: str, input: dict[str, Any]) -> ToolAnswer:
     try:
         with _http().stream("POST", tool.url, content=body, headers=headers, timeout=tool.timeout_seconds) as response:
             raw, truncated = _read_capped(response, deadline=deadline)
+    except OutboundRefused as exc:
+        # Answered like a tool that cannot be reached, and counted by its breaker like one.
+        raise ToolUnavailable(f"tool {tool.name}: {exc}"[:500], {"tool": tool.name}) from exc
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise ToolUnavailable(
             f"tool {tool.name} did not answer: {exc.__class__.__name__}: {exc}"[:500], {"tool": tool.name}

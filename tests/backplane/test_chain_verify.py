@@ -95,3 +95,33 @@ def test_the_command_prints_a_summary_and_fails_on_a_broken_chain(make_task: Cal
     call_command("verify_chain", "--task", str(good.pk), stdout=io.StringIO())
     with pytest.raises(CommandError):
         call_command("verify_chain", "--task", str(bad.pk), stdout=io.StringIO())
+
+
+def test_the_command_with_seals_checks_the_signed_head_against_the_events(make_task: Callable[..., Task]) -> None:
+    from backplane.integrity import sealing
+
+    task = build_task(make_task)
+    out = io.StringIO()
+    call_command("verify_chain", "--all", "--seals", stdout=out)
+    assert "seals: nothing sealed yet" in out.getvalue()
+
+    sealing.seal_new_events()
+    out = io.StringIO()
+    call_command("verify_chain", "--all", "--seals", stdout=out)
+    assert "seals: the signed tree head of size 5 verifies against the events" in out.getvalue()
+
+    # The payload and every hash after it rewritten: the chain verifies, the seal does not.
+    as_attacker("UPDATE backplane_event SET payload = '{\"step\": 99}' WHERE task_id = %s AND seq = 5", [task.pk])
+    event = Event.objects.get(task=task, seq=5)
+    forged = hashed_fields(
+        task_id=str(task.pk), seq=5, type=event.type, payload={"step": 99}, agent=event.agent,
+        idempotency_key=None, lamport=event.lamport, causation_id=None, correlation_id=None, trace_id=None,
+        recorded_at=event.recorded_at, prev_hash=event.prev_hash,
+    )
+    as_attacker("UPDATE backplane_event SET hash = %s WHERE task_id = %s AND seq = 5", [compute_hash(forged), task.pk])
+    as_attacker("UPDATE backplane_task SET head_hash = %s WHERE id = %s", [compute_hash(forged), task.pk])
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="signed tree head does not match"):
+        call_command("verify_chain", "--all", "--seals", stdout=out)
+    assert "verified 1 task(s), 5 event(s): 1 valid, 0 broken" in out.getvalue()
+    assert "BROKEN seals at tree size 5" in out.getvalue()

@@ -70,6 +70,8 @@ def test_behind_the_proxy_http_is_redirected_and_probes_are_not(client: Client, 
     assert served.status_code == 200 and served["Strict-Transport-Security"].startswith("max-age=3600")
     # The compose healthcheck and load balancers probe from inside, over plain http.
     assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200
+    assert client.get("/readyz/traffic").status_code == 200
 
 
 def test_the_api_over_plain_http_is_a_json_403_not_a_redirect(client: Client, db: None, settings: Any) -> None:
@@ -84,3 +86,21 @@ def test_the_api_over_plain_http_is_a_json_403_not_a_redirect(client: Client, db
     served = client.post("/api/v1/tasks/", {"kind": "k", "input": {}}, content_type="application/json",
                          HTTP_X_FORWARDED_PROTO="https")
     assert served.status_code == 401
+
+
+def _production_setting(tmp_path: Path, name: str, **extra: str) -> str:
+    env = _production_env(tmp_path, **extra)
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c",
+                           f"from django.conf import settings; print(settings.{name})"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_production_closes_metrics_without_a_token_unless_told(tmp_path: Path) -> None:
+    assert _production_setting(tmp_path, "BACKPLANE_METRICS_OPEN") == "False"
+    assert _production_setting(tmp_path, "BACKPLANE_METRICS_OPEN", BACKPLANE_METRICS_OPEN="true") == "True"
+
+
+def test_production_allows_no_private_outbound_address_by_default(tmp_path: Path) -> None:
+    assert _production_setting(tmp_path, "BACKPLANE_OUTBOUND_ALLOWED_NETWORKS") == "[]"

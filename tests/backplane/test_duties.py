@@ -82,9 +82,16 @@ def test_readyz_names_an_overdue_duty(client: Client, db: None, watched: None) -
     assert client.get("/readyz").status_code == 200
     Duty.objects.filter(name="detect-stalls").update(watch_started_at=timezone.now() - timedelta(minutes=2))
     response = client.get("/readyz")
-    assert response.status_code == 503
+    assert response.status_code == 503 and response["Retry-After"] == "5"
     problems = response.json()["error"]["details"]["problems"]
     assert len(problems) == 1 and problems[0].startswith("duty detect-stalls overdue"), problems
+
+
+def test_the_traffic_probe_stays_green_while_a_duty_is_overdue(client: Client, db: None, watched: None) -> None:
+    # The load balancer's probe: the API does not need beat, so a dead beat must not take the web out.
+    Duty.objects.filter(name="detect-stalls").update(watch_started_at=timezone.now() - timedelta(minutes=2))
+    assert client.get("/readyz").status_code == 503
+    assert client.get("/readyz/traffic").status_code == 200
 
 
 def test_readyz_says_when_no_beat_ever_scheduled_the_duties(client: Client, db: None, watched: None) -> None:
@@ -95,7 +102,9 @@ def test_readyz_says_when_no_beat_ever_scheduled_the_duties(client: Client, db: 
     assert all("is beat running?" in problem for problem in problems)
 
 
-def test_readyz_quotes_the_error_of_a_duty_that_keeps_failing(client: Client, db: None, watched: None) -> None:
+def test_readyz_quotes_the_error_of_a_duty_that_keeps_failing(
+    client: Client, db: None, watched: None,
+) -> None:
     duties.duties_watch_start()
     Duty.objects.filter(name="seal-events").update(watch_started_at=timezone.now() - timedelta(minutes=2))
     duties.duty_stamp(task_name="backplane.tasks.seal_events", outcome="failed", error="RuntimeError: no signing key")

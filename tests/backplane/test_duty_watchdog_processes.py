@@ -37,7 +37,7 @@ def worker_and_beat(committed_db: None, settings: Any) -> Iterator[CeleryProcess
         processes.stop()
 
 
-def _readyz_problems(client: Client) -> list[str]:
+def _duty_problems(client: Client) -> list[str]:
     response = client.get("/readyz")
     return [] if response.status_code == 200 else response.json()["error"]["details"]["problems"]
 
@@ -52,9 +52,11 @@ def _wait(what: str, condition: Callable[[], object], timeout: float, processes:
     return time.monotonic() - started
 
 
-def test_a_frozen_duty_turns_readyz_red_naming_it_and_green_when_it_thaws(worker_and_beat: CeleryProcesses) -> None:
+def test_a_frozen_duty_turns_duty_health_red_naming_it_and_green_when_it_thaws(
+    worker_and_beat: CeleryProcesses,
+) -> None:
     client = Client()
-    _wait("every duty watched and fresh", lambda: _readyz_problems(client) == [], 60, worker_and_beat)
+    _wait("every duty watched and fresh", lambda: _duty_problems(client) == [], 60, worker_and_beat)
     _wait("a first seal", lambda: Duty.objects.filter(name="seal-events", last_succeeded_at__isnull=False).exists(),
           30, worker_and_beat)
 
@@ -62,19 +64,20 @@ def test_a_frozen_duty_turns_readyz_red_naming_it_and_green_when_it_thaws(worker
         blocker.execute("LOCK TABLE backplane_merkleleaf IN ACCESS EXCLUSIVE MODE")
         frozen_at = time.monotonic()
         took = _wait("/readyz naming the frozen sealer", lambda: any(
-            p.startswith("duty seal-events overdue") for p in _readyz_problems(client)), 60, worker_and_beat)
-        problems = _readyz_problems(client)
-        print(f"\n/readyz named the frozen sealer {took:.1f}s after the freeze (interval {SEAL_SECONDS}s): {problems}")
+            p.startswith("duty seal-events overdue") for p in _duty_problems(client)), 60, worker_and_beat)
+        problems = _duty_problems(client)
+        print(f"\n/readyz named the frozen sealer {took:.1f}s after the freeze "
+              f"(interval {SEAL_SECONDS}s): {problems}")
         assert took <= 3 * SEAL_SECONDS + 0.5
         # The others kept running beside it: the hung runs did not take the pool.
         relay_before = Duty.objects.get(name="relay-outbox").runs_total
         _wait("the relay duty runs beside the frozen sealer",
               lambda: Duty.objects.get(name="relay-outbox").runs_total > relay_before, 3, worker_and_beat)
-        assert [p for p in _readyz_problems(client) if not p.startswith("duty seal-events")] == []
+        assert [p for p in _duty_problems(client) if not p.startswith("duty seal-events")] == []
         assert time.monotonic() - frozen_at < 60
         blocker.rollback()
 
-    took = _wait("/readyz green again after the lock is gone", lambda: _readyz_problems(client) == [], 30,
+    took = _wait("/readyz green again after the lock is gone", lambda: _duty_problems(client) == [], 30,
                  worker_and_beat)
     print(f"green again {took:.1f}s after the sealer thawed")
     assert "skipped" in worker_and_beat.log("worker")  # beat's later seal runs were not stacked on the hung one

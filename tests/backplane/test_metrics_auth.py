@@ -1,4 +1,5 @@
-"""/metrics: open by default, behind a bearer token when BACKPLANE_METRICS_TOKEN is set, and
+"""/metrics: behind a bearer token when BACKPLANE_METRICS_TOKEN is set, open without one only where
+BACKPLANE_METRICS_OPEN says so (closed in production by default), and
 computed with aggregates in the database whatever the number of rows."""
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ def _samples(body: bytes) -> dict[str, float]:
             for sample in family.samples if not sample.labels}
 
 
-def test_it_is_open_without_a_token_setting(client: Client, db: None, settings: Any) -> None:
+def test_it_is_open_without_a_token_where_told(client: Client, db: None, settings: Any) -> None:
     settings.BACKPLANE_METRICS_TOKEN = ""
+    settings.BACKPLANE_METRICS_OPEN = True
     assert client.get("/metrics").status_code == 200
+
+
+def test_it_is_closed_without_a_token_unless_told_and_says_what_to_set(client: Client, db: None, settings: Any) -> None:
+    settings.BACKPLANE_METRICS_TOKEN = ""
+    settings.BACKPLANE_METRICS_OPEN = False
+    refused = client.get("/metrics")
+    assert refused.status_code == 401 and b"backplane_" not in refused.content
+    assert b"BACKPLANE_METRICS_TOKEN" in refused.content and b"BACKPLANE_METRICS_OPEN" in refused.content
 
 
 def test_it_asks_for_the_token_when_one_is_set(client: Client, db: None, settings: Any) -> None:
