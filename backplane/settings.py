@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from backplane import __version__
 from backplane.runtime.env import (
     ImproperlyConfiguredEnv,
     database_from_url,
@@ -403,7 +404,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Agent Backplane API",
     "DESCRIPTION": "System of record and recovery controller for fleets of LLM agents.",
-    "VERSION": "1.0.0",
+    "VERSION": __version__,
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

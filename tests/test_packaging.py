@@ -221,3 +221,14 @@ def test_the_client_installs_and_imports_in_a_fresh_venv_without_django(tmp_path
         "print(AgentClient.__module__)\n"
     )
     assert run("-c", script).strip() == "backplane_client.agent"
+
+
+def test_one_version_names_the_release_everywhere() -> None:
+    import backplane
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    changelog = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", (REPO / "CHANGELOG.md").read_text(),
+                           re.MULTILINE)
+    assert project["project"]["version"] == backplane.__version__ == changelog[0]
+    assert (REPO / "LICENSE").read_text().split()[:3] == ["Apache", "License", "Version"]
+    assert project["project"]["license"] == {"text": "Apache-2.0"}
