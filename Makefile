@@ -1,6 +1,7 @@
 # The two commands: `make run` starts the whole product, `make test` runs the fast tier of the
 # suite; `make test-all` runs all of it (what .ci/run runs). They work on a fresh machine with
-# only Python 3.11+: everything else is installed here.
+# Python 3.11+: everything else is installed here, from PyPI and (promtool, chromium, nodejs)
+# from Debian's packages with apt-get, as root or with sudo.
 
 PYTHON ?= python3
 VENV := .venv
