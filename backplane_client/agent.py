@@ -1,6 +1,6 @@
 """The agents' client for the backplane's REST contract (``/api/v1/``), and its task sessions.
 
-Django-free: it needs only :mod:`httpx`. docs/sdk.md is the guide; this is the short version.
+Django-free: it needs :mod:`httpx` and :mod:`rfc8785`. docs/sdk.md is the guide; this is the short version.
 
 A typical agent loop, with a session that heartbeats in the background, resumes from the
 recovery context after a crash, and records every tool call before and after making it::
