@@ -36,6 +36,21 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 
+# Installs Debian's package $(1) when the command $(2) is missing, from apt as root, else with
+# sudo; $(3) says what it is for. Engines the full tier needs come this way, never by hand.
+define apt_install
+	@if ! command -v $(2) >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; \
+		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+		else echo "$(2) is missing, and installing it needs root or sudo" >&2; exit 1; fi; \
+		echo "installing Debian's $(1) for $(3)"; \
+		$$sudo apt-get update && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(1) || \
+			{ echo "could not install $(1) with apt-get" >&2; exit 1; }; \
+		command -v $(2) >/dev/null 2>&1 || { echo "$(2) is still missing after apt-get install" >&2; exit 1; }; \
+	fi
+endef
+
 # The browser tests (tests/browser) drive Debian's chromium through Playwright's Python package;
 # Playwright's own browser download (`playwright install`) is never used. BACKPLANE_CHROMIUM
 # names another binary instead. Without one, chromium comes from apt (as root, else with sudo).
@@ -57,16 +72,7 @@ browser:
 # (tests/e2e/test_node_agent.py) on Node 18 or later. Without node on PATH, Debian's nodejs comes
 # from apt (as root, else with sudo).
 node:
-	@if ! command -v node >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then sudo=; \
-		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
-		else echo "node is missing, and installing it needs root or sudo" >&2; exit 1; fi; \
-		echo "installing Debian's nodejs for the JavaScript agent's test"; \
-		$$sudo apt-get update && \
-		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs || \
-			{ echo "could not install nodejs with apt-get" >&2; exit 1; }; \
-		command -v node >/dev/null 2>&1 || { echo "node is still missing after apt-get install" >&2; exit 1; }; \
-	fi
+	$(call apt_install,nodejs,node,the JavaScript agent's test)
 
 # The alert rules (docs/prometheus/alerts.yml) are checked with `promtool check rules` by the test
 # suite (tests/telemetry/test_metrics_docs.py), which fails without it. promtool comes from Debian's
@@ -153,16 +159,7 @@ profile: $(STAMP) $(BENCH_STAMP) wrk
 
 # The HTTP load generator for `make bench`: Debian's wrk, from apt (as root, else with sudo).
 wrk:
-	@if ! command -v wrk >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then sudo=; \
-		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
-		else echo "wrk is missing, and installing it needs root or sudo" >&2; exit 1; fi; \
-		echo "installing Debian's wrk for the benchmarks"; \
-		$$sudo apt-get update && \
-		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wrk || \
-			{ echo "could not install wrk with apt-get" >&2; exit 1; }; \
-		command -v wrk >/dev/null 2>&1 || { echo "wrk is still missing after apt-get install" >&2; exit 1; }; \
-	fi
+	$(call apt_install,wrk,wrk,the benchmarks)
 
 # The demo fleet at scale: 10,000 tasks, agents SIGKILLed at a 20 % rate in all four failure zones;
 # the crash report (JSON + Plotly page) goes to var/demo/ (docs/demo.md, docs/benchmarks.md).
