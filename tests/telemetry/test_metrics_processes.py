@@ -127,7 +127,9 @@ def test_under_make_run_the_web_process_reports_what_the_worker_counted() -> Non
     metrics_dir = var_dir / "metrics"
     metrics_dir.mkdir(parents=True)
     (metrics_dir / "counter_999999.db").write_bytes(b"left by an earlier run")
-    product = RunningProduct(var_dir)
+    # A queue bound to every topic, declared by the relay: a message no queue is bound for is
+    # unroutable and never counted as delivered (docs/delivery.md).
+    product = RunningProduct(var_dir, env={"BACKPLANE_OUTBOX_QUEUES": "metrics-test=#"})
     agent: ProductClient | None = None
     try:
         product.wait_ready()
