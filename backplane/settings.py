@@ -193,6 +193,25 @@ if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
 # libpq's connect timeout (psycopg enforces at least 2 s): a database host that does not answer
 # must not hold a request, a probe or a duty for the operating system's TCP timeout.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env_int("BACKPLANE_DB_CONNECT_TIMEOUT", 2, minimum=2))
+# An optional streaming replica of DATABASE_URL's database for the dashboard's pages and the API's
+# heavy lists; agents' routes and every write stay on the primary (backplane/runtime/replica.py
+# says which reads go there, and when a lagging or unreachable replica is passed over).
+_replica_url = env_str("DATABASE_REPLICA_URL", "")
+BACKPLANE_REPLICA_MAX_LAG_SECONDS = env_float("BACKPLANE_REPLICA_MAX_LAG_SECONDS", 10.0, minimum=0.0)
+if _replica_url:
+    _replica = database_from_url(_replica_url)
+    # The primary's pool and connect timeout, not its URL's libpq options: a target_session_attrs
+    # of read-write would refuse every standby.
+    _replica["OPTIONS"].setdefault("connect_timeout", DATABASES["default"]["OPTIONS"]["connect_timeout"])
+    if "pool" in DATABASES["default"]["OPTIONS"]:  # a pool of its own, on the same terms
+        _replica["OPTIONS"]["pool"] = dict(DATABASES["default"]["OPTIONS"]["pool"])
+    _replica["CONN_MAX_AGE"] = DATABASES["default"]["CONN_MAX_AGE"]
+    _replica["CONN_HEALTH_CHECKS"] = True
+    _replica["TIME_ZONE"] = None
+    # A test run reads the replica alias from the test database itself.
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+    DATABASE_ROUTERS = ["backplane.runtime.replica.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -291,6 +310,21 @@ else:
 
 # Every event write announces itself to open dashboard pages after commit (dashboard/live.py).
 BACKPLANE_LIVE_NOTICES = env_bool("BACKPLANE_LIVE_NOTICES", True)
+
+# RabbitMQ (an amqp:// URL) or another kombu URL as the Celery broker instead of the one chosen
+# above; the channel layer and the cache stay where REDIS_URL puts them.
+BACKPLANE_BROKER_URL = env_str("BACKPLANE_BROKER_URL", "")
+if BACKPLANE_BROKER_URL:
+    CELERY_BROKER_URL = BACKPLANE_BROKER_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+if CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    # An enqueue returns once RabbitMQ has confirmed the task, and the tasks' queue is a
+    # durable quorum queue. A retry's countdown (autoretry's backoff) then travels through
+    # Celery's native delayed delivery, which its worker declares by itself and which routes
+    # only through a topic exchange (on a direct one the worker holds the task until its ETA).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
+    CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
 
 # Where the relay publishes outbox messages (a kombu URL); by default the Celery broker.
 BACKPLANE_OUTBOX_BROKER_URL = env_str("BACKPLANE_OUTBOX_BROKER_URL", "") or CELERY_BROKER_URL

@@ -7,6 +7,10 @@ histories, one query per range of up to 5,000 events), and none counts or offset
 a whole table: lists are keyset-paginated, time windows go through the BRIN index on
 ``recorded_at``, payload search through the GIN index over the payloads' words (migration
 ``backplane.0011``).
+
+Raw SQL here takes its connection from ``reads_connection()``, as the ORM's reads take theirs from
+the router: the read replica on the pages that opt in with ``replica_reads``, the primary
+everywhere else (backplane/runtime/replica.py).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from django.db import connection
 from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.urls import reverse
@@ -42,6 +45,7 @@ from backplane.integrity.models import (
     VerificationRun,
     VerifiedHead,
 )
+from backplane.runtime.replica import reads_connection
 
 # --- the overview ------------------------------------------------------------------------------
 
@@ -104,7 +108,7 @@ def overview(*, now: datetime | None = None) -> Overview:
     """The overview's tiles, sandboxes left out: three queries."""
     now = now or timezone.now()
     by_status = dict.fromkeys(TaskStatus.values, 0)
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute("SELECT status, count(*) FROM backplane_task WHERE NOT sandbox GROUP BY status")
         by_status.update(dict(cursor.fetchall()))
         cursor.execute(
@@ -147,7 +151,7 @@ def activity_per_minute(*, hours: int, now: datetime | None = None) -> dict[str,
     start = end - timedelta(hours=hours)
     bucket = "date_trunc('minute', recorded_at)" if hours <= 6 else "date_bin('5 minutes', recorded_at, %(start)s)"
     step = timedelta(minutes=1 if hours <= 6 else 5)
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute(
             f"""
             SELECT {bucket} AS minute,
@@ -273,7 +277,7 @@ FAMILY_MAX_DEPTH = 4
 
 def task_family(task: Task) -> TaskFamily:
     """Two recursive queries: up to the root, and down ``FAMILY_MAX_DEPTH`` levels."""
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute(
             """
             WITH RECURSIVE up(id, kind, status, parent_id, depth) AS (
@@ -652,7 +656,7 @@ def task_lineage(task: Task) -> Lineage:
     origin = None
     if task.forked_from_id is not None:
         assert task.forked_at_seq is not None  # a fork always has one (task_fork_has_seq)
-        with connection.cursor() as cursor:
+        with reads_connection().cursor() as cursor:
             cursor.execute(
                 """
                 SELECT s.kind, s.status, s.last_seq, e.payload ->> 'source_type', e.payload ->> 'reason',
@@ -878,7 +882,7 @@ def outbox_health(*, now: datetime | None = None, failing_limit: int = 20) -> Ou
     """The outbox page's figures: the pending backlog per destination, dead and delivered
     counts, and the messages that are failing now. Three queries."""
     now = now or timezone.now()
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute(
             """
             SELECT coalesce(s.name, m.destination),
@@ -916,7 +920,7 @@ def delivery_lag_per_minute(*, now: datetime | None = None) -> dict[str, Any]:
     now = now or timezone.now()
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(hours=1)
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute(
             """
             SELECT date_trunc('minute', delivered_at),
@@ -1159,7 +1163,7 @@ def spend_today(*, now: datetime | None = None) -> SpendToday:
     since = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     total = Spend()
     by_scope: dict[str, dict[RollupKey, Spend]] = {"model": {}, "tool": {}, "agent": {}}
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute(_SPEND_TODAY_SQL, {"since": since, "until": since + timedelta(days=1)})
         for scope, key, currency, *sums in cursor.fetchall():
             if scope == "namespace":
@@ -1200,7 +1204,7 @@ def task_spend(task: Task) -> TaskSpend:
     """The task's own and its tree's spend, from their rollups (one row per currency each): one
     query, which finds the root too."""
     own, tree = Spend(), Spend()
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute(_TASK_SPEND_SQL, {"task": task.pk, "key": str(task.pk)})
         rows = cursor.fetchall()
     root_id = rows[0][0] if rows else task.pk
@@ -1243,7 +1247,7 @@ def agent_spend(*, now: datetime | None = None) -> AgentSpend:
     now = now or timezone.now()
     since = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=SPEND_WINDOW_HOURS - 1)
     by_key: dict[str, Spend] = {}
-    with connection.cursor() as cursor:
+    with reads_connection().cursor() as cursor:
         cursor.execute(_AGENT_SPEND_SQL, {"since": since})
         for key, currency, *sums in cursor.fetchall():
             by_key.setdefault(key, Spend()).add_row(currency, sums)

@@ -22,6 +22,7 @@ from backplane.delivery import selectors as delivery_selectors
 from backplane.delivery.models import DeadLetter, DeadLetterStatus
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import InvalidInput
+from backplane.runtime.replica import replica_reads
 from recovery import dead_letters
 
 
@@ -109,6 +110,9 @@ class DeadLettersView(ApiView):
         ],
         responses={200: DeadLetterListOut, **errors(403)},
     )
+    # A reviewer's list may come from the read replica (backplane/runtime/replica.py); deciding
+    # an item locks it on the primary, so a stale row can never be decided twice.
+    @replica_reads
     def get(self, request: Request) -> Response:
         reviewer_name(request)
         status_filter = request.query_params.get("status")

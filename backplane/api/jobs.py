@@ -23,6 +23,7 @@ from backplane.api.serializers import (
     optional_timestamp,
 )
 from backplane.eventlog.chain import format_timestamp
+from backplane.runtime.replica import replica_reads
 from recovery import bulk, selectors
 from recovery.models import BulkAction, BulkItemStatus, BulkJob, BulkJobItem, BulkJobStatus
 
@@ -163,6 +164,9 @@ class JobsView(ApiView):
                     OpenApiParameter("cursor", int, description="the `next` link's cursor")],
         responses={200: JobListOut, **errors(403)},
     )
+    # The list may come from the read replica (backplane/runtime/replica.py); a job's own page
+    # and its decisions read the primary, so a reviewer sees the job they just started.
+    @replica_reads
     def get(self, request: Request) -> Response:
         reviewer_name(request)
         cursor = query_int(request.query_params, "cursor", default=0, minimum=0)

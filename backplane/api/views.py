@@ -43,6 +43,7 @@ from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.eventlog.models import TaskStatus
 from backplane.eventlog.writer import EventDraft, OutboxDraft
 from backplane.integrity import independent_hash
+from backplane.runtime.replica import replica_reads
 
 
 def draft_from(data: dict[str, Any]) -> EventDraft:
@@ -120,6 +121,10 @@ class TasksView(ApiView):
         ],
         responses={200: TaskListOut, **errors()},
     )
+    # A list (and search) of a whole namespace may come from the read replica, at most
+    # BACKPLANE_REPLICA_MAX_LAG_SECONDS behind. An agent's read of its own task or events after a
+    # write goes through the agent routes (api/routes.py), which read the primary only.
+    @replica_reads
     def get(self, request: Request) -> Response:
         status_filter = request.query_params.get("status")
         if status_filter is not None and status_filter not in TaskStatus.values:

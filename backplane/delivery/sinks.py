@@ -35,6 +35,10 @@ def _transport_headers(body: dict[str, Any], headers: dict[str, str]) -> dict[st
     return {**headers, "traceparent": traceparent} if traceparent else headers
 
 
+# RabbitMQ through py-amqp: publisher confirms and mandatory publishes (KombuSink).
+AMQP_URL_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
+
+
 class KombuSink:
     """Publishes to a topic exchange, routing key = topic, persistent messages.
 
@@ -43,24 +47,36 @@ class KombuSink:
     exchange and the queues of ``BACKPLANE_OUTBOX_QUEUES`` with their bindings.
 
     A topic exchange drops a message that no bound queue matches and still accepts the publish,
-    so "published" is not "delivered". Before each publish the sink asks the broker's binding
-    table whether the topic reaches a queue; when none does, the publish fails as *unroutable*
-    and the message waits on the relay's backoff like any failed attempt, then becomes a dead
-    letter, instead of being marked delivered. Consumers declare their queues before the product
-    publishes what they need (docs/delivery.md).
+    so "published" is not "delivered". When no queue takes the topic, the publish fails as
+    *unroutable* and the message waits on the relay's backoff like any failed attempt, then
+    becomes a dead letter, instead of being marked delivered. Consumers declare their queues
+    before the product publishes what they need (docs/delivery.md). How the sink learns it:
+
+    - on RabbitMQ (``amqp://``, ``amqps://``, ``pyamqp://``) each publish is ``mandatory`` and
+      waits for the broker's publisher confirm; an unroutable message comes back as a
+      ``basic.return`` before its confirm, and a publish that is not confirmed (nacked, timed
+      out, connection lost) fails. The queues it declares there are durable quorum queues;
+    - on kombu's virtual transports (filesystem, Redis) it asks the broker's binding table
+      before each publish (``_routes_to_a_queue``).
     """
 
     def __init__(self, url: str | None = None, exchange_name: str | None = None,
                  queues: list[tuple[str, str]] | None = None, timeout: float | None = None) -> None:
         self.url = url or settings.BACKPLANE_OUTBOX_BROKER_URL
         self.exchange = Exchange(exchange_name or settings.BACKPLANE_OUTBOX_EXCHANGE, type="topic", durable=True)
+        self.confirms = self.url.startswith(AMQP_URL_SCHEMES)
+        # Quorum queues only on RabbitMQ: the virtual transports have no queue types, and
+        # RabbitMQ refuses to redeclare an existing queue with another type.
+        queue_arguments = {"x-queue-type": "quorum"} if self.confirms else None
         self.queues = [
-            Queue(name, self.exchange, routing_key=binding, durable=True)
+            Queue(name, self.exchange, routing_key=binding, durable=True, queue_arguments=queue_arguments)
             for name, binding in (settings.BACKPLANE_OUTBOX_QUEUES if queues is None else queues)
         ]
         self.timeout = float(timeout or settings.BACKPLANE_OUTBOX_BROKER_TIMEOUT_SECONDS)
         self._connection: Connection | None = None
         self._producer: Any = None
+        # message_id of each message RabbitMQ returned as unroutable, until its publish reads it.
+        self._returned: set[str] = set()
 
     def _ensure_producer(self) -> Any:
         if self._producer is None:
@@ -70,10 +86,17 @@ class KombuSink:
                 # holding the relay's thread for the operating system's TCP timeout.
                 options.setdefault("socket_timeout", self.timeout)
                 options.setdefault("socket_connect_timeout", self.timeout)
+            if self.confirms:
+                # py-amqp then waits for the broker's basic.ack after each basic.publish and
+                # raises MessageNacked on a basic.nack.
+                options["confirm_publish"] = True
             self._connection = Connection(self.url, transport_options=options, connect_timeout=self.timeout)
             # No retries here: the relay's backoff is the retry policy.
             self._connection.ensure_connection(max_retries=0, timeout=self.timeout)
-            self._producer = self._connection.Producer(serializer="json")
+            self._returned.clear()
+            # Only py-amqp's channels deliver returns (kombu's virtual channels have no events).
+            on_return = self._on_return if self.confirms else None
+            self._producer = self._connection.Producer(serializer="json", on_return=on_return)
             channel = self._producer.channel
             self.exchange(channel).declare()
             for queue in self.queues:
@@ -83,26 +106,53 @@ class KombuSink:
     def publish(self, message: OutboxMessage, body: dict[str, Any]) -> None:
         try:
             producer = self._ensure_producer()
-            if not self._routes_to_a_queue(producer.channel, message.topic):
-                raise PublishError(
-                    f"unroutable: no queue is bound to exchange {self.exchange.name!r} for topic "
-                    f"{message.topic!r}; declare the consumer's queue (docs/delivery.md) and the "
-                    "message goes out at its next attempt")
+            message_id = str(message.message_id)
+            if not self.confirms and not self._routes_to_a_queue(producer.channel, message.topic):
+                raise self._unroutable(message.topic)
             producer.publish(
                 body,
                 exchange=self.exchange,
                 routing_key=message.topic,
                 delivery_mode=2,
-                message_id=str(message.message_id),
-                headers=_transport_headers(body, {"backplane-message-id": str(message.message_id)}),
+                message_id=message_id,
+                headers=_transport_headers(body, {"backplane-message-id": message_id}),
                 retry=False,
+                mandatory=self.confirms,
+                # With confirms, the wait for the broker's basic.ack is bounded by this too.
+                timeout=self.timeout if self.confirms else None,
             )
+            # RabbitMQ sends an unroutable mandatory message's basic.return before its basic.ack,
+            # on the same channel, and the publish above returned only after reading that ack:
+            # a return for this message has been seen by now. Publishes on a channel are one at
+            # a time, and the return is matched by message_id all the same, so a return is never
+            # blamed on another message.
+            if message_id in self._returned:
+                self._returned.discard(message_id)
+                raise self._unroutable(message.topic)
         except PublishError:
             raise
         except Exception as exc:  # noqa: BLE001 - kombu raises many transport-specific errors
             self.close()
             timed_out = isinstance(exc, (TimeoutError, socket.timeout)) or "timed out" in str(exc).lower()
             raise PublishError(f"broker: {exc.__class__.__name__}: {exc}", timed_out=timed_out) from exc
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, returned: Any) -> None:
+        """py-amqp's ``basic_return`` handler: called while a publish waits for its confirm.
+
+        Without a handler py-amqp raises the return from inside that wait, leaving the message's
+        basic.ack unread on the channel, where the next publish would take it for its own.
+        """
+        message_id = (getattr(returned, "properties", None) or {}).get("message_id")
+        logger.info("broker returned message %s (exchange %r, routing key %r): %s",
+                    message_id, exchange, routing_key, exc)
+        if message_id:
+            self._returned.add(str(message_id))
+
+    def _unroutable(self, topic: str) -> PublishError:
+        return PublishError(
+            f"unroutable: no queue is bound to exchange {self.exchange.name!r} for topic "
+            f"{topic!r}; declare the consumer's queue (docs/delivery.md) and the "
+            "message goes out at its next attempt")
 
     def _routes_to_a_queue(self, channel: Any, topic: str) -> bool:
         """Whether a queue is bound for ``topic`` now, read from the broker's own binding table.
@@ -115,6 +165,7 @@ class KombuSink:
         """
         lookup = getattr(channel, "_lookup", None)
         if lookup is None:
+            # Neither a virtual transport nor AMQP (whose confirms and returns say it instead).
             raise PublishError(f"broker: the {type(channel).__module__} transport cannot say whether a message "
                                "is routed, so the relay does not publish to it")
         return bool(lookup(self.exchange.name, topic))

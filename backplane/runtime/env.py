@@ -110,8 +110,17 @@ class DatabaseSettings(TypedDict):
     TEST: NotRequired[dict[str, str]]
 
 
+# libpq parameters a URL's query may carry into the connection, besides ``host``.
+_PASSED_QUERY_PARAMETERS = ("sslmode", "target_session_attrs", "load_balance_hosts")
+
+
 def database_from_url(url: str) -> DatabaseSettings:
     """Django DATABASES entry from ``postgresql://user:pass@host:port/name?host=/socket/dir``.
+
+    Several hosts, as libpq's URLs allow (``postgresql://u:p@h1:5432,h2:5433/name
+    ?target_session_attrs=read-write``), become HOST ``"h1,h2"`` and PORT ``"5432,5433"``, which
+    psycopg hands to libpq as they are: it tries the hosts in order and keeps the first that
+    answers as ``target_session_attrs`` asks, so a failover needs no change of settings.
 
     Only PostgreSQL is accepted: the design depends on row locks, SKIP LOCKED,
     triggers, JSONB and LISTEN/NOTIFY.
@@ -123,17 +132,33 @@ def database_from_url(url: str) -> DatabaseSettings:
     if not name:
         raise ImproperlyConfiguredEnv("DATABASE_URL has no database name")
     query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    # urlsplit's hostname and port understand one host only; the host list is read here.
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    hosts, ports = zip(*(_host_and_port(entry) for entry in hostlist.split(",")), strict=True)
     # A unix-socket directory travels in ?host=, as libpq URLs allow.
-    host = query.pop("host", None) or unquote(parts.hostname or "")
-    options: dict[str, Any] = {}
-    if "sslmode" in query:
-        options["sslmode"] = query.pop("sslmode")
+    host = query.pop("host", None) or ",".join(hosts)
+    options: dict[str, Any] = {key: query.pop(key) for key in _PASSED_QUERY_PARAMETERS if key in query}
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
+        "USER": unquote(user),
+        "PASSWORD": unquote(password),
         "HOST": host,
-        "PORT": str(parts.port or ""),
+        # libpq reads one port for every host, or one per host (an empty one: the default port).
+        "PORT": ",".join(ports) if any(ports) else "",
         "OPTIONS": options,
     }
+
+
+def _host_and_port(entry: str) -> tuple[str, str]:
+    """``host``, ``host:port``, ``[::1]:port`` or ``:port`` (no host: the default socket)."""
+    if entry.startswith("["):
+        address, _, rest = entry[1:].partition("]")
+        port = rest.removeprefix(":")
+        host = address
+    else:
+        host, _, port = entry.partition(":")
+    if port and not port.isdigit():
+        raise ImproperlyConfiguredEnv(f"DATABASE_URL: {entry!r} has a port that is not a number")
+    return unquote(host), port

@@ -29,6 +29,7 @@ from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterSt
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import AlreadyDecided, BackplaneError, InvalidInput, NotFound
 from backplane.eventlog.models import TaskStatus, user_actor
+from backplane.runtime.replica import replica_reads
 from dashboard.access import may_review
 from dashboard.dead_letter_forms import (
     DeadLetterFilterForm,
@@ -63,6 +64,7 @@ def decided_by(request: HttpRequest) -> str:
 
 @require_GET
 @staff_only
+@replica_reads
 def queue(request: HttpRequest) -> HttpResponse:
     """Pending first, oldest first; filters; keyset pages; the first page follows new ones live
     (``?partial=rows`` is its script's read, rendered by the same row template)."""

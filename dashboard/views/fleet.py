@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.models import Agent, user_actor
+from backplane.runtime.replica import replica_reads
 from dashboard import selectors
 from dashboard.access import may_review
 from dashboard.views.common import reviewers_only, staff_only
@@ -22,6 +23,7 @@ from recovery.models import Tool
 
 @require_GET
 @staff_only
+@replica_reads
 def agents_page(request: HttpRequest) -> HttpResponse:
     agents = recovery.agents_overview()
     spend = selectors.agent_spend()
@@ -62,6 +64,7 @@ def tool_breaker_reset_view(request: HttpRequest, tool_id: int) -> HttpResponse:
 
 @require_GET
 @staff_only
+@replica_reads
 def outbox_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,

@@ -18,6 +18,7 @@ from backplane.integrity import sealing
 from backplane.integrity import selectors as integrity
 from backplane.integrity.models import VerificationMode, VerificationRun
 from backplane.integrity.verification import integrity_alert_acknowledge, verification_run_request_full
+from backplane.runtime.replica import replica_reads
 from dashboard.views.common import json_error, staff_only
 
 
@@ -38,6 +39,7 @@ def run_as_json(run: VerificationRun) -> dict[str, Any]:
 
 @require_GET
 @staff_only
+@replica_reads
 def integrity_page(request: HttpRequest) -> HttpResponse:
     heads = integrity.tree_heads_recent()
     runs = integrity.verification_runs_recent()

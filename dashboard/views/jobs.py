@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
+from backplane.runtime.replica import replica_reads
 from dashboard.access import may_review
 from dashboard.forms import TaskFilterForm
 from dashboard.views.common import int_param, reviewers_only, staff_only
@@ -64,6 +65,7 @@ def job_progress(job: BulkJob) -> dict[str, Any]:
 
 @require_GET
 @staff_only
+@replica_reads
 def job_list(request: HttpRequest) -> HttpResponse:
     jobs, next_cursor = selectors.bulk_jobs_recent(limit=50, before_id=int_param(request, "cursor") or None)
     return render(request, "dashboard/jobs.html", {"nav": NAV, "jobs": [(job, job_progress(job)) for job in jobs],

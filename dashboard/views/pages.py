@@ -3,6 +3,13 @@ up after a notice.
 
 Thin: check who asks, read through ``dashboard.selectors`` (or run one service), render.
 Every page is for logged-in staff: anonymous visitors go to the login page, other users get 403.
+
+``replica_reads`` (backplane/runtime/replica.py) sends the reads of the lists and the overview to
+the read replica when one is configured and current: they show the whole fleet, cost the most,
+and a few seconds' lag does not mislead on them. A task's page and the other pages a staff
+member lands on right after their own action (a fork, a decision, a job started) stay on the
+primary, so they show that action. The other list pages opt in the same way (agents, outbox,
+integrity, the dead-letter queue, the job list).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Task
 from backplane.integrity.verification import task_chain_verify_now
 from backplane.runtime.duties import duties_state
+from backplane.runtime.replica import replica_reads
 from dashboard import selectors
 from dashboard.access import may_review
 from dashboard.fork_forms import CompareForm, ForkForm
@@ -50,6 +58,7 @@ def _overview_parts(request: HttpRequest) -> dict[str, Any]:
 
 @require_GET
 @staff_only
+@replica_reads
 def overview(request: HttpRequest) -> HttpResponse:
     feed = selectors.feed_events()
     parts = _overview_parts(request)
@@ -69,6 +78,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @staff_only
+@replica_reads
 def overview_live(request: HttpRequest) -> JsonResponse:
     """What an open overview needs after a notice: tiles, pinned searches, alerts, pauses, the
     feed after ``after_position``, the chart, and the cost panel (its figures and its charts' data)."""
@@ -97,6 +107,7 @@ def overview_live(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 @staff_only
+@replica_reads
 def task_list(request: HttpRequest) -> HttpResponse:
     form = TaskFilterForm(request.GET)
     page = None
