@@ -27,6 +27,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.support.celery_processes import CeleryProcesses
 from tests.support.cluster import PatroniCluster
 from tests.support.live_server import WebProcess
 from tests.support.waiting import wait_until
@@ -184,6 +185,13 @@ def stored_events(cluster: PatroniCluster) -> dict[str, list[tuple[str, int, str
     return rows
 
 
+def undelivered(cluster: PatroniCluster) -> int:
+    with psycopg.connect(cluster.member_url(cluster.leader())) as conn:
+        row = conn.execute("SELECT count(*) FROM backplane_outboxmessage WHERE status <> 'delivered'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: PatroniCluster) -> None:
     url = cluster.database_url()
     env = {**os.environ, "DATABASE_URL": url, "BACKPLANE_ENV": "test", "PYTHONUNBUFFERED": "1"}
@@ -191,11 +199,16 @@ def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: 
     tokens = json.loads(manage(env, "shell", "-c", CREATE_AGENTS.replace("{count}", str(AGENTS))).splitlines()[-1])
     # The pool on, as in production: a failover must not leave it handing out dead connections.
     web = WebProcess(name="failover-web", env={"DATABASE_URL": url, "BACKPLANE_DB_POOL": "1"})
+    # The worker and beat too: the relay and every duty must come through both failovers on their
+    # own. A queue bound to every topic, so the tasks' lifecycle messages are routable.
+    background = CeleryProcesses(env={"DATABASE_URL": url, "BACKPLANE_DB_POOL": "1",
+                                      "BACKPLANE_OUTBOX_QUEUES": "failover-drill=#"})
     fleet = Fleet(base_url=web.url, tokens=tokens)
     try:
         web.start()
         assert web.process is not None
         web_pid = web.process.pid
+        worker_pid, beat_pid = background.start("worker").pid, background.start("beat").pid
         fleet.start()
 
         def acks_past(count: int) -> bool:
@@ -226,6 +239,9 @@ def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: 
         wait_until(lambda: acks_past(mark + ACKS_BETWEEN_FAULTS), timeout=120, what="appends go on after failover 2",
                    details=lambda: web.log()[-4000:])
         fleet.finish()
+        # Everything the appends wrote to the outbox goes out once the relay's backoff is over.
+        wait_until(lambda: undelivered(cluster) == 0, timeout=180, interval=1, what="the relay delivers the backlog",
+                   details=lambda: background.log("worker")[-4000:])
 
         stored = stored_events(cluster)
         acknowledged = {ack.key: ack for ack in fleet.acks}
@@ -245,7 +261,11 @@ def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: 
         assert not lost, lost[:5]
         assert not duplicates, list(duplicates.items())[:5]
         assert web.process.poll() is None and web.process.pid == web_pid, "the web process was restarted"
+        for name, pid in (("worker", worker_pid), ("beat", beat_pid)):
+            process = background.processes[name]
+            assert process.poll() is None and process.pid == pid, f"the {name} died\n" + background.log(name)[-4000:]
         assert fleet.statuses.get(500, 0) == 0, "a 500 during failover (the contract says 503)\n" + web.log()[-4000:]
     finally:
         fleet.finish()
+        background.stop()
         web.close()

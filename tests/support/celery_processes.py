@@ -22,15 +22,15 @@ class CeleryProcesses:
     def __init__(self, *, env: dict[str, str] | None = None) -> None:
         self.var_dir = Path(tempfile.mkdtemp(prefix="bp-celery-"))
         self.env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
-        self.env.update(
-            DATABASE_URL=database_url_of_test_db(),
-            BACKPLANE_ENV="test",
-            BACKPLANE_DB_POOL="0",
-            BACKPLANE_VAR_DIR=str(self.var_dir),
-            BACKPLANE_LIVE_NOTICES="0",
-            PYTHONUNBUFFERED="1",
-            **(env or {}),
-        )
+        self.env.update({
+            "DATABASE_URL": database_url_of_test_db(),
+            "BACKPLANE_ENV": "test",
+            "BACKPLANE_DB_POOL": "0",
+            "BACKPLANE_VAR_DIR": str(self.var_dir),
+            "BACKPLANE_LIVE_NOTICES": "0",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),  # a test's own values win
+        })
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def log_path(self, name: str) -> Path:
