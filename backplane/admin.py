@@ -183,7 +183,7 @@ class WebhookSubscriptionAdmin(admin.ModelAdmin):
     list_filter = ("is_active", "ordering")
     search_fields = ("name", "topic_pattern", "url")
     fieldsets = (
-        (None, {"fields": ("name", "topic_pattern", "url", "secret", "is_active")}),
+        (None, {"fields": ("name", "topic_pattern", "namespaces", "url", "secret", "is_active")}),
         ("Delivery", {"fields": ("ordering", "timeout_seconds", "max_concurrency")}),
         ("Retries", {
             "description": "Exponential backoff with jitter: the delay after failed attempt n is drawn between half "

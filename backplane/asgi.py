@@ -19,6 +19,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
 # Django must be set up before anything imports models (the WebSocket routes do).
 django_wsgi_app = get_wsgi_application()
 
+from backplane.api.middleware import AnswerEveryRequest  # noqa: E402
 from backplane.integrity.sealing import require_signing_key  # noqa: E402
 
 # In production, no signing key means no seals and no audit export: refuse to serve at all.
@@ -39,7 +40,7 @@ router = ProtocolTypeRouter(
     {
         # A WSGI application all the same: a2wsgi types PEP 3333 with its own environ TypedDict
         # and start_response protocol, which Django's stubs (wsgiref.types) do not match.
-        "http": WSGIMiddleware(cast(WSGIApp, django_wsgi_app), workers=ASGI_THREADS),
+        "http": AnswerEveryRequest(WSGIMiddleware(cast(WSGIApp, django_wsgi_app), workers=ASGI_THREADS)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

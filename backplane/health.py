@@ -10,6 +10,12 @@ With a read replica (``DATABASE_REPLICA_URL``), ``/readyz`` names it in its body
 use (lag 0.2 s)"`` or ``"fallback: lag 42 s"``) and never fails because of it: while it lags or is
 unreachable the primary serves its reads (backplane/runtime/replica.py). ``/readyz/traffic``
 leaves it out, for the same reason.
+
+What ``/readyz`` tells is for the operators: an anonymous caller learns only ready (200) or not
+(503); which duty is overdue, the database's error (its host and user) and the replica's state
+are in the body only for a request with the metrics token (``Authorization: Bearer
+<BACKPLANE_METRICS_TOKEN>``) or from a logged-in staff user's session. ``/readyz/traffic``, which
+load balancers read from inside, answers as before.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from backplane.celery import app as celery_app
+from backplane.metrics import metrics_token_sent
 from backplane.runtime.database_gate import gate
 from backplane.runtime.duties import duties_overdue
 from backplane.runtime.replica import replica_configured, replica_state
@@ -67,27 +74,33 @@ def _replica_summary() -> dict[str, str]:
     return {"replica": replica_state().summary} if replica_configured() else {}
 
 
-def _problems_response(problems: list[str], *, message: str) -> JsonResponse:
+def _problems_response(problems: list[str], *, message: str, detailed: bool = True) -> JsonResponse:
     logger.warning("%s: %s", message, "; ".join(problems))
-    response = JsonResponse(
-        {"error": {"code": "unavailable", "message": message, "details": {"problems": problems}}}, status=503,
-    )
+    details = {"problems": problems} if detailed else {}
+    response = JsonResponse({"error": {"code": "unavailable", "message": message, "details": details}}, status=503)
     response["Retry-After"] = READYZ_RETRY_AFTER
     return response
+
+
+def _may_see_details(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    staff = user is not None and user.is_authenticated and user.is_active and user.is_staff
+    return staff or metrics_token_sent(request)
 
 
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     """200 when the database and the broker answer and every periodic duty is running, else 503
-    naming what is missing (an overdue duty by its schedule name): the product is not quietly
-    half-stopped."""
+    naming what is missing (an overdue duty by its schedule name) to those who may see it: the
+    product is not quietly half-stopped."""
+    detailed = _may_see_details(request)
     database = _database_problem()
     problems = [p for p in (database, _broker_problem()) if p]
     if database is None:
         problems += _overdue_duties()
     if problems:
-        return _problems_response(problems, message="not ready")
-    return JsonResponse({"status": "ready", **_replica_summary()})
+        return _problems_response(problems, message="not ready", detailed=detailed)
+    return JsonResponse({"status": "ready", **(_replica_summary() if detailed else {})})
 
 
 @require_GET

@@ -171,13 +171,20 @@ def register_collector(collector: Collector) -> None:
     _registry.register(collector)
 
 
-def _authorized(request: HttpRequest) -> bool:
+def metrics_token_sent(request: HttpRequest) -> bool:
+    """``Authorization: Bearer <BACKPLANE_METRICS_TOKEN>``, with a token set (also what opens
+    ``/readyz``'s details, backplane/health.py)."""
     expected = settings.BACKPLANE_METRICS_TOKEN
-    if not expected:
-        return bool(settings.BACKPLANE_METRICS_OPEN)
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     # compare_digest takes as long whatever prefix matches: the token cannot be guessed byte by byte.
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())
+    return bool(expected) and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                                                 expected.encode())
+
+
+def _authorized(request: HttpRequest) -> bool:
+    if not settings.BACKPLANE_METRICS_TOKEN:
+        return bool(settings.BACKPLANE_METRICS_OPEN)
+    return metrics_token_sent(request)
 
 
 @require_GET

@@ -12,6 +12,7 @@ import os
 import secrets
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 from backplane import __version__
@@ -91,6 +92,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    # Login throttling for the dashboard's and the admin's login pages (below, "Logins").
+    "axes",
     "backplane",
     "recovery",
     "dashboard",
@@ -117,6 +120,8 @@ MIDDLEWARE = [
     # Django's MessageMiddleware, its storage built only for requests that use it (lib/messages.py).
     "backplane.lib.messages.LazyMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a login refused during a lockout into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "backplane.urls"
@@ -246,6 +251,21 @@ if IS_LOCAL:
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
+
+# --- Logins: django-axes counts failures on both login pages -----------------------------------
+# After BACKPLANE_LOGIN_FAILURE_LIMIT failures for one username from one address, that pair's
+# logins are refused (429), the right password included, for BACKPLANE_LOGIN_COOLOFF_SECONDS after
+# the last failure; a success resets the count. The address is REMOTE_ADDR: behind a proxy, the
+# proxy's, unless it passes the client's on (docs/production.md, "Roles"). ModelBackend after the
+# check does the login itself; axes' check needs the request, which every login page passes.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("BACKPLANE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("BACKPLANE_LOGIN_COOLOFF_SECONDS", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Not in the admin, whose every action declares its permission (tests/backplane/test_admin_permissions.py):
+# lift a lockout with `manage.py axes_reset_username` or `axes_reset`.
+AXES_ENABLE_ADMIN = False
 
 # --- Broker and Channels: embedded defaults, Redis when REDIS_URL is set ---------------------
 REDIS_URL = env_str("REDIS_URL", "")

@@ -36,7 +36,7 @@ from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterSt
 from backplane.eventlog import event_types as et
 from backplane.eventlog.models import CLOSED_STATUSES, Event, Task, TaskStatus
 from backplane.eventlog.projections import projection_check
-from backplane.eventlog.selectors import chain_verify
+from backplane.integrity.verification import chain_check
 from demo.models import LedgerEntry, Observation, ObservationKind
 from recovery.models import ToolCall, ToolCallStatus
 
@@ -150,7 +150,7 @@ def build_report(*, root_ids: Sequence[str], started_at: datetime, finished_at: 
 
     chains_valid, broken = 0, []
     for task in everything:
-        result = chain_verify(task=task)
+        result = chain_check(task=task)
         if result.valid:
             chains_valid += 1
         else:

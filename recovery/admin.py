@@ -23,6 +23,7 @@ from recovery.models import (
     Pause,
     RetentionRule,
     SavedSearch,
+    StaffScope,
     Tool,
     ToolCall,
     default_retained_statuses,
@@ -116,6 +117,19 @@ class PauseAdmin(ReadOnlyAdmin):
     @admin.display(description="reason")
     def reason_start(self, pause: Pause) -> str:
         return pause.reason if len(pause.reason) <= 60 else f"{pause.reason[:59]}…"
+
+
+@admin.register(StaffScope)
+class StaffScopeAdmin(admin.ModelAdmin):
+    """A staff user limited to one namespace: their session's queries scope to it from their next
+    request on (backplane/api/authentication.py); no row, every namespace. What they may do is
+    their groups' (docs/production.md, "Roles")."""
+
+    list_display = ("user", "namespace")
+    list_filter = ("namespace",)
+    search_fields = ("user__username", "namespace")
+    raw_id_fields = ("user",)
+    ordering = ("namespace", "user__username")
 
 
 @admin.register(SavedSearch)

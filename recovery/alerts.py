@@ -248,8 +248,10 @@ def _transition(
         rule=rule, search_name=search.name, state=state, count=count, threshold=rule.threshold,
         window_seconds=rule.window_seconds, reason=reason, at=now,
     )
+    # A rule watches the whole fleet, no one namespace: its messages carry ``"namespace": null``
+    # and reach only subscriptions limited to no namespace (docs/delivery.md).
     outbox_enqueue(topic=TOPIC, key=f"alert:{rule.pk}", payload=alert_message(transition, rule=rule, search=search),
-                   headers={"created_at": format_timestamp(now)}, now=now)
+                   headers={"created_at": format_timestamp(now)}, now=now, namespace=None)
     return transition
 
 

@@ -196,7 +196,8 @@ def budget_set(
     one raised above the spend lets it go on (the crossings of the period start afresh)."""
     if not reason.strip():
         raise InvalidInput("a budget decision needs a reason", {"reason": "required"})
-    if limit <= 0:
+    # is_finite first: ordering a NaN raises InvalidOperation (a 500), and an infinite limit is none.
+    if not limit.is_finite() or limit <= 0:
         raise InvalidInput("the limit must be positive", {"limit": "greater than 0"})
     now = timezone.now()
     with transaction.atomic(durable=True):

@@ -29,6 +29,7 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -102,6 +103,7 @@ def tool_invoke(
     input: dict[str, Any],
     agent: str | None,
     lease_epoch: int | None,
+    kinds: Sequence[str] = (),
 ) -> ToolCallOutcome:
     """Call a registered tool once for this step of this task, or answer from the record.
 
@@ -116,7 +118,7 @@ def tool_invoke(
     # Checked again under the task's row lock by tool_call_dispatch; checking first means a
     # request that will be refused anyway spends neither a rate-limit slot nor the probe.
     ensure_storable_json(input, "input")
-    check_lease(task, lease_epoch)
+    check_lease(task, lease_epoch, agent=agent, kinds=kinds)
 
     known = ToolCall.objects.filter(pk=key).first()
     if known is not None and known.status != ToolCallStatus.DISPATCHED and known.expires_at <= now:
@@ -141,6 +143,7 @@ def tool_invoke(
             agent=agent,
             lease_epoch=lease_epoch,
             ttl_seconds=tool.ttl_seconds,
+            kinds=kinds,
         )
         if outcome.call.status != ToolCallStatus.DISPATCHED:
             return ToolCallOutcome(call=outcome.call, replayed=True)

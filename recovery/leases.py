@@ -156,7 +156,7 @@ def _recovery_span(*, task: Task, agent: Agent) -> AbstractContextManager[None]:
 _ENDED_BY_OTHERS = frozenset({TaskStatus.CANCELLED, TaskStatus.COMPENSATING, TaskStatus.COMPENSATED})
 
 
-def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int, agent: str) -> Task:
     task = lock_task(namespace=namespace, task_id=task_id)
     if not task.is_leased and task.lease_epoch == lease_epoch and task.status in _ENDED_BY_OTHERS:
         # The holder whose lease a cancellation took (it keeps the epoch) learns why its lease is
@@ -168,28 +168,29 @@ def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int)
             raise closed
     if not task.is_leased or task.lease_epoch != lease_epoch:
         raise StaleLease("lease epoch is not the task's current lease", {"lease_epoch": lease_epoch})
-    # A heartbeat after the deadline does not revive the lease, even before the detector sweeps it.
-    check_lease(task, lease_epoch)
+    # Only the holder renews or gives back its lease; after the deadline a heartbeat does not
+    # revive it, even before the detector sweeps it.
+    check_lease(task, lease_epoch, agent=agent)
     return task
 
 
-def lease_heartbeat(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+def lease_heartbeat(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int, agent: str) -> Task:
     """Extend the current lease by its length. Holds the row lock, so the stall detector
     (which expires leases under the same lock) sees either the old or the new expiry.
 
     No event: a heartbeat is liveness, not history (see ``backplane.eventlog.reducer``); the
     reducer's ``lease_extended`` still decides the new deadline."""
     with transaction.atomic(durable=True):
-        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch)
+        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch, agent=agent)
         task_state_apply(task, lease_extended(task_state_of(task), now=timezone.now()))
         task.save(update_fields=["lease_expires_at"])
     return task
 
 
-def lease_release(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int) -> Task:
+def lease_release(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int, agent: str) -> Task:
     """Hand the task back to pending without counting an attempt (``LeaseReleased``)."""
     with transaction.atomic(durable=True):
-        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch)
+        task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch, agent=agent)
         write_events(
             task,
             [EventDraft(type=et.LEASE_RELEASED, payload={"agent": task.lease_holder, "lease_epoch": lease_epoch})],

@@ -3,6 +3,7 @@ tools, and the retention rules that prune finished tasks."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -464,3 +465,30 @@ class AlertTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.search_name} {self.state} at {self.count}/{self.threshold}"
+
+
+# --- people: roles and staff scoping ---------------------------------------------------------------
+
+# Roles are Django groups (made by migration 0013) holding these permissions, declared on
+# StaffScope; the reviewer's is backplane.delivery.models.REVIEW_PERMISSION. Being staff only
+# lets a person log in: what they may see and do is what their permissions say.
+VIEW_PERMISSION = "recovery.view_backplane"
+OPERATE_PERMISSION = "recovery.operate_backplane"
+
+
+class StaffScope(models.Model):
+    """The one namespace a staff user works in, where a deployment wants staff limited: their
+    session's queries scope to it as an agent's do (another namespace's task is 404), and routes
+    that act across namespaces refuse them. No row: every namespace."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="staff_scope")
+    namespace = models.CharField(max_length=100, validators=[NAME_VALIDATOR])
+
+    class Meta:
+        permissions = [
+            ("view_backplane", "Can read the dashboard and the staff API"),
+            ("operate_backplane", "Can cancel, pause, fork, set budgets, write to tasks and start verification"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.namespace}"

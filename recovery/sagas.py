@@ -124,6 +124,7 @@ def _request(task: Task, original: ToolCall, *, now: datetime) -> ToolCall:
         headers={"task_id": str(task.pk), "seq": event.seq, "event_hash": event.hash,
                  "created_at": format_timestamp(now)},
         now=now,
+        namespace=task.namespace,
         task_id=str(task.pk),
         event_position=event.position,
     )

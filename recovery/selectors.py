@@ -20,7 +20,7 @@ from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.lineage import history_of
 from backplane.eventlog.models import Agent, BreakerTransition, Task
 from backplane.eventlog.selectors import task_visible
-from recovery.models import BulkItemStatus, BulkJob, BulkJobItem, Tool, ToolCall
+from recovery.models import BulkItemStatus, BulkJob, BulkJobItem, StaffScope, Tool, ToolCall
 
 
 def tool_call_visible(*, namespace: str | None, key: str) -> ToolCall:
@@ -335,3 +335,8 @@ def bulk_job_planned_counts(job: BulkJob) -> list[tuple[str, int]]:
     """What the dry run plans, by outcome, most first: ``[("retry", 2950), ("skip: …", 50)]``."""
     rows = BulkJobItem.objects.filter(job=job).values_list("planned").annotate(n=Count("pk")).order_by("-n", "planned")
     return [(planned, n) for planned, n in rows]
+
+
+def staff_namespace(*, user_id: int) -> str | None:
+    """The one namespace a staff user is limited to (StaffScope), or None: every namespace."""
+    return StaffScope.objects.filter(user_id=user_id).values_list("namespace", flat=True).first()

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,13 +43,14 @@ def subtask_dispatch(
     input: dict[str, Any],
     agent: str | None,
     lease_epoch: int | None,
+    kinds: Sequence[str] = (),
 ) -> SubtaskOutcome:
     """First phase of the hand-off: the child task and ``SubAgentDispatched`` in the parent, together."""
     ensure_storable_json(input, "input")
     dispatch_key = hashlib.sha256(f"{parent_task_id}:{step}:subagent:{kind}".encode()).hexdigest()
     with transaction.atomic(durable=True):
         parent = lock_task(namespace=namespace, task_id=parent_task_id)
-        check_lease(parent, lease_epoch)
+        check_lease(parent, lease_epoch, agent=agent, kinds=kinds)
         if parent.forked_from_id is not None:
             inherited = _inherited_child(parent, step=step, kind=kind, input=input, agent=agent)
             if inherited is None and parent.sandbox:

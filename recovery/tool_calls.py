@@ -6,6 +6,7 @@ import functools
 import hashlib
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -62,6 +63,7 @@ def tool_call_dispatch(
     lease_epoch: int | None,
     compensation: dict[str, Any] | None = None,
     ttl_seconds: int | None = None,
+    kinds: Sequence[str] = (),
 ) -> ToolCallOutcome:
     """Record a tool call before the agent makes it (write before you act).
 
@@ -72,7 +74,7 @@ def tool_call_dispatch(
     key = tool_call_key(task_id=task_id, step=step, tool=tool)
     with transaction.atomic(durable=True):
         task = lock_task(namespace=namespace, task_id=task_id)
-        check_lease(task, lease_epoch)
+        check_lease(task, lease_epoch, agent=agent, kinds=kinds)
         existing = ToolCall.objects.filter(pk=key).first()
         if existing is not None:
             # A call answered from a fork's record keeps no compensation (the effect and its undo
@@ -144,6 +146,7 @@ def tool_call_record_result(
     lease_epoch: int | None,
     fenced: bool = True,
     cost: dict[str, Any] | None = None,
+    kinds: Sequence[str] = (),
 ) -> ToolCallOutcome:
     """Record a tool's answer once (acknowledge before you advance); an identical repeat is a replay.
 
@@ -166,7 +169,7 @@ def tool_call_record_result(
         call = tool_call_visible(namespace=namespace, key=key)
         task = lock_task(namespace=namespace, task_id=call.task_id)
         if fenced:
-            check_lease(task, lease_epoch)
+            check_lease(task, lease_epoch, agent=agent, kinds=kinds)
         call = ToolCall.objects.select_for_update().get(pk=key)
         if call.status != ToolCallStatus.DISPATCHED:
             if call.status == status and call.result == result:
@@ -265,8 +268,11 @@ def _effect_answer(dispatch: HistoryEvent, ranges: list[SeqRange], *, inherited:
     if later is not None:
         return found(later.payload["status"], later.payload["result"], in_history=False,
                      by={"task_id": str(later.task_id), "seq": later.seq})
+    # Only real tasks' records answer an effect: a sandbox's record may hold an answer its fork
+    # request made up (``tool_answers``), which is that sandbox's alone and never happened.
     record = (ToolCall.objects.filter(Q(pk=effect) | Q(effect_key=effect))
-              .exclude(status=ToolCallStatus.DISPATCHED).order_by("completed_at").first())
+              .exclude(status=ToolCallStatus.DISPATCHED).exclude(task__sandbox=True)
+              .order_by("completed_at").first())
     if record is not None and record.result is not None:
         return found(record.status, record.result, in_history=False,
                      by={"task_id": str(record.task_id), "idempotency_key": record.pk})

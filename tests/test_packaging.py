@@ -37,6 +37,7 @@ NAMED_NOT_IMPORTED = (
     "drf-spectacular-sidecar",  # settings.INSTALLED_APPS: the API docs' assets
     "psycopg[binary,pool]",  # Django's PostgreSQL backend and its pool
     "plotly",  # its JavaScript is served as a static file (settings.STATICFILES_DIRS)
+    "django-axes",  # settings.INSTALLED_APPS and AUTHENTICATION_BACKENDS: login throttling
 )
 # Tools run as programs, never imported: they belong to the development set by definition.
 DEV_TOOLS = {"pytest", "pytest-django", "pytest-timeout", "ruff", "mypy", "django-stubs",

@@ -2,9 +2,11 @@
 staff user with a session.
 
 Either way a view gets a ``Principal``; its ``namespace`` scopes every query (``None`` for staff,
-who operate across namespaces). ``agent_authenticate`` and ``staff_authenticate`` are the one way
-to authenticate and count a request: the agent routes (api/routes.py) call them directly, and
-DRF's authenticator and throttle classes below wrap them for the routes DRF serves.
+who operate across namespaces, unless the user is scoped to one: recovery.models.StaffScope).
+What a principal may do is declared on each route (api/permissions.py). ``agent_authenticate``
+and ``staff_authenticate`` are the one way to authenticate and count a request: the agent routes
+(api/routes.py) call them directly, and DRF's authenticator and throttle classes below wrap them
+for the routes DRF serves.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from backplane.api.throttling import COUNT_SQL, count_request, counter_key, current_window
-from backplane.delivery.models import REVIEW_PERMISSION
 from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token, user_actor
 from backplane.lib.sql_rows import RowLoader
+from recovery.selectors import staff_namespace
 
 # What a 401 says a client should send (DRF's WWW-Authenticate for the same answer).
 WWW_AUTHENTICATE = 'Bearer realm="api"'
@@ -55,12 +57,13 @@ class Principal:
         return f"user:{self.user.pk if self.user else ''}"
 
     @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds an agent's token is limited to (claims and writes); () for no limit."""
+        return tuple(self.agent.kinds) if self.agent is not None else ()
+
+    @property
     def is_staff(self) -> bool:
         return self.staff_user is not None
-
-    def can_review(self) -> bool:
-        user = self.user
-        return user is not None and bool(getattr(user, "is_staff", False)) and user.has_perm(REVIEW_PERMISSION)
 
 
 @dataclass(frozen=True)
@@ -141,9 +144,10 @@ def _note_seen(agent: Agent) -> None:
 
 
 def staff_authenticate(request: HttpRequest) -> Principal | None:
-    """The staff user logged in on this session; None for anyone else. A write without a valid
-    CSRF token is PermissionDenied, as DRF's SessionAuthentication decides it (for any active
-    user, staff or not, before anything else)."""
+    """The staff user logged in on this session, in the namespace they are scoped to (None: every
+    namespace); None for anyone else. A write without a valid CSRF token is PermissionDenied, as
+    DRF's SessionAuthentication decides it (for any active user, staff or not, before anything
+    else). What they may do is their permissions' (api/permissions.py)."""
     user = getattr(request, "user", None)
     if user is None or not user.is_active:
         return None
@@ -152,7 +156,7 @@ def staff_authenticate(request: HttpRequest) -> Principal | None:
         raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
     if not user.is_staff:
         return None
-    return Principal(name=user_actor(user), namespace=None, staff_user=user)
+    return Principal(name=user_actor(user), namespace=staff_namespace(user_id=user.pk), staff_user=user)
 
 
 def _csrf_failure(request: HttpRequest) -> str | None:

@@ -3,18 +3,20 @@ helpers and the 201-or-replayed answer. The one public module the API's views bu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse
 from rest_framework import serializers, status
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.permissions import SAFE_METHODS, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backplane.api.authentication import Principal
+from backplane.api.permissions import AgentOrViewer
 from backplane.api.serializers import ErrorOut
 from backplane.eventlog.errors import InvalidInput
 
@@ -161,19 +163,46 @@ def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict
 
 
 class ApiView(APIView):
-    permission_classes = [IsAuthenticated]
+    """A DRF view of the API. By default agents, and staff viewers (api/permissions.py); a view
+    that writes, or that staff alone may call, declares its own ``permission_classes``."""
+
+    permission_classes = [IsAuthenticated, AgentOrViewer]
 
 
-def query_int(params: Mapping[str, str], name: str, *, default: int, minimum: int, maximum: int | None = None) -> int:
-    """An integer query parameter (``request.query_params``, or ``request.GET`` on an agent route)."""
+AGENTS_ONLY_MESSAGE = ("this route writes as an agent, under its lease and within its kinds: use an agent token "
+                       "(staff act through the staff actions: cancel, pause, fork, budgets)")
+
+
+class AgentWritesOnly(BasePermission):
+    """Reads for every caller; writes only for agents, which write under their own leases and
+    within their kinds (``check_lease``). Staff sessions act through the staff actions, each
+    with its own permission."""
+
+    message = AGENTS_ONLY_MESSAGE
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        principal: object = request.user
+        if not isinstance(principal, Principal):
+            return False
+        return request.method in SAFE_METHODS or principal.agent is not None
+
+
+# The largest integer a query parameter may be: PostgreSQL's bigint, which every one is compared with.
+QUERY_INT_MAX = 2**63 - 1
+_QUERY_INT = re.compile(r"-?[0-9]{1,19}")
+
+
+def query_int(params: Mapping[str, str], name: str, *, default: int, minimum: int,
+              maximum: int = QUERY_INT_MAX) -> int:
+    """An integer query parameter (``request.query_params``, or ``request.GET`` on an agent route):
+    ASCII digits with an optional minus, between ``minimum`` and ``maximum`` (at most a bigint)."""
     raw = params.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"{name} must be an integer", {name: "must be an integer"}) from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+    if not _QUERY_INT.fullmatch(raw):
+        raise InvalidInput(f"{name} must be an integer", {name: "must be an integer"})
+    value = int(raw)
+    if value < minimum or value > maximum:
+        bound = f"between {minimum} and {maximum}"
         raise InvalidInput(f"{name} must be {bound}", {name: f"must be {bound}"})
     return value

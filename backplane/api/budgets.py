@@ -7,11 +7,12 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backplane.api.base import ApiView, errors, principal_of, validated
+from backplane.api.permissions import StaffViewerOperator
 from backplane.api.serializers import StrictCharField, StrictSerializer
 from recovery import budgets
 from recovery.models import Budget, BudgetPeriod, BudgetScope, BudgetUnit
@@ -55,14 +56,9 @@ def budget_as_api_dict(state: budgets.BudgetState) -> dict[str, Any]:
             "spend": str(state.spend), "spent": state.spent}
 
 
-def staff_name(request: Request) -> str:
-    principal = principal_of(request)
-    if not principal.is_staff:
-        raise PermissionDenied("budgets are set by staff (a session of a staff user)")
-    return principal.name
-
-
 class BudgetsView(ApiView):
+    permission_classes = [IsAuthenticated, StaffViewerOperator]
+
     @extend_schema(
         operation_id="budgets_list",
         summary="Every budget with its spend this period",
@@ -70,7 +66,6 @@ class BudgetsView(ApiView):
         responses={200: BudgetListOut, **errors(403)},
     )
     def get(self, request: Request) -> Response:
-        staff_name(request)
         states = [budgets.budget_state(b) for b in Budget.objects.order_by("scope", "key", "pk")]
         return Response({"results": [budget_as_api_dict(state) for state in states]})
 
@@ -93,7 +88,7 @@ class BudgetsView(ApiView):
         responses={200: BudgetOut, **errors(403, body=True)},
     )
     def post(self, request: Request) -> Response:
-        by = staff_name(request)
+        by = principal_of(request).name
         data = validated(BudgetIn, request.data)
         budget = budgets.budget_set(scope=data["scope"], key=data["key"], period=data["period"], unit=data["unit"],
                                     limit=data["limit"], currency=data.get("currency", ""), decided_by=by,
@@ -102,6 +97,8 @@ class BudgetsView(ApiView):
 
 
 class BudgetResumeView(ApiView):
+    permission_classes = [IsAuthenticated, StaffViewerOperator]
+
     @extend_schema(
         operation_id="budgets_resume",
         summary="Let a spent scope go on for the rest of its period",
@@ -112,7 +109,7 @@ class BudgetResumeView(ApiView):
         responses={200: BudgetOut, **errors(403, 404, body=True)},
     )
     def post(self, request: Request, budget_id: int) -> Response:
-        by = staff_name(request)
+        by = principal_of(request).name
         data = validated(ResumeIn, request.data)
         budget = budgets.budget_resume(budget_id=budget_id, decided_by=by, reason=data["reason"])
         return Response(budget_as_api_dict(budgets.budget_state(budget)))

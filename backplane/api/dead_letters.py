@@ -6,11 +6,12 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backplane.api.base import ApiView, errors, principal_of, query_int, validated
+from backplane.api.permissions import Reviewer
 from backplane.api.serializers import (
     JSONObjectField,
     StrictBooleanField,
@@ -87,14 +88,9 @@ def dead_letter_as_api_dict(item: DeadLetter) -> dict[str, Any]:
     }
 
 
-def reviewer_name(request: Request) -> str:
-    principal = principal_of(request)
-    if not principal.can_review():
-        raise PermissionDenied("reviewing dead letters needs a staff user with the review_deadletter permission")
-    return principal.name
-
-
 class DeadLettersView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @extend_schema(
         operation_id="dead_letters_list",
         summary="Dead letters waiting for, or past, a reviewer's decision",
@@ -114,7 +110,6 @@ class DeadLettersView(ApiView):
     # an item locks it on the primary, so a stale row can never be decided twice.
     @replica_reads
     def get(self, request: Request) -> Response:
-        reviewer_name(request)
         status_filter = request.query_params.get("status")
         if status_filter is not None and status_filter not in DeadLetterStatus.values:
             raise InvalidInput("unknown status", {"status": f"one of {', '.join(DeadLetterStatus.values)}"})
@@ -132,6 +127,8 @@ class DeadLettersView(ApiView):
 
 
 class DeadLetterRequeueView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @extend_schema(
         operation_id="dead_letters_requeue",
         summary="Send a dead letter back to work",
@@ -146,7 +143,7 @@ class DeadLetterRequeueView(ApiView):
         responses={200: DeadLetterOut, **errors(403, 404, 409, conflicts=("already_decided",), body=True)},
     )
     def post(self, request: Request, dead_letter_id: int) -> Response:
-        decided_by = reviewer_name(request)
+        decided_by = principal_of(request).name
         data = validated(RequeueIn, request.data)
         item = dead_letters.dead_letter_requeue(
             dead_letter_id=dead_letter_id, decided_by=decided_by, reason=data["reason"], payload=data.get("payload")
@@ -155,6 +152,8 @@ class DeadLetterRequeueView(ApiView):
 
 
 class DeadLetterDiscardView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @extend_schema(
         operation_id="dead_letters_discard",
         summary="Give up on a dead letter for good",
@@ -170,7 +169,7 @@ class DeadLetterDiscardView(ApiView):
         responses={200: DeadLetterOut, **errors(403, 404, 409, conflicts=("already_decided",), body=True)},
     )
     def post(self, request: Request, dead_letter_id: int) -> Response:
-        decided_by = reviewer_name(request)
+        decided_by = principal_of(request).name
         data = validated(DiscardIn, request.data)
         item = dead_letters.dead_letter_discard(
             dead_letter_id=dead_letter_id, decided_by=decided_by, reason=data["reason"], compensate=data["compensate"]

@@ -7,12 +7,13 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backplane.api.authentication import Principal
 from backplane.api.base import ApiView, errors, principal_of, validated
+from backplane.api.permissions import AgentOrViewerOperator, StaffViewerOperator
 from backplane.api.serializers import (
     StrictBooleanField,
     StrictCharField,
@@ -74,13 +75,6 @@ def actor_of(principal: Principal) -> str:
     return principal.name if principal.is_staff else f"agent:{principal.name}"
 
 
-def staff_name(request: Request) -> str:
-    principal = principal_of(request)
-    if not principal.is_staff:
-        raise PermissionDenied("pauses are set and lifted by staff (a session of a staff user)")
-    return principal.name
-
-
 _PAUSE_EXAMPLE = {
     "id": 4, "namespace": "acme", "kind": "lead-qualification", "reason": "the CRM tool rejects every lookup",
     "paused_by": "user:dana", "paused_at": "2026-12-02T01:40:00.000000Z", "in_force": True, "resumed_by": None,
@@ -89,6 +83,8 @@ _PAUSE_EXAMPLE = {
 
 
 class TaskCancelView(ApiView):
+    permission_classes = [IsAuthenticated, AgentOrViewerOperator]
+
     @extend_schema(
         operation_id="tasks_cancel",
         summary="Cancel a task: it is closed, its lease holder's next write is refused",
@@ -122,6 +118,8 @@ class TaskCancelView(ApiView):
 
 
 class PausesView(ApiView):
+    permission_classes = [IsAuthenticated, StaffViewerOperator]
+
     @extend_schema(
         operation_id="pauses_list",
         summary="The pauses in force, and the recently lifted ones",
@@ -132,7 +130,6 @@ class PausesView(ApiView):
                                  value={"in_force": [_PAUSE_EXAMPLE], "recently_lifted": []})],
     )
     def get(self, request: Request) -> Response:
-        staff_name(request)
         return Response({"in_force": [pause_as_api_dict(p) for p in fleet.pauses_in_force()],
                          "recently_lifted": [pause_as_api_dict(p) for p in fleet.pauses_recently_lifted()]})
 
@@ -156,7 +153,7 @@ class PausesView(ApiView):
         responses={201: PauseOut, **errors(403, 409, conflicts=("pause_in_force",), body=True)},
     )
     def post(self, request: Request) -> Response:
-        by = staff_name(request)
+        by = principal_of(request).name
         data = validated(PauseIn, request.data)
         pause = fleet.pause_set(namespace=data["namespace"], kind=data.get("kind", ""), paused_by=by,
                                 reason=data["reason"])
@@ -164,6 +161,8 @@ class PausesView(ApiView):
 
 
 class PauseResumeView(ApiView):
+    permission_classes = [IsAuthenticated, StaffViewerOperator]
+
     @extend_schema(
         operation_id="pauses_resume",
         summary="Lift a pause: its work is claimed again",
@@ -180,7 +179,7 @@ class PauseResumeView(ApiView):
         responses={200: PauseOut, **errors(403, 404, 409, conflicts=("already_decided",), body=True)},
     )
     def post(self, request: Request, pause_id: int) -> Response:
-        by = staff_name(request)
+        by = principal_of(request).name
         data = validated(PauseResumeIn, request.data)
         pause = fleet.pause_lift(pause_id=pause_id, resumed_by=by, reason=data["reason"])
         return Response(pause_as_api_dict(pause))

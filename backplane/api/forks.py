@@ -8,10 +8,12 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backplane.api.base import ApiView, errors, principal_of, validated, written_or_replayed
+from backplane.api.permissions import AgentOrViewerOperator
 from backplane.api.serializers import (
     JSONObjectField,
     StrictBooleanField,
@@ -74,6 +76,8 @@ class TaskDiffOut(serializers.Serializer):
 
 
 class TaskForkView(ApiView):
+    permission_classes = [IsAuthenticated, AgentOrViewerOperator]
+
     @extend_schema(
         operation_id="tasks_fork",
         summary="Fork a task at any event: a new task that continues its history from there",

@@ -10,11 +10,12 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers, status
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.base import ApiView, errors, query_int, validated
-from backplane.api.dead_letters import reviewer_name
+from backplane.api.base import ApiView, errors, principal_of, query_int, validated
+from backplane.api.permissions import Reviewer
 from backplane.api.serializers import (
     JSONObjectField,
     StrictCharField,
@@ -156,6 +157,8 @@ JOB_EXAMPLE = {
 
 
 class JobsView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @extend_schema(
         operation_id="jobs_list",
         summary="Bulk jobs, newest first",
@@ -168,7 +171,6 @@ class JobsView(ApiView):
     # and its decisions read the primary, so a reviewer sees the job they just started.
     @replica_reads
     def get(self, request: Request) -> Response:
-        reviewer_name(request)
         cursor = query_int(request.query_params, "cursor", default=0, minimum=0)
         jobs, next_cursor = selectors.bulk_jobs_recent(
             limit=query_int(request.query_params, "limit", default=50, minimum=1, maximum=200),
@@ -198,7 +200,7 @@ class JobsView(ApiView):
         responses={201: JobOut, **errors(403, body=True)},
     )
     def post(self, request: Request) -> Response:
-        created_by = reviewer_name(request)
+        created_by = principal_of(request).name
         data = validated(JobCreateIn, request.data)
         selection: dict[str, Any] = {name: data[name] for name in ("filter", "ids") if name in data}
         job = bulk.bulk_job_plan(action=data["action"], selection=selection, reason=data["reason"],
@@ -208,6 +210,8 @@ class JobsView(ApiView):
 
 
 class JobDetailView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @extend_schema(
         operation_id="jobs_get",
         summary="A bulk job: its status, counts and decisions",
@@ -218,11 +222,12 @@ class JobDetailView(ApiView):
         responses={200: JobOut, **errors(403, 404)},
     )
     def get(self, request: Request, job_id: int) -> Response:
-        reviewer_name(request)
         return Response(job_as_api_dict(selectors.bulk_job_get(job_id)))
 
 
 class JobItemsView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @extend_schema(
         operation_id="jobs_items",
         summary="A bulk job's items and their results",
@@ -235,7 +240,6 @@ class JobItemsView(ApiView):
         responses={200: JobItemListOut, **errors(403, 404)},
     )
     def get(self, request: Request, job_id: int) -> Response:
-        reviewer_name(request)
         job = selectors.bulk_job_get(job_id)
         items, next_cursor = selectors.bulk_job_items_page(
             job, status=request.query_params.get("status"),
@@ -257,12 +261,14 @@ def _decision_schema(operation: str, summary: str, description: str, example: di
 
 
 class JobStartView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @_decision_schema("start", "Start a draft job", (
         "Draft -> running: the worker executes the frozen list in chunks at the job's rate. `selection_hash` must "
         "be the dry run's; otherwise, or when the job is not a draft (started twice), `409 job_conflict` with "
         "the job's status and hash."), {"selection_hash": JOB_HASH}, request=JobStartIn)
     def post(self, request: Request, job_id: int) -> Response:
-        decided_by = reviewer_name(request)
+        decided_by = principal_of(request).name
         data = validated(JobStartIn, request.data)
         job = bulk.bulk_job_start(job_id=job_id, selection_hash=data["selection_hash"], decided_by=decided_by,
                                   reason=data["reason"])
@@ -270,45 +276,53 @@ class JobStartView(ApiView):
 
 
 class JobPauseView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @_decision_schema("pause", "Pause a running job", (
         "Running -> paused, with who and why: the chunk in flight finishes and no other starts. Any other state "
         "is `409 job_conflict`."), {"reason": "checking the first results"})
     def post(self, request: Request, job_id: int) -> Response:
-        decided_by = reviewer_name(request)
+        decided_by = principal_of(request).name
         data = validated(JobDecisionIn, request.data)
         return Response(job_as_api_dict(bulk.bulk_job_pause(job_id=job_id, decided_by=decided_by,
                                                             reason=data["reason"])))
 
 
 class JobResumeView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @_decision_schema("resume", "Resume a paused job", (
         "Paused -> running, at the first pending item. Any other state is `409 job_conflict`."),
         {"reason": "results look right"})
     def post(self, request: Request, job_id: int) -> Response:
-        decided_by = reviewer_name(request)
+        decided_by = principal_of(request).name
         data = validated(JobDecisionIn, request.data)
         return Response(job_as_api_dict(bulk.bulk_job_resume(job_id=job_id, decided_by=decided_by,
                                                              reason=data["reason"])))
 
 
 class JobAbortView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @_decision_schema("abort", "Abort a job for good", (
         "A draft, running or paused job stops for good: the chunk in flight finishes, pending items stay "
         "pending. A finished or aborted job is `409 job_conflict`."), {"reason": "wrong filter"})
     def post(self, request: Request, job_id: int) -> Response:
-        decided_by = reviewer_name(request)
+        decided_by = principal_of(request).name
         data = validated(JobDecisionIn, request.data)
         return Response(job_as_api_dict(bulk.bulk_job_abort(job_id=job_id, decided_by=decided_by,
                                                             reason=data["reason"])))
 
 
 class JobRetryFailedView(ApiView):
+    permission_classes = [IsAuthenticated, Reviewer]
+
     @_decision_schema("retry_failed", "A new draft job over a job's failed items", (
         "Dry runs the same action over the items that failed, in their order, as a new draft job "
         "(`retry_of` names this one) to start like any other. No failed item is 400."),
         {"reason": "the CRM is back"}, created=True)
     def post(self, request: Request, job_id: int) -> Response:
-        decided_by = reviewer_name(request)
+        decided_by = principal_of(request).name
         data = validated(JobDecisionIn, request.data)
         job = bulk.bulk_job_retry_failed(job_id=job_id, decided_by=decided_by, reason=data["reason"])
         return Response(job_as_api_dict(job, sample=True), status=status.HTTP_201_CREATED)

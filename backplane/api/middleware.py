@@ -8,7 +8,9 @@ contract's JSON, even when Django itself answers (an unknown path, a CSRF failur
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from django.conf import settings
@@ -17,6 +19,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import is_valid_path
 
 from backplane.api.errors import error_body, json_error
+
+logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
 READ_CHUNK = 64 * 1024
@@ -84,6 +88,11 @@ def _refuse_before_view(request: HttpRequest) -> HttpResponse | None:
         secure_url = request.build_absolute_uri().replace("http://", "https://", 1)
         return JsonResponse(error_body("permission_denied", "this API is served over HTTPS only",
                                        {"url": secure_url}), status=403)
+    if "\x00" in request.path_info or any("\x00" in key or any("\x00" in value for value in values)
+                                          for key, values in request.GET.lists()):
+        # PostgreSQL refuses NUL in text: a path or query value holding one would reach SQL as a 500.
+        return JsonResponse(error_body("validation_error", "the path and query may not contain U+0000",
+                                       {"query": "U+0000 (%00) is not allowed"}), status=400)
     limit = settings.BACKPLANE_PAYLOAD_LIMIT_BYTES
     raw_length = request.META.get("CONTENT_LENGTH")
     try:
@@ -129,3 +138,51 @@ class ApiErrorMiddleware:
         if refused is not None:
             return refused
         return _in_contract_shape(self.get_response(request))
+
+
+# --- under Django: the ASGI server's side -------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+# Loose on purpose: each ASGI library types its scope and messages with TypedDicts of its own.
+AsgiApp = Callable[..., Awaitable[None]]
+
+
+class AnswerEveryRequest:
+    """Plain ASGI around the HTTP application, so that no request is left without the contract's answer.
+
+    Whatever escapes the application before it started its answer (an error in the WSGI
+    adapter, a response header it cannot encode as latin-1, a bug) is logged and answered with a
+    JSON ``500 internal_error``, never left to the server's plain-text page; once an answer has
+    started, the server closes the connection. (A request line uvicorn cannot parse, such as raw
+    bytes past ASCII in the query, never reaches an application: uvicorn answers it with 400.)
+    """
+
+    def __init__(self, app: AsgiApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                      send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            if started:
+                raise
+            logger.exception("unhandled error under the HTTP application: %s %s",
+                             scope.get("method"), scope.get("path"))
+            body = json.dumps(error_body("internal_error", "internal error")).encode()
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

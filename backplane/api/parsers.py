@@ -14,6 +14,10 @@ recurses:
 3. only when the raw text holds a ``\\u0000`` or ``\\uD800``-``\\uDFFF`` escape are the parsed
    strings (keys and values) walked for NUL and lone surrogates: a surrogate that survives
    parsing had no partner.
+
+The body is UTF-8 (RFC 8259 section 8.1): a ``charset`` parameter naming anything else is
+``415 unsupported_media_type`` (``media_type_charset_refused``), never a codec to decode with.
+``us-ascii`` is a subset of UTF-8 and is read as UTF-8.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any
 
-from rest_framework.exceptions import ParseError
+from django.utils.http import parse_header_parameters
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import JSONParser
 
 MAX_DEPTH = 64
@@ -38,8 +43,24 @@ _SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# The spellings of UTF-8 (and of ASCII, which is UTF-8) a charset parameter may use, compared
+# case-insensitively once quotes are gone.
+UTF8_CHARSETS = frozenset({"utf-8", "utf8", "us-ascii", "ascii"})
+
+
 class InvalidJSON(ValueError):
     pass
+
+
+def charset_refused(charset: str | None) -> bool:
+    """Whether a ``charset`` parameter names something other than UTF-8 (None: none was sent)."""
+    return charset is not None and charset.strip().lower() not in UTF8_CHARSETS
+
+
+def media_type_charset_refused(content_type: str) -> bool:
+    """``charset_refused`` for a whole ``Content-Type`` value (``application/json; charset="UTF8"``)."""
+    _, params = parse_header_parameters(content_type)
+    return charset_refused(params.get("charset"))
 
 
 def nesting_depth_exceeds(raw: bytes, limit: int = MAX_DEPTH) -> bool:
@@ -103,14 +124,12 @@ def _reject_nul_and_lone_surrogates(value: Any) -> None:
             stack.extend(item)
 
 
-def loads_strict(raw: bytes, encoding: str = "utf-8") -> Any:
-    """Parse a request body, or raise ``InvalidJSON`` saying why not."""
+def loads_strict(raw: bytes) -> Any:
+    """Parse a UTF-8 request body, or raise ``InvalidJSON`` saying why not."""
     try:
-        text = raw.decode(encoding)
-    except (UnicodeDecodeError, LookupError) as exc:
-        raise InvalidJSON(f"the body is not valid {encoding}: {exc}") from None
-    if encoding.lower().replace("-", "") != "utf8":
-        raw = text.encode("utf-8")  # the scans below read UTF-8 bytes
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJSON(f"the body is not valid UTF-8: {exc}") from None
     if nesting_depth_exceeds(raw):
         raise InvalidJSON(f"nested deeper than {MAX_DEPTH} levels")
     try:
@@ -132,12 +151,17 @@ def loads_strict(raw: bytes, encoding: str = "utf-8") -> Any:
 
 
 class StrictJSONParser(JSONParser):
-    """DRF's JSON parser with the rules above; every failure is a ``ParseError`` (400 validation_error)."""
+    """DRF's JSON parser with the rules above; every failure is a ``ParseError`` (400
+    validation_error), a charset other than UTF-8 an ``UnsupportedMediaType`` (415).
+
+    DRF hands over ``request.encoding``, which Django sets from any charset that names a codec
+    (``latin-1``, ``unicode_escape``): it is ignored, the ``media_type`` itself is checked."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
-        encoding = (parser_context or {}).get("encoding") or "utf-8"
+        if media_type and media_type_charset_refused(media_type):
+            raise UnsupportedMediaType(media_type)
         raw = stream.read() if stream is not None else b""
         try:
-            return loads_strict(raw, encoding)
+            return loads_strict(raw)
         except InvalidJSON as exc:
             raise ParseError(f"JSON parse error - {exc}") from None

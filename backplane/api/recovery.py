@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -16,6 +16,7 @@ from backplane.api.authentication import Principal
 from backplane.api.base import (
     REPLAY_HEADER,
     WRITE_CONFLICTS,
+    AgentWritesOnly,
     Answer,
     ApiView,
     errors,
@@ -24,6 +25,7 @@ from backplane.api.base import (
     written_or_replayed,
     written_or_replayed_answer,
 )
+from backplane.api.permissions import AgentOrViewer
 from backplane.api.routes import AgentRoute, Operation
 from backplane.api.serializers import (
     JSONObjectField,
@@ -37,7 +39,6 @@ from backplane.api.serializers import (
     task_as_api_dict,
 )
 from backplane.eventlog.chain import format_timestamp
-from backplane.eventlog.models import Agent
 from recovery import gateway, leases, selectors, subtasks, tool_calls
 from recovery.models import ToolCall, ToolCallStatus
 
@@ -144,19 +145,13 @@ def tool_call_as_api_dict(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def calling_agent(principal: Principal) -> Agent:
-    agent = principal.agent
-    if agent is None:
-        raise PermissionDenied("only agents hold leases; use an agent token")
-    return agent
-
-
 # --- the agent routes' operations (api/routes.py) ---------------------------------------------
 
 
 def lease_claim(principal: Principal, data: dict[str, Any]) -> Answer:
+    assert principal.agent is not None  # agents_only
     claim = leases.lease_claim(
-        agent=calling_agent(principal),
+        agent=principal.agent,
         kinds=data.get("kinds"),
         lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS),
         task_id=data.get("task_id"),
@@ -172,7 +167,8 @@ def lease_claim(principal: Principal, data: dict[str, Any]) -> Answer:
 
 
 def lease_heartbeat(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
-    task = leases.lease_heartbeat(namespace=principal.namespace, task_id=task_id, lease_epoch=data["lease_epoch"])
+    task = leases.lease_heartbeat(namespace=principal.namespace, task_id=task_id, lease_epoch=data["lease_epoch"],
+                                  agent=principal.name)
     return Answer({"expires_at": optional_timestamp(task.lease_expires_at)})
 
 
@@ -186,6 +182,7 @@ def tool_call_dispatch(principal: Principal, data: dict[str, Any], *, task_id: u
         agent=principal.name,
         lease_epoch=data.get("lease_epoch"),
         compensation=dict(data["compensation"]) if data.get("compensation") else None,
+        kinds=principal.kinds,
     )
     call = outcome.call
     if not outcome.replayed:
@@ -219,6 +216,7 @@ def tool_call_result(principal: Principal, data: dict[str, Any], *, key: str) ->
         agent=principal.name,
         lease_epoch=data.get("lease_epoch"),
         cost=data.get("cost"),
+        kinds=principal.kinds,
     )
     body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
     return written_or_replayed_answer(body, replayed=outcome.replayed)
@@ -247,7 +245,7 @@ leases_route = AgentRoute(
                                                                     "lease_seconds": 60})],
         responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"),
                    **errors(403, 409, conflicts=("budget_exceeded",), body=True)},
-    )),
+    ), agents_only=True),
 )
 
 
@@ -264,12 +262,14 @@ heartbeat_route = AgentRoute(
         ),
         request=LeaseEpochIn,
         examples=[OpenApiExample("heartbeat", request_only=True, value={"lease_epoch": 4})],
-        responses={200: HeartbeatOut, **errors(404, 409, conflicts=("stale_lease",), body=True)},
-    )),
+        responses={200: HeartbeatOut, **errors(403, 404, 409, conflicts=("stale_lease",), body=True)},
+    ), agents_only=True),
 )
 
 
 class ReleaseView(ApiView):
+    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+
     @extend_schema(
         operation_id="tasks_release",
         summary="Give the task back to pending without counting an attempt",
@@ -279,12 +279,13 @@ class ReleaseView(ApiView):
         ),
         request=LeaseEpochIn,
         examples=[OpenApiExample("release", request_only=True, value={"lease_epoch": 4})],
-        responses={200: TaskOut, **errors(404, 409, conflicts=("stale_lease",), body=True)},
+        responses={200: TaskOut, **errors(403, 404, 409, conflicts=("stale_lease",), body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         data = validated(LeaseEpochIn, request.data)
+        principal = principal_of(request)
         task = leases.lease_release(
-            namespace=principal_of(request).namespace, task_id=task_id, lease_epoch=data["lease_epoch"]
+            namespace=principal.namespace, task_id=task_id, lease_epoch=data["lease_epoch"], agent=principal.name
         )
         return Response(task_as_api_dict(task))
 
@@ -317,8 +318,8 @@ tool_calls_route = AgentRoute(
             "step": 3, "tool": "crm.lookup", "input": {"email": "alice@example.com"}, "lease_epoch": 4,
             "compensation": {"tool": "crm.forget", "input": {"email": "alice@example.com"}}})],
         responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut,
-                   **errors(404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
-    )),
+                   **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
+    ), agents_only=True),
 )
 
 
@@ -337,8 +338,8 @@ tool_call_result_route = AgentRoute(
         request=ToolCallResultIn,
         examples=[OpenApiExample("succeeded", request_only=True, value={
             "status": "succeeded", "result": {"company": "Acme", "employees": 120}, "lease_epoch": 4})],
-        responses={201: ToolCallOut, 200: ToolCallOut, **errors(404, 409, 422, body=True)},
-    )),
+        responses={201: ToolCallOut, 200: ToolCallOut, **errors(403, 404, 409, 422, body=True)},
+    ), agents_only=True),
 )
 
 
@@ -360,6 +361,8 @@ class ToolCallDetailView(ApiView):
 
 
 class SubtasksView(ApiView):
+    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+
     @extend_schema(
         operation_id="tasks_subtasks_dispatch",
         summary="Hand work to a sub-agent: a child task and SubAgentDispatched in the parent",
@@ -377,7 +380,8 @@ class SubtasksView(ApiView):
         request=SubtaskIn,
         examples=[OpenApiExample("delegate", request_only=True, value={
             "step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": 4})],
-        responses={201: SubtaskOut, 200: SubtaskOut, **errors(404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
+        responses={201: SubtaskOut, 200: SubtaskOut,
+                   **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)
@@ -390,6 +394,7 @@ class SubtasksView(ApiView):
             input=data["input"],
             agent=principal.name,
             lease_epoch=data.get("lease_epoch"),
+            kinds=principal.kinds,
         )
         body = {"task": task_as_api_dict(outcome.child), "dispatch_key": outcome.dispatch_key}
         return written_or_replayed(body, replayed=not outcome.created)
@@ -437,6 +442,8 @@ class ToolInvokeOut(serializers.Serializer):
 
 
 class ToolInvokeView(ApiView):
+    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+
     @extend_schema(
         operation_id="tools_invoke",
         summary="The backplane calls a registered tool with an Idempotency-Key, or answers from the record",
@@ -455,7 +462,7 @@ class ToolInvokeView(ApiView):
         examples=[OpenApiExample("invoke", request_only=True, value={
             "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "step": 3, "input": {"email": "alice@example.com"},
             "lease_epoch": 4})],
-        responses={200: ToolInvokeOut, **errors(404, 409, 422, 502, conflicts=WRITE_CONFLICTS, body=True)},
+        responses={200: ToolInvokeOut, **errors(403, 404, 409, 422, 502, conflicts=WRITE_CONFLICTS, body=True)},
     )
     def post(self, request: Request, name: str) -> Response:
         principal = principal_of(request)
@@ -468,6 +475,7 @@ class ToolInvokeView(ApiView):
             input=data["input"],
             agent=principal.name,
             lease_epoch=data.get("lease_epoch"),
+            kinds=principal.kinds,
         )
         call = outcome.call
         body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,

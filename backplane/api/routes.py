@@ -32,9 +32,10 @@ from rest_framework import exceptions
 
 from backplane.api import fastcheck
 from backplane.api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, staff_authenticate
-from backplane.api.base import Answer, ApiView, validated
+from backplane.api.base import AGENTS_ONLY_MESSAGE, Answer, ApiView, validated
 from backplane.api.errors import error_parts
-from backplane.api.parsers import InvalidJSON, loads_strict
+from backplane.api.parsers import InvalidJSON, charset_refused, loads_strict
+from backplane.api.permissions import AgentOrViewer
 from backplane.api.serializers import StrictSerializer
 from backplane.api.throttling import count_request
 
@@ -43,11 +44,13 @@ class Operation:
     """One method of a route: ``handler(principal, body or query, **url_kwargs)`` and the
     arguments of drf-spectacular's ``extend_schema`` that document it. Its ``request``, when
     given, is the serializer the body is validated with; without one (a GET) the handler gets
-    the query."""
+    the query. ``agents_only``: the operation writes as the calling agent (under its lease, in
+    its kinds), so a staff session is 403; staff act through the staff actions."""
 
-    def __init__(self, handler: Callable[..., Answer], schema: dict[str, Any]) -> None:
+    def __init__(self, handler: Callable[..., Answer], schema: dict[str, Any], *, agents_only: bool = False) -> None:
         self.handler = handler
         self.schema = schema
+        self.agents_only = agents_only
         self.body: type[StrictSerializer] | None = schema.get("request")
         self.check = None if self.body is None else fastcheck.compile_check(self.body)
 
@@ -67,6 +70,9 @@ class AgentRoute:
 
     # The session check enforces CSRF itself (staff_authenticate), as DRF's APIView does.
     csrf_exempt = True
+    # Who may call every agent route, checked as DRF checks a view's permission_classes (before
+    # the method): agents, and staff viewers; an ``agents_only`` operation refuses staff.
+    permission = AgentOrViewer
 
     def __init__(self, name: str, **operations: Operation) -> None:
         self.operations = {method.upper(): operation for method, operation in operations.items()}
@@ -101,11 +107,15 @@ class AgentRoute:
     def _answer(self, request: HttpRequest, method: str, kwargs: Mapping[str, Any]) -> HttpResponse:
         # Who is calling before which method, as DRF decides: a stranger learns nothing of a route.
         principal = _authenticate_and_count(request)
+        if not self.permission().allows(principal, method):
+            raise exceptions.PermissionDenied(self.permission.message)
         operation = self.operations.get(method)
         if operation is None:
             if method == "OPTIONS":  # what the route allows: the Allow header
                 return _render(None, 204)
             raise exceptions.MethodNotAllowed(method)
+        if operation.agents_only and principal.agent is None:
+            raise exceptions.PermissionDenied(AGENTS_ONLY_MESSAGE)
         if operation.body is None:
             answer = operation.handler(principal, request.GET, **kwargs)
         else:
@@ -132,12 +142,11 @@ def _validated_body(request: HttpRequest, operation: Operation) -> dict[str, Any
     raw = request.body
     if not raw:
         body: Any = {}  # as DRF reads an empty body, whatever its type: every required field is missing
-    elif request.content_type != "application/json":
+    elif request.content_type != "application/json" or charset_refused((request.content_params or {}).get("charset")):
         raise exceptions.UnsupportedMediaType(request.META.get("CONTENT_TYPE", ""))
     else:
-        encoding = (request.content_params or {}).get("charset") or "utf-8"
         try:
-            body = loads_strict(raw, encoding)
+            body = loads_strict(raw)
         except InvalidJSON as exc:
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None
     assert operation.body is not None and operation.check is not None  # a route with a body has both

@@ -205,9 +205,20 @@ class EventOut(serializers.Serializer):
 
 
 class OutboxItemIn(StrictSerializer):
-    topic = StrictCharField(max_length=255, min_length=1)
+    """One message to publish with the event. Its headers are the server's (task, seq, event hash,
+    agent, namespace): a client sets none."""
+
+    # Reserved topics are refused in the service (eventlog/services.py), as reserved event types are.
+    topic = StrictCharField(
+        max_length=255, min_length=1,
+        help_text="Routing key on the broker, matched by subscriptions' patterns. Topics beginning with "
+                  "`backplane.` (in any case) belong to the server: 400 validation_error.",
+    )
     payload = JSONObjectField()
-    key = StrictCharField(max_length=255, min_length=1, required=False)
+    key = StrictCharField(
+        max_length=255, min_length=1, required=False,
+        help_text="Delivery order is kept per key within the writing agent's namespace (default: the task id).",
+    )
 
 
 class EventFieldsIn(StrictSerializer):

@@ -7,13 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backplane.api.authentication import Principal
 from backplane.api.base import (
     WRITE_CONFLICTS,
+    AgentWritesOnly,
     Answer,
     ApiView,
     errors,
@@ -23,6 +24,7 @@ from backplane.api.base import (
     written_or_replayed,
     written_or_replayed_answer,
 )
+from backplane.api.permissions import AgentOrViewer
 from backplane.api.routes import AgentRoute, Operation
 from backplane.api.serializers import (
     ChainVerifyOut,
@@ -42,7 +44,7 @@ from backplane.eventlog.errors import InvalidInput
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.eventlog.models import TaskStatus
 from backplane.eventlog.writer import EventDraft, OutboxDraft
-from backplane.integrity import independent_hash
+from backplane.integrity import verification
 from backplane.runtime.replica import replica_reads
 
 
@@ -87,6 +89,7 @@ def event_append(principal: Principal, data: dict[str, Any], *, task_id: uuid.UU
         agent=principal.name,
         expected_seq=data.get("expected_seq"),
         lease_epoch=data.get("lease_epoch"),
+        kinds=principal.kinds,
     )
     return written_or_replayed_answer(event_as_api_dict(outcome.events[0]), replayed=outcome.replayed)
 
@@ -99,12 +102,16 @@ def event_append_batch(principal: Principal, data: dict[str, Any], *, task_id: u
         agent=principal.name,
         expected_seq=data.get("expected_seq"),
         lease_epoch=data.get("lease_epoch"),
+        kinds=principal.kinds,
     )
     body = {"results": [event_as_api_dict(e) for e in outcome.events]}
     return written_or_replayed_answer(body, replayed=outcome.replayed)
 
 
 class TasksView(ApiView):
+    # Anyone lists; only agents create (a task is created in the creating agent's namespace).
+    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+
     @extend_schema(
         operation_id="tasks_list",
         summary="List tasks of the caller's namespace, oldest first",
@@ -174,8 +181,7 @@ class TasksView(ApiView):
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
         data = validated(TaskCreateIn, request.data)
-        if principal.namespace is None:
-            raise PermissionDenied("tasks are created by agents; staff sessions have no namespace to create them in")
+        assert principal.namespace is not None  # an agent's (AgentWritesOnly)
         outcome = services.task_create(
             namespace=principal.namespace,
             kind=data["kind"],
@@ -185,6 +191,7 @@ class TasksView(ApiView):
             parent_task_id=data.get("parent_task_id"),
             max_attempts=data.get("max_attempts"),
             metadata=data.get("metadata"),
+            kinds=principal.kinds,
         )
         return written_or_replayed(task_as_api_dict(outcome.task), replayed=not outcome.created)
 
@@ -250,8 +257,8 @@ task_events_route = AgentRoute(
                 "type": "LeadScored", "payload": {"score": 0.92}, "expected_seq": 5, "lease_epoch": 4,
                 "outbox": [{"topic": "leads.scored", "payload": {"score": 0.92}, "key": "alice@example.com"}]}),
         ],
-        responses={201: EventOut, 200: EventOut, **errors(404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
-    )),
+        responses={201: EventOut, 200: EventOut, **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
+    ), agents_only=True),
 )
 
 
@@ -275,9 +282,9 @@ task_events_batch_route = AgentRoute(
                     {"type": "TaskCompleted", "payload": {"output": {"score": 0.92}}, "idempotency_key": "done"},
                 ]}),
         ],
-        responses={201: EventBatchOut, 200: EventBatchOut, **errors(404, 409, 422, conflicts=WRITE_CONFLICTS,
+        responses={201: EventBatchOut, 200: EventBatchOut, **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS,
                                                                   body=True)},
-    )),
+    ), agents_only=True),
 )
 
 
@@ -296,7 +303,7 @@ class TaskVerifyView(ApiView):
         task = selectors.task_visible(namespace=principal_of(request).namespace, task_id=task_id)
         # Hashed by integrity's own RFC 8785 implementation, not the writer's: a check that
         # shared the writer's code would agree with any mistake the writer makes.
-        result = selectors.chain_verify(task=task, row_hash=independent_hash.row_hash)
+        result = verification.chain_check(task=task)
         valid, first_invalid = result.valid, result.first_invalid_seq
         if valid and not lineage.fork_provenance_holds(task):
             # A fork's chain covers its TaskForked (seq 2), which must name its source's event.

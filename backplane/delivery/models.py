@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
@@ -20,6 +21,14 @@ class Ordering(models.TextChoices):
     BEST_EFFORT = "best_effort", "best effort: a dead letter leaves the sequence"
 
 
+# A namespace's name, as the event log's ``NAME_VALIDATOR`` has it (delivery sits below the event
+# log and does not import it).
+NAMESPACE_VALIDATOR = RegexValidator(
+    r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,99}$",
+    "a namespace: letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)",
+)
+
+
 class WebhookSubscription(models.Model):
     """Administrators subscribe URLs to topics; each matching message gets its own outbox row.
 
@@ -32,6 +41,12 @@ class WebhookSubscription(models.Model):
     topic_pattern = models.CharField(
         max_length=255,
         help_text="AMQP-style: words separated by '.', '*' matches one word, '#' zero or more.",
+    )
+    # Empty: every namespace's messages, and the backplane's own that concern none (alerts).
+    namespaces = ArrayField(
+        models.CharField(max_length=100, validators=[NAMESPACE_VALIDATOR]), default=list, blank=True,
+        help_text="Only messages of these namespaces, comma-separated (empty: every namespace's, and the "
+                  "backplane's own messages of no namespace, e.g. alerts).",
     )
     url = models.URLField(max_length=1000)
     secret = models.CharField(max_length=200, help_text="HMAC-SHA256 key for the Backplane-Signature header.")
@@ -97,6 +112,10 @@ class OutboxMessage(models.Model):
     )
     topic = models.CharField(max_length=255)
     key = models.CharField(max_length=255)
+    # Per-key order is kept within a scope (outbox.py, ``outbox_key_scope``): the namespace of an
+    # agent's message, ``SERVER_KEY_SCOPE`` for the backplane's own. '' for a row written without
+    # one: delivered before migration 0027, or by a process still running the code before it.
+    key_scope = models.CharField(max_length=100, db_default="")
     payload = models.JSONField(default=dict)
     headers = models.JSONField(default=dict)
     task = models.ForeignKey("backplane.Task", null=True, blank=True, on_delete=models.PROTECT, related_name="outbox")
@@ -123,11 +142,11 @@ class OutboxMessage(models.Model):
             # The claim: a destination's due rows, oldest due first (``subscription`` is NULL for the broker).
             models.Index(fields=["subscription", "next_attempt_at", "id"], name="outbox_lane_due_idx",
                          condition=Q(status="pending")),
-            # Per-key order: "is an earlier message for this key and destination still undelivered,
-            # or dead-lettered and holding its key?" (the same condition in relay.py's SQL).
+            # Per-key order: "is an earlier message for this key, scope and destination still
+            # undelivered, or dead-lettered and holding its key?" (the same condition in relay.py's SQL).
             models.Index(
-                fields=["key", "destination", "subscription", "id"],
-                name="outbox_key_blocking_idx",
+                fields=["key", "key_scope", "destination", "subscription", "id"],
+                name="outbox_scoped_key_blocking_idx",
                 condition=Q(status="pending") | Q(holds_key=True),
             ),
             models.Index(fields=["delivered_at"], name="outbox_delivered_idx", condition=Q(status="delivered")),

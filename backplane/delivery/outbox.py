@@ -8,6 +8,13 @@ with a lease in a short transaction, delivered with no transaction open, and the
 recorded in another short one; a relay killed mid-delivery leaves claims that expire, and the
 rows are delivered again (at least once; consumers drop duplicates by ``message_id``). The
 whole picture, ordering modes and retry schedule included: docs/delivery.md.
+
+Whose a message is: every row carries the namespace it belongs to in its ``namespace`` header
+(set here, over whatever the caller's headers say; ``null`` for the backplane's own messages
+that concern no namespace, e.g. alerts), a subscription limited to namespaces gets only theirs,
+and per-key order is kept within a ``key_scope``: the namespace for an agent's messages, one
+scope of its own (``SERVER_KEY_SCOPE``) for the backplane's topics (``backplane.*``, which no
+client may use), so no agent's key can hold up another namespace's or the backplane's messages.
 """
 
 from __future__ import annotations
@@ -26,6 +33,26 @@ from backplane.delivery.models import OutboxDestination, OutboxMessage
 from backplane.lib.sql_rows import recordset, recordset_json
 
 logger = logging.getLogger(__name__)
+
+# Topics whose first word is this (in any case) are the backplane's own: lifecycle, alerts,
+# budgets, compensations. A client message on one is refused (eventlog/services.py).
+RESERVED_TOPIC_WORD = "backplane"
+# The key scope of the backplane's own messages. No namespace can be named so (a namespace
+# starts with a letter or a digit), so an agent's keys never share it.
+SERVER_KEY_SCOPE = "@backplane"
+
+
+def topic_is_reserved(topic: str) -> bool:
+    """Whether a topic is the backplane's: its first word is ``backplane`` in any case, around
+    any whitespace. ``backplane`` alone counts too: the pattern ``backplane.#`` matches it."""
+    return topic.strip().split(".", 1)[0].strip().casefold() == RESERVED_TOPIC_WORD
+
+
+def outbox_key_scope(*, topic: str, namespace: str | None) -> str:
+    """The scope a message's per-key order is kept in: the backplane's topics (and anything not
+    written for a namespace) share ``SERVER_KEY_SCOPE``; an agent's messages, their namespace."""
+    return SERVER_KEY_SCOPE if namespace is None or topic_is_reserved(topic) else namespace
+
 
 def topic_matches(pattern: str, topic: str) -> bool:
     """AMQP topic matching: '.'-separated words, '*' is one word, '#' zero or more."""
@@ -51,34 +78,52 @@ def outbox_enqueue(
     payload: dict[str, Any],
     headers: dict[str, Any],
     now: datetime,
+    namespace: str | None = None,
     task_id: str | None = None,
     event_position: int | None = None,
 ) -> list[OutboxMessage]:
     """Write one message for the broker plus one per matching webhook subscription.
 
-    Must run inside the transaction of the change it announces: that is the whole point.
+    ``namespace``: whose message it is (the task's); None for the backplane's own messages that
+    concern no namespace. Must run inside the transaction of the change it announces: that is
+    the whole point.
     """
     rows = _rows_for(
-        topic=topic, key=key, payload=payload, headers=headers, task_id=task_id,
+        topic=topic, key=key, payload=payload, headers=headers, namespace=namespace, task_id=task_id,
         event_position=event_position, subscriptions=_active_subscriptions(), first=0,
     )
     inserted = _insert_rows(rows, now=now)
     return [
         OutboxMessage(
             id=pk, message_id=message_id, destination=row["destination"], subscription_id=row["subscription_id"],
-            topic=topic, key=key, payload=payload, headers=headers, task_id=task_id, event_position=event_position,
-            next_attempt_at=now, created_at=now,
+            topic=topic, key=key, key_scope=row["key_scope"], payload=payload, headers=row["headers"],
+            task_id=task_id, event_position=event_position, next_attempt_at=now, created_at=now,
         )
         for row, (pk, message_id) in zip(rows, inserted, strict=True)
     ]
 
 
-def _active_subscriptions() -> list[tuple[int, str]]:
-    """(id, topic pattern) of the active webhook subscriptions, in id order: read in the
-    transaction that enqueues, so a subscription added a moment ago already gets messages."""
+@dataclass(frozen=True)
+class _Subscription:
+    pk: int
+    topic_pattern: str
+    namespaces: frozenset[str]  # empty: every namespace
+
+    def wants(self, *, topic: str, namespace: str | None) -> bool:
+        """A subscription limited to namespaces gets their messages only: none of another
+        namespace's, nor the backplane's messages that concern no namespace."""
+        in_scope = not self.namespaces or namespace in self.namespaces
+        return in_scope and topic_matches(self.topic_pattern, topic)
+
+
+def _active_subscriptions() -> list[_Subscription]:
+    """The active webhook subscriptions, in id order: read in the transaction that enqueues, so
+    a subscription added a moment ago already gets messages."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, topic_pattern FROM backplane_webhooksubscription WHERE is_active ORDER BY id")
-        return cursor.fetchall()
+        cursor.execute(
+            "SELECT id, topic_pattern, namespaces FROM backplane_webhooksubscription WHERE is_active ORDER BY id"
+        )
+        return [_Subscription(pk, pattern, frozenset(namespaces)) for pk, pattern, namespaces in cursor.fetchall()]
 
 
 def _rows_for(
@@ -87,13 +132,19 @@ def _rows_for(
     key: str,
     payload: dict[str, Any],
     headers: dict[str, Any],
+    namespace: str | None,
     task_id: str | None,
     event_position: int | None,
-    subscriptions: list[tuple[int, str]],
+    subscriptions: list[_Subscription],
     first: int,
 ) -> list[dict[str, Any]]:
-    """One message's rows: the broker's, then one per subscription whose pattern matches."""
-    matching = [pk for pk, pattern in subscriptions if topic_matches(pattern, topic)]
+    """One message's rows: the broker's, then one per subscription that wants it. The broker
+    gets every namespace's: its routing key is the topic, and consumers filter on the
+    ``namespace`` header."""
+    matching = [s.pk for s in subscriptions if s.wants(topic=topic, namespace=namespace)]
+    # The server's word on whose message this is, over anything the caller's headers say.
+    headers = {**headers, "namespace": namespace}
+    key_scope = outbox_key_scope(topic=topic, namespace=namespace)
     return [
         {
             "n": first + offset,  # ids follow this order (per-key delivery order)
@@ -102,6 +153,7 @@ def _rows_for(
             "subscription_id": subscription_id,
             "topic": topic,
             "key": key,
+            "key_scope": key_scope,
             "payload": payload,
             "headers": headers,
             "task_id": task_id,
@@ -119,6 +171,7 @@ class Message:
     key: str
     payload: dict[str, Any]
     headers: dict[str, Any]
+    namespace: str | None = None  # whose message it is (``outbox_enqueue``)
     task_id: str | None = None
     event_position: int | None = None
 
@@ -133,8 +186,8 @@ def outbox_enqueue_many(messages: Sequence[Message], *, now: datetime) -> int:
     for message in messages:
         rows += _rows_for(
             topic=message.topic, key=message.key, payload=message.payload, headers=message.headers,
-            task_id=message.task_id, event_position=message.event_position, subscriptions=subscriptions,
-            first=len(rows),
+            namespace=message.namespace, task_id=message.task_id, event_position=message.event_position,
+            subscriptions=subscriptions, first=len(rows),
         )
     _insert_rows(rows, now=now)
     return len(rows)
@@ -144,7 +197,8 @@ def outbox_enqueue_many(messages: Sequence[Message], *, now: datetime) -> int:
 # client-side binding, where the queryset API (bulk_create) and a multi-row VALUES list compile
 # and quote every value in Python. Ids follow ``n``.
 _ENQUEUED_FIELDS = (
-    "message_id", "destination", "subscription", "topic", "key", "payload", "headers", "task", "event_position",
+    "message_id", "destination", "subscription", "topic", "key", "key_scope", "payload", "headers", "task",
+    "event_position",
 )
 
 

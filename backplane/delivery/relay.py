@@ -16,9 +16,11 @@ with no transaction open the same way):
 A relay killed between 1 and 3 leaves its claims behind; once they expire another relay claims
 the rows again, so delivery is at least once (consumers drop repeats by ``message_id``).
 
-Per-key order: a row can be claimed only while no earlier row of its key and destination is
-undelivered (a claimed row is still pending) or dead-lettered under strict ordering
-(``holds_key``, until a reviewer decides). See docs/delivery.md.
+Per-key order: a row can be claimed only while no earlier row of its key, key scope and
+destination is undelivered (a claimed row is still pending) or dead-lettered under strict
+ordering (``holds_key``, until a reviewer decides). The scope is the namespace of an agent's
+message, or the backplane's own (outbox.py): an agent's key never holds another namespace's
+messages, nor the backplane's. See docs/delivery.md.
 
 ``outbox_relay_once`` runs the three steps in the calling thread for every destination in turn
 (tests, benchmarks); the worker and ``manage.py relay`` run them per destination in threads of
@@ -84,7 +86,7 @@ Publisher = Callable[[OutboxMessage, dict[str, Any]], None]
 # --- 1. claim -------------------------------------------------------------------------------
 
 # Claimable: pending, due, not under another relay's live claim, and no earlier message of the
-# same key and destination still undelivered or holding its key (per-key order). Checking that
+# same key, key scope and destination still undelivered or holding its key (per-key order). Checking that
 # for every due row costs in proportion to the backlog: with fewer keys than the batch size the
 # LIMIT is never reached and each claim would probe every pending row. So the check runs over a
 # window, the destination's oldest due rows, which finds the keys' heads in the usual interleaved
@@ -99,7 +101,7 @@ _CLAIMABLE = """m.status = 'pending' AND m.next_attempt_at <= %(now)s
   AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)"""
 _CLAIM_WINDOW_SQL = """
 WITH candidates AS MATERIALIZED (
-    SELECT id, key, destination FROM backplane_outboxmessage
+    SELECT id, key, key_scope, destination FROM backplane_outboxmessage
     WHERE status = 'pending' AND {lane} AND next_attempt_at <= %(now)s
       AND (claimed_until IS NULL OR claimed_until <= %(now)s)
     ORDER BY subscription_id, next_attempt_at, id
@@ -110,7 +112,8 @@ WHERE {claimable}
   AND NOT EXISTS (
       SELECT 1 FROM backplane_outboxmessage earlier
       WHERE (earlier.status = 'pending' OR earlier.holds_key) AND earlier.key = c.key
-        AND earlier.destination = c.destination AND {earlier_lane} AND earlier.id < c.id
+        AND earlier.key_scope = c.key_scope AND earlier.destination = c.destination AND {earlier_lane}
+        AND earlier.id < c.id
   )
 ORDER BY m.id
 LIMIT %(limit)s
@@ -119,9 +122,9 @@ FOR UPDATE OF m SKIP LOCKED
 _CLAIM_KEY_HEADS_SQL = """
 SELECT m.id FROM backplane_outboxmessage m
 WHERE m.id IN (
-      SELECT DISTINCT ON (key, destination) id FROM backplane_outboxmessage
+      SELECT DISTINCT ON (key, key_scope, destination) id FROM backplane_outboxmessage
       WHERE (status = 'pending' OR holds_key) AND {lane}
-      ORDER BY key, destination, id
+      ORDER BY key, key_scope, destination, id
   )
   AND {claimable}
 ORDER BY m.id

@@ -34,13 +34,13 @@ if TYPE_CHECKING:
     QueueRow = WithAnnotations[DeadLetter, QueueAnnotations]
 
 # How many messages wait behind a dead letter: the undelivered messages of its outbox message's
-# key and destination queued after it, while that message holds its key (strict ordering, not
+# key, key scope and destination queued after it, while that message holds its key (strict ordering, not
 # decided yet); 0 for every other dead letter. A correlated subquery on the outer row, so a page
 # of dead letters still reads in one query (the key-order index answers it).
 _WAITING_BEHIND_SQL = """
 SELECT count(*) FROM backplane_outboxmessage held
 JOIN backplane_outboxmessage waiting
-  ON waiting.key = held.key AND waiting.destination = held.destination
+  ON waiting.key = held.key AND waiting.key_scope = held.key_scope AND waiting.destination = held.destination
  AND waiting.subscription_id IS NOT DISTINCT FROM held.subscription_id
  AND waiting.id > held.id AND waiting.status = 'pending'
 WHERE held.id = backplane_deadletter.outbox_message_id AND held.holds_key
@@ -198,17 +198,31 @@ def _encode_queue_cursor(item: DeadLetter) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
+# A cursor this module writes is under 80 characters; anything much longer is not one, and is
+# refused before it is decoded.
+_QUEUE_CURSOR_MAX_LENGTH = 200
+
+
+def _cursor_pk(text: str) -> int:
+    """A dead letter's id as a cursor names it: ASCII digits, within a bigint."""
+    if not (text.isascii() and text.isdigit()) or int(text) >= 2**63:
+        raise ValueError("not an id")
+    return int(text)
+
+
 def _decode_queue_cursor(cursor: str) -> tuple[str, datetime | None, int]:
     try:
+        if len(cursor) > _QUEUE_CURSOR_MAX_LENGTH:
+            raise ValueError("too long")
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         part, created, pk = raw.split("|")
         if part == PENDING_PART:
             at = datetime.fromisoformat(created)
             if at.tzinfo is None:
                 raise ValueError("naive time")
-            return part, at, int(pk)
+            return part, at, _cursor_pk(pk)
         if part == DECIDED_PART:
-            return part, None, int(pk)
+            return part, None, _cursor_pk(pk)
         raise ValueError("unknown part")
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise BadDeadLetterCursor("not a cursor of the dead-letter queue") from exc

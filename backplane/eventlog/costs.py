@@ -30,7 +30,8 @@ from typing import Any
 from django.db import connection, transaction
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.event_types import USAGE_KEYS, reported_cost
+from backplane.eventlog.errors import InvalidInput
+from backplane.eventlog.event_types import USAGE_KEYS, amount_within_bounds, reported_cost
 from backplane.eventlog.models import ALL_TIME, CostRollup, Event, ModelPrice, Task, TokenType
 
 MILLION = Decimal(1_000_000)
@@ -112,6 +113,11 @@ def llm_called_priced(payload: dict[str, Any], *, at: datetime) -> dict[str, Any
         return {**payload, "cost": {"amount": None, "currency": None, "source": "unpriced",
                                     "reason": f"no price for {provider or '(no provider)'}/{payload['model']}"}}
     amount = cost_of(payload.get("usage") or {}, rates)
+    if not amount_within_bounds(amount):
+        # Counts and rates are bounded, but their product can still pass what a reported
+        # amount may be (and what the rollups' numeric columns hold).
+        raise InvalidInput("payload.usage at the price table's rates costs more than an amount may be",
+                           {"payload.usage": f"this usage costs {amount:.0f} {rates.currency}"})
     return {**payload, "cost": {"amount": decimal_text(amount), "currency": rates.currency,
                                 "source": "price_table", "price_version": rates.version}}
 

@@ -27,6 +27,13 @@ class NotFound(BackplaneError):
     code = "not_found"
 
 
+class KindRefused(BackplaneError):
+    """A token limited to kinds writing a task of another kind (API.md, Conventions)."""
+
+    status = 403
+    code = "permission_denied"
+
+
 class SeqConflict(BackplaneError):
     status = 409
     code = "seq_conflict"

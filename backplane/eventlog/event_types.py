@@ -160,9 +160,9 @@ def validate_usage(usage: Any) -> None:
         raise InvalidInput("payload.usage has unknown token kinds",
                            {"payload.usage": f"unknown {', '.join(unknown)}; known: {', '.join(USAGE_KEYS)}"})
     for key, value in usage.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKEN_COUNT:
             raise InvalidInput(f"payload.usage.{key} must be a count",
-                               {f"payload.usage.{key}": "a non-negative integer"})
+                               {f"payload.usage.{key}": f"a non-negative integer, at most {MAX_TOKEN_COUNT}"})
     cached = usage.get("cache_read_input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
     if cached > usage.get("input_tokens", 0):
         raise InvalidInput("cached input tokens are part of input_tokens, and more than it",
@@ -172,20 +172,59 @@ def validate_usage(usage: Any) -> None:
                            {"payload.usage.output_tokens": "includes reasoning_output_tokens"})
 
 
+# The bounds of an amount a client reports (a model call's or a paid tool's cost): at most 12
+# digits before the point and 12 after it, never negative. Twelve after it is the scale of the
+# rollup and budget spend columns (numeric(30, 12)), so the rollups sum exactly what the events
+# say; twelve before it is far past any one call's price in any currency (10^12 units) and leaves
+# the rollups' 18 integer digits room for a million such calls. The text is read only when it is
+# short (an amount has no reason to be longer), so no exponent is ever expanded.
+AMOUNT_MAX_INTEGER_DIGITS = 12
+AMOUNT_MAX_FRACTION_DIGITS = 12
+AMOUNT_MAX_CHARS = 64
+# A token count of one call: 10^12 is six orders of magnitude past any context window, and keeps
+# the rollups' bigint sums (9.2 x 10^18) safe for millions of such calls.
+MAX_TOKEN_COUNT = 10**12
+
+
+def amount_within_bounds(amount: Decimal) -> bool:
+    """Whether a finite, non-negative ``amount`` has at most ``AMOUNT_MAX_INTEGER_DIGITS`` digits
+    before the point and ``AMOUNT_MAX_FRACTION_DIGITS`` after it once its trailing zeros are
+    gone. Reads the digits and exponent only: no context operation, so nothing can overflow."""
+    if not amount.is_finite() or amount.is_signed() and amount != 0:
+        return False
+    _, digits, exponent = amount.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    significant = len(digits)
+    while significant > 1 and digits[significant - 1] == 0:
+        significant -= 1
+        exponent += 1
+    if amount == 0:
+        return True
+    return significant + exponent <= AMOUNT_MAX_INTEGER_DIGITS and -exponent <= AMOUNT_MAX_FRACTION_DIGITS
+
+
+def amount_parsed(raw: Any, *, field: str) -> Decimal:
+    """A client's amount (a decimal string, ``"0.0042"``, exponent form allowed) within the bounds
+    above, or ``InvalidInput`` naming ``field``. Negative zero is zero."""
+    bounds = (f"a non-negative decimal string with at most {AMOUNT_MAX_INTEGER_DIGITS} digits before the point "
+              f"and {AMOUNT_MAX_FRACTION_DIGITS} after it, e.g. \"0.0042\"")
+    amount: Decimal | None = None
+    if isinstance(raw, str) and len(raw) <= AMOUNT_MAX_CHARS:
+        try:
+            amount = Decimal(raw)
+        except InvalidOperation:
+            amount = None
+    if amount is None or not amount_within_bounds(amount):
+        raise InvalidInput(f"{field} must be {bounds}", {field: bounds})
+    return abs(amount) if amount == 0 else amount
+
+
 def reported_cost(cost: Any) -> tuple[Decimal, str]:
     """What a provider reported a call cost, ``{"amount": "<decimal>", "currency": "USD"}``, checked."""
     if not isinstance(cost, dict) or set(cost) - {"amount", "currency"}:
         raise InvalidInput("payload.cost must be {amount, currency}, as the provider reported it",
                            {"payload.cost": "amount (a decimal string) and currency; the backplane adds the rest"})
     currency = cost.get("currency")
-    if not isinstance(currency, str) or len(currency) != 3 or not currency.isalpha() or not currency.isupper():
+    if not isinstance(currency, str) or not re.fullmatch("[A-Z]{3}", currency):
         raise InvalidInput("payload.cost.currency must be an ISO 4217 code", {"payload.cost.currency": "e.g. USD"})
-    amount: Decimal | None = None
-    if isinstance(cost.get("amount"), str):
-        try:
-            amount = Decimal(cost["amount"])
-        except InvalidOperation:
-            amount = None
-    if amount is None or not amount.is_finite() or amount < 0:
-        raise InvalidInput("payload.cost.amount must be a decimal string", {"payload.cost.amount": 'e.g. "0.0042"'})
-    return amount, currency
+    return amount_parsed(cost.get("amount"), field="payload.cost.amount"), currency

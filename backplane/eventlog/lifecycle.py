@@ -27,6 +27,7 @@ def lifecycle_message(
         key=str(task.pk),
         payload=lifecycle_payload(task, previous_status),
         headers={"task_id": str(task.pk), "seq": seq, "event_hash": event_hash, "created_at": format_timestamp(now)},
+        namespace=task.namespace,
         task_id=str(task.pk),
     )
 

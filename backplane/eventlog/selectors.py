@@ -7,7 +7,7 @@ import binascii
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -19,7 +19,7 @@ from django.db.models.expressions import RawSQL
 from psycopg.postgres import types as psycopg_types
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.chain import GENESIS_HASH, api_time_sql, stored_row_hash
+from backplane.eventlog.chain import GENESIS_HASH, api_time_sql
 from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.eventlog.reducer import TRANSITION_TYPES, TaskState, task_reduce
@@ -84,7 +84,7 @@ def chain_verify(
     task: Task,
     replay_from: TaskState | None = None,
     chunk_size: int = 5000,
-    row_hash: Callable[[Sequence[Any]], str] = stored_row_hash,
+    row_hash: Callable[[Sequence[Any]], str],
 ) -> ChainVerification:
     """Recompute every hash of a task's log and check the links and the numbering, up to the
     head the task row records.
@@ -114,7 +114,7 @@ def chain_verify_range(
     through_hash: str,
     replay_from: TaskState | None = None,
     chunk_size: int = 5000,
-    row_hash: Callable[[Sequence[Any]], str] = stored_row_hash,
+    row_hash: Callable[[Sequence[Any]], str],
 ) -> ChainVerification:
     """Check the events ``after_seq + 1 .. through_seq`` of a task, continuing from a verified
     ``(after_seq, after_hash)``: numbering, links and recomputed hashes, as ``chain_verify`` does.
@@ -127,9 +127,9 @@ def chain_verify_range(
     fold the checked events through the reducer; ``state`` is the result when the chain holds.
 
     ``row_hash`` recomputes an event's hash from its stored columns (``chain.HASHED_COLUMNS``,
-    in order, the payload as JSON text). The periodic verification passes an implementation
-    of its own (``backplane.integrity.independent_hash``), so that a bug in the writer's hashing
-    is not shared by the code that checks it.
+    in order, the payload as JSON text). It has no default: every check passes the independent
+    implementation (``backplane.integrity.verification.chain_check``), so that a bug in the
+    writer's hashing is not shared by the code that checks it.
     """
     task_key = str(task_id)
     expected_seq = after_seq + 1
@@ -187,14 +187,6 @@ def chain_verify_range(
         # The loop's last row is the range's last event (the stream ended without a break).
         state = task_reduce(state, StreamedEvent(seq, type_, {}, lamport, recorded, stored))
     return ChainVerification(task_id, True, checked, prev_hash, None, state=state)
-
-
-def chain_verify_all(*, task_ids: list[uuid.UUID] | None = None) -> Iterator[ChainVerification]:
-    tasks = Task.objects.order_by("created_at", "id")
-    if task_ids is not None:
-        tasks = tasks.filter(pk__in=task_ids)
-    for task in tasks.iterator(chunk_size=500):
-        yield chain_verify(task=task)
 
 
 def tasks_visible(*, namespace: str | None) -> QuerySet[Task]:
@@ -272,10 +264,19 @@ def _encode_cursor(task: Task) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+# What ``_encode_cursor`` writes is about 90 characters; anything much longer is not ours, and is
+# refused before it is decoded (a long cursor of ``[`` would otherwise recurse in json.loads).
+CURSOR_MAX_CHARS = 200
+
+
 def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
+        if len(cursor) > CURSOR_MAX_CHARS:
+            raise ValueError("too long")
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, task_id = json.loads(raw)
+        if not isinstance(created_at, str) or not isinstance(task_id, str):
+            raise ValueError("not two strings")
         moment = datetime.fromisoformat(created_at)
         if moment.tzinfo is None:
             raise ValueError("naive")

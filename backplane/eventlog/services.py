@@ -24,12 +24,14 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from backplane.delivery.outbox import RESERVED_TOPIC_WORD, topic_is_reserved
 from backplane.eventlog import costs
 from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
 from backplane.eventlog.errors import (
     IdempotencyMismatch,
     InvalidInput,
+    KindRefused,
     SeqConflict,
     TaskExists,
 )
@@ -84,10 +86,21 @@ def task_create(
     parent_task_id: uuid.UUID | None = None,
     max_attempts: int | None = None,
     metadata: dict[str, Any] | None = None,
+    kinds: Sequence[str] = (),
 ) -> TaskCreateOutcome:
-    """Create a task with ``TaskStarted`` as event 1. Idempotent on ``task_id``."""
+    """Create a task with ``TaskStarted`` as event 1. Idempotent on ``task_id``.
+
+    An agent limited to ``kinds`` creates tasks of those kinds, and sub-tasks (``parent_task_id``)
+    of a task it may write (``check_lease``'s first rule)."""
     ensure_storable_json(input, "input")
     ensure_storable_json(metadata or {}, "metadata")
+    if kinds and kind not in kinds:
+        parent = (Task.objects.filter(pk=parent_task_id, namespace=namespace).only("kind", "created_by").first()
+                  if parent_task_id is not None else None)
+        # A parent that does not exist is the create's own 400, below.
+        if parent_task_id is None or (parent is not None and parent.kind not in kinds and parent.created_by != agent):
+            raise KindRefused(f"this agent creates only tasks of its kinds ({', '.join(kinds)}) and their sub-tasks",
+                              {"kind": kind})
     with transaction.atomic(durable=True):
         return task_create_in_transaction(
             namespace=namespace,
@@ -190,6 +203,7 @@ def event_append(
     agent: str | None,
     expected_seq: int | None = None,
     lease_epoch: int | None = None,
+    kinds: Sequence[str] = (),
 ) -> AppendOutcome:
     """Append one client event to a task's log."""
     return event_append_batch(
@@ -199,6 +213,7 @@ def event_append(
         agent=agent,
         expected_seq=expected_seq,
         lease_epoch=lease_epoch,
+        kinds=kinds,
     )
 
 
@@ -211,8 +226,10 @@ def event_append_batch(
     agent: str | None,
     expected_seq: int | None = None,
     lease_epoch: int | None = None,
+    kinds: Sequence[str] = (),
 ) -> AppendOutcome:
-    """Append client events to one task, all or nothing."""
+    """Append client events to one task, all or nothing, as ``agent`` (limited to ``kinds``,
+    when given: ``check_lease``)."""
     if not drafts:
         raise InvalidInput("events must not be empty", {"events": "at least one event is required"})
     if len(drafts) > settings.BACKPLANE_BATCH_MAX_EVENTS:
@@ -223,7 +240,7 @@ def event_append_batch(
     digests = _validate_client_drafts(drafts)
     with transaction.atomic(durable=True):
         task = lock_task(namespace=namespace, task_id=task_id)
-        check_lease(task, lease_epoch)
+        check_lease(task, lease_epoch, agent=agent, kinds=kinds)
         replay = _find_replay(task, drafts, digests)
         if replay is not None:
             replay_count(task_id=task.pk, kind="event", now=timezone.now())
@@ -291,8 +308,9 @@ def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
             if digest is None:
                 canonical_json(draft.payload)
             _reject_nul(draft.payload, "payload")
-            for item in draft.outbox:
+            for number, item in enumerate(draft.outbox):
                 _reject_nul(item.payload, "outbox")
+                _refuse_reserved_topic(item.topic, f"outbox[{number}].topic")
         except InvalidInput as exc:
             raise InvalidInput(exc.message, {prefix + k: v for k, v in exc.details.items()}) from None
         except CanonicalizationError as exc:
@@ -342,6 +360,15 @@ def ensure_storable_json(value: Any, name: str) -> None:
     except CanonicalizationError as exc:
         raise InvalidInput(f"{name} cannot be represented as canonical JSON", {name: str(exc)}) from None
     _reject_nul(value, name)
+
+
+def _refuse_reserved_topic(topic: str, name: str) -> None:
+    """The backplane's topics (``backplane.*``: lifecycle, alerts, budgets, compensations) are
+    the server's: a client message on one would reach every namespace's subscribers as the
+    backplane's word (delivery/outbox.py, ``topic_is_reserved``)."""
+    if topic_is_reserved(topic):
+        raise InvalidInput(f"outbox topic {topic!r} is reserved for the backplane",
+                           {name: f"topics beginning with '{RESERVED_TOPIC_WORD}.' belong to the server"})
 
 
 def _reject_nul(value: Any, name: str) -> None:

@@ -32,7 +32,7 @@ from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_timestamp
 from backplane.eventlog.costs import ROLLUP_UPSERT_SQL, rollup_records
-from backplane.eventlog.errors import NotFound, SandboxRefused, StaleLease, TaskClosed
+from backplane.eventlog.errors import KindRefused, NotFound, SandboxRefused, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.eventlog.reducer import REDUCED_FIELDS, TaskState, task_reduce, task_state_apply, task_state_of
@@ -109,20 +109,45 @@ def lock_tasks(task_ids: Sequence[uuid.UUID]) -> list[Task]:
     return _TASK_ROWS.fetch_all(_LOCK_TASKS_SQL, [list(task_ids)])
 
 
-def check_lease(task: Task, lease_epoch: int | None, *, now: datetime | None = None) -> None:
-    """Fencing: a leased task takes writes only with its current epoch, and only until the
-    lease expires.
+def check_lease(
+    task: Task,
+    lease_epoch: int | None,
+    *,
+    agent: str | None,
+    kinds: Sequence[str] = (),
+    now: datetime | None = None,
+) -> None:
+    """Fencing and confinement: who may write to ``task`` now (API.md, "Tasks and events").
 
-    Without a lease anyone in the namespace may write, but an epoch that is sent must
-    still be current: its holder may not know yet that its lease expired or was released.
+    ``agent`` is the writing agent's name; None only for the backplane itself (a sweep, the
+    answer a tool the gateway called gave), which no lease fences. In order:
+
+    1. a token limited to ``kinds`` writes only tasks of those kinds, and the tasks it created
+       itself (the sub-tasks it dispatched): another kind is 403, whatever the lease says;
+    2. a leased task takes writes only from its holder, with its current epoch, and only
+       until the lease expires: anyone else is 409 stale_lease even with the right epoch (the
+       epoch is on every reader's copy of the task, so alone it proves nothing);
+    3. without a lease anyone in the namespace may write, but an epoch that is sent must
+       still be current: its holder may not know yet that its lease expired or was released.
+
     Expiry is checked here, at the write, not left to the stall detector: between the
     deadline and the detector's next sweep the holder is already presumed dead, and a write
     it makes then could interleave with the next holder's work.
     """
+    if kinds and task.kind not in kinds and (agent is None or task.created_by != agent):
+        raise KindRefused(
+            f"this agent writes only tasks of its kinds ({', '.join(kinds)})",
+            {"kind": task.kind},
+        )
     if task.is_leased and lease_epoch is None:
         raise StaleLease(
             "the task is leased; send lease_epoch",
             {"lease_epoch": "required while the task is leased"},
+        )
+    if task.is_leased and agent is not None and agent != task.lease_holder:
+        raise StaleLease(
+            "the task is leased by another agent; only the holder writes",
+            {"lease_epoch": lease_epoch},
         )
     if lease_epoch is not None and lease_epoch != task.lease_epoch:
         raise StaleLease(
@@ -199,6 +224,7 @@ def write_events(
             key=item.key or str(task.pk),
             payload=item.payload,
             headers=outbox_headers(task, event, now),
+            namespace=task.namespace,  # the outbox puts it in the headers and scopes the key's order by it
             task_id=str(task.pk),
             event_position=event.position,
         )

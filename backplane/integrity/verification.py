@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from django.db import connection, transaction
@@ -278,7 +278,7 @@ def _heads_after(
 
 def _verify_incremental(head: _Head) -> _Outcome:
     if head.history_changed:
-        found = _chain_verify(task=Task.objects.get(pk=head.task_id))
+        found = chain_check(task=Task.objects.get(pk=head.task_id))
         return _Outcome(head.task_id, found.checked, broken=_rewrite_break(head, found))
     if head.last_seq < head.verified_seq:
         return _Outcome(
@@ -368,20 +368,31 @@ def _chain_verify_confirmed(head: _Head) -> tuple[ChainVerification, TaskState]:
     # locked, so no append can slip in (they wait for this lock).
     with transaction.atomic(durable=True):
         task = Task.objects.select_for_update().get(pk=head.task_id)
-        return _chain_verify(task=task, replay_from=TaskState()), task_state_of(task)
+        return chain_check(task=task, replay_from=TaskState()), task_state_of(task)
 
 
-def _chain_verify(*, task: Task, replay_from: TaskState | None = None) -> ChainVerification:
-    """``selectors.chain_verify`` with the hashes recomputed by ``independent_hash``."""
+def chain_check(*, task: Task, replay_from: TaskState | None = None) -> ChainVerification:
+    """The one chain check (the API, the periodic runs, ``manage.py verify_chain``): the log's
+    numbering and links, and every hash recomputed by ``independent_hash``, never by the
+    writer's own hashing, which would agree with any mistake the writer makes."""
     return chain_verify(task=task, replay_from=replay_from, row_hash=independent_hash.row_hash)
+
+
+def chains_check(*, task_ids: list[uuid.UUID] | None = None) -> Iterator[ChainVerification]:
+    """``chain_check`` of every task (or of ``task_ids``), oldest first."""
+    tasks = Task.objects.order_by("created_at", "id")
+    if task_ids is not None:
+        tasks = tasks.filter(pk__in=task_ids)
+    for task in tasks.iterator(chunk_size=500):
+        yield chain_check(task=task)
 
 
 def _rewrite_break(head: _Head, found: ChainVerification) -> tuple[int, str]:
     """Where to report a change behind the verified head.
 
-    _chain_verify names the first bad seq when it finds one at or before the pinned seq.
+    chain_check names the first bad seq when it finds one at or before the pinned seq.
     Otherwise the history was rewritten and re-hashed consistently up to there (a
-    problem _chain_verify reports further on, say a stale task row, changes nothing),
+    problem chain_check reports further on, say a stale task row, changes nothing),
     and the pinned seq is the first one that can be proved bad.
     """
     pinned = head.verified_seq

@@ -26,10 +26,12 @@ EVENT_TABLE = "backplane_event"
 def grant(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     role = sql.Identifier(settings.BACKPLANE_DB_APP_ROLE)
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [settings.BACKPLANE_DB_APP_ROLE])
-        if cursor.fetchone() is None:
-            cursor.execute(sql.SQL(
-                "CREATE ROLE {} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS").format(role))
+        # Roles are the cluster's, not the database's: two databases migrated at once (the test
+        # workers' on one server) may both find the role missing, and the second CREATE then
+        # fails on the catalogue's unique index. Either error means the role is there.
+        cursor.execute(sql.SQL(
+            "DO $$ BEGIN CREATE ROLE {} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;"
+            " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$").format(role))
         statements = [
             "GRANT USAGE ON SCHEMA public TO {role}",
             f"GRANT {TABLE_PRIVILEGES} ON ALL TABLES IN SCHEMA public TO {{role}}",

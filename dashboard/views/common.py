@@ -1,4 +1,5 @@
-"""What every dashboard view shares: who may look, and reading query parameters."""
+"""What every dashboard view shares: who may look and act (declared on each view), and reading
+query parameters."""
 
 from __future__ import annotations
 
@@ -10,21 +11,14 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from dashboard.access import may_review, may_view_dashboard
+from backplane.delivery.models import REVIEW_PERMISSION
+from dashboard.access import may_hold, may_log_in
+from recovery.models import OPERATE_PERMISSION, VIEW_PERMISSION
 
 View = Callable[..., HttpResponse]
 
-
-def staff_only(view: View) -> View:
-    @functools.wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        if not may_view_dashboard(request.user):
-            return render(request, "dashboard/forbidden.html", status=403)
-        return view(request, *args, **kwargs)
-
-    return wrapped
+# Who holds each permission, for the refusal's words (docs/production.md, "Roles").
+_ROLES = {VIEW_PERMISSION: "Viewers", OPERATE_PERMISSION: "Operators", REVIEW_PERMISSION: "Reviewers"}
 
 
 def wants_json(request: HttpRequest) -> bool:
@@ -36,23 +30,61 @@ def json_error(status: int, code: str, message: str, details: dict[str, Any] | N
     return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
 
 
-def reviewers_only(what: str) -> Callable[[View], View]:
-    """Staff first (``staff_only``), then the review permission, checked by the server on every
-    decision whatever the page showed: 403 (JSON for scripts) and nothing changed."""
+def staff_permission_required(*permissions: str, what: str) -> Callable[[View], View]:
+    """Django's ``permission_required`` for the dashboard: the login page for someone logged out,
+    then an active staff user (the gate to log in at all) holding one of ``permissions``, checked
+    by the server on every request whatever the page showed; anyone else gets 403 (JSON for
+    scripts) and nothing changes."""
+    names = " or ".join(p.partition(".")[2] for p in permissions)
+    groups = " or ".join(_ROLES[p] for p in permissions if p in _ROLES)
+    message = f"{what} needs the {names} permission" + (f" (the {groups} group)." if groups else ".")
 
     def decorate(view: View) -> View:
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if not may_review(request.user):
-                message = f"{what} needs the review_deadletter permission (the Reviewers group)."
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            if not may_log_in(request.user):  # the forbidden page says the dashboard is for staff
+                return render(request, "dashboard/forbidden.html", status=403)
+            if not any(may_hold(request.user, permission) for permission in permissions):
                 if wants_json(request):
                     return json_error(403, "permission_denied", message)
                 return render(request, "dashboard/forbidden.html", {"message": message}, status=403)
             return view(request, *args, **kwargs)
 
-        return staff_only(wrapped)
+        return wrapped
 
     return decorate
+
+
+# Reading any page: the viewer's permission, which every role holds.
+viewers_only = staff_permission_required(VIEW_PERMISSION, what="The dashboard")
+
+
+def operators_only(what: str) -> Callable[[View], View]:
+    """Cancel, pause, fork, budgets, verification runs: the operator's permission."""
+    return staff_permission_required(OPERATE_PERMISSION, what=what)
+
+
+def viewers_read_operators_write(what: str) -> Callable[[View], View]:
+    """A page that reads on GET and writes on POST: the viewer's permission to read it, the
+    operator's to write."""
+
+    def decorate(view: View) -> View:
+        read, write = viewers_only(view), operators_only(what)(view)
+
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            return (read if request.method in ("GET", "HEAD") else write)(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorate
+
+
+def reviewers_only(what: str) -> Callable[[View], View]:
+    """Dead letters, bulk jobs, circuit breakers: the reviewer's permission (``review_deadletter``)."""
+    return staff_permission_required(REVIEW_PERMISSION, what=what)
 
 
 def int_param(request: HttpRequest, name: str) -> int | None:

@@ -41,7 +41,7 @@ from dashboard.dead_letter_forms import (
 )
 from dashboard.selectors import EVENT_PAGE_SIZE
 from dashboard.templatetags.dashboard import pretty_json
-from dashboard.views.common import json_error, reviewers_only, staff_only, wants_json
+from dashboard.views.common import json_error, reviewers_only, viewers_only, wants_json
 from recovery import bulk, dead_letters
 
 PAGE_SIZE = 50
@@ -63,7 +63,7 @@ def decided_by(request: HttpRequest) -> str:
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def queue(request: HttpRequest) -> HttpResponse:
     """Pending first, oldest first; filters; keyset pages; the first page follows new ones live
@@ -156,7 +156,7 @@ def _render_detail(request: HttpRequest, item: DeadLetter, *, bound: dict[str, A
 
 
 @require_GET
-@staff_only
+@viewers_only
 def detail(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     return _render_detail(request, _dead_letter(dead_letter_id))
 

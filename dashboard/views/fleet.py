@@ -14,7 +14,7 @@ from backplane.eventlog.models import Agent, user_actor
 from backplane.runtime.replica import replica_reads
 from dashboard import selectors
 from dashboard.access import may_review
-from dashboard.views.common import reviewers_only, staff_only
+from dashboard.views.common import reviewers_only, viewers_only
 from recovery import selectors as recovery
 from recovery.breakers import breaker_reset
 from recovery.gateway import tool_breaker_reset
@@ -22,7 +22,7 @@ from recovery.models import Tool
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def agents_page(request: HttpRequest) -> HttpResponse:
     agents = recovery.agents_overview()
@@ -63,7 +63,7 @@ def tool_breaker_reset_view(request: HttpRequest, tool_id: int) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def outbox_page(request: HttpRequest) -> HttpResponse:
     return render(

@@ -14,18 +14,19 @@ from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
-from dashboard.views.common import staff_only
+from dashboard.access import namespace_of
+from dashboard.views.common import operators_only, viewers_only
 from recovery import fleet
 
 NAV = "pauses"
 
 
 @require_POST
-@staff_only
+@operators_only("Cancelling a task")
 def task_cancel_view(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     try:
-        task = fleet.task_cancel(namespace=None, task_id=task_id, cancelled_by=user_actor(request.user),
-                                 reason=request.POST.get("reason", ""),
+        task = fleet.task_cancel(namespace=namespace_of(request.user), task_id=task_id,
+                                 cancelled_by=user_actor(request.user), reason=request.POST.get("reason", ""),
                                  compensate=request.POST.get("compensate") == "on")
     except BackplaneError as exc:
         messages.error(request, f"Not cancelled: {exc.message}.")
@@ -38,7 +39,7 @@ def task_cancel_view(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def pauses_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/pauses.html", {
         "nav": NAV, "in_force": fleet.pauses_in_force(), "lifted": fleet.pauses_recently_lifted(),
@@ -47,7 +48,7 @@ def pauses_page(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_only
+@operators_only("Pausing work")
 def pause_set_view(request: HttpRequest) -> HttpResponse:
     form = request.POST
     try:
@@ -62,7 +63,7 @@ def pause_set_view(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_only
+@operators_only("Resuming work")
 def pause_resume_view(request: HttpRequest, pause_id: int) -> HttpResponse:
     try:
         pause = fleet.pause_lift(pause_id=pause_id, resumed_by=user_actor(request.user),

@@ -1,8 +1,8 @@
 """Forks and drift in the dashboard: fork a task after one of its events, compare two tasks'
 histories side by side, and fork many tasks from just before their failure.
 
-Every logged-in staff user may fork, in any namespace (staff sessions may over the API too); the
-fork's log records who as ``user:<username>``, with ``by_staff``. Writes go through
+Operators fork (staff with ``recovery.operate_backplane``; over the API too), in any namespace or
+the one they are scoped to; the fork's log records who as ``user:<username>``, with ``by_staff``. Writes go through
 ``backplane.eventlog.forks``; a refusal (a sandbox forked into production, an event that is not
 there) is shown on the page with the contract's message, and nothing is written.
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -28,8 +28,8 @@ from backplane.eventlog.models import Task, user_actor
 from dashboard import selectors
 from dashboard.fork_forms import CompareForm, ForkForm, ForkJobForm
 from dashboard.forms import TaskFilterForm
-from dashboard.views.common import int_param, reviewers_only, staff_only
-from dashboard.views.pages import render_task_page
+from dashboard.views.common import int_param, operators_only, reviewers_only, viewers_only
+from dashboard.views.pages import render_task_page, scoped_task
 from recovery import bulk
 from recovery.models import BulkAction
 
@@ -45,11 +45,11 @@ def forked_by(request: HttpRequest) -> str:
 
 
 @require_POST
-@staff_only
+@operators_only("Forking a task")
 def task_fork(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     """"Fork from here": a new task continues this one's history after event ``at_seq``; on
     success, the fork's page."""
-    task = get_object_or_404(Task, pk=task_id)
+    task = scoped_task(request, task_id)
     form = ForkForm(request.POST)
     if not form.is_valid():
         return render_task_page(request, task, fork_form=form, status=400)
@@ -83,10 +83,10 @@ def task_fork(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def task_compare(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     """The task page's "compare with task id" form: the diff of this task (a) with that one (b)."""
-    task = get_object_or_404(Task, pk=task_id)
+    task = scoped_task(request, task_id)
     form = CompareForm(request.GET, auto_id="compare_%s")
     if not form.is_valid():
         messages.error(request, "Not compared: " + " ".join(str(error) for error in form.errors.get("other", [])))
@@ -111,12 +111,13 @@ def _expand_param(request: HttpRequest) -> tuple[int, int] | None:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def task_diff(request: HttpRequest, task_id: uuid.UUID, other_id: uuid.UUID) -> HttpResponse:
     """Two histories side by side as ``tasks_drift`` aligns them (a is ``task_id``)."""
     expand = _expand_param(request)
     try:
-        drift = selectors.drift_page(a_id=task_id, b_id=other_id, page=int_param(request, "page"), expand=expand)
+        drift = selectors.drift_page(a_id=scoped_task(request, task_id).pk, b_id=scoped_task(request, other_id).pk,
+                                     page=int_param(request, "page"), expand=expand)
     except NotFound:
         raise Http404("no such task") from None
     return render(request, "dashboard/forks/diff.html", {

@@ -19,7 +19,9 @@ from backplane.integrity import selectors as integrity
 from backplane.integrity.models import VerificationMode, VerificationRun
 from backplane.integrity.verification import integrity_alert_acknowledge, verification_run_request_full
 from backplane.runtime.replica import replica_reads
-from dashboard.views.common import json_error, staff_only
+from dashboard.views.common import json_error, operators_only, staff_permission_required, viewers_only
+
+ACKNOWLEDGE_PERMISSION = "backplane.acknowledge_integrityalert"
 
 
 def run_as_json(run: VerificationRun) -> dict[str, Any]:
@@ -38,7 +40,7 @@ def run_as_json(run: VerificationRun) -> dict[str, Any]:
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def integrity_page(request: HttpRequest) -> HttpResponse:
     heads = integrity.tree_heads_recent()
@@ -59,7 +61,7 @@ def integrity_page(request: HttpRequest) -> HttpResponse:
                                      None),
             "last_full": next((r for r in runs if r.mode == VerificationMode.FULL and r.finished_at), None),
             "alerts": integrity.integrity_alerts_open(),
-            "may_acknowledge": request.user.has_perm("backplane.acknowledge_integrityalert"),
+            "may_acknowledge": request.user.has_perm(ACKNOWLEDGE_PERMISSION),
             "latest_head": latest,
             "seal_chart": {"sizes": [h.tree_size for h in heads], "times": [h.signed_at for h in heads]},
             "segments": integrity.audit_segments_recent(),
@@ -69,7 +71,7 @@ def integrity_page(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_only
+@operators_only("Starting a verification run")
 def verify_all(request: HttpRequest) -> HttpResponse:
     run = verification_run_request_full(requested_by=request.user.get_username())
     if request.headers.get("Accept", "").startswith("application/json"):
@@ -79,7 +81,7 @@ def verify_all(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def run_progress(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
         run = integrity.verification_run_progress(run_id=run_id)
@@ -89,10 +91,8 @@ def run_progress(request: HttpRequest, run_id: int) -> JsonResponse:
 
 
 @require_POST
-@staff_only
+@staff_permission_required(ACKNOWLEDGE_PERMISSION, what="Acknowledging an integrity alert")
 def acknowledge_alert(request: HttpRequest, alert_id: int) -> HttpResponse:
-    if not request.user.has_perm("backplane.acknowledge_integrityalert"):
-        return render(request, "dashboard/forbidden.html", status=403)
     note = (request.POST.get("note") or "").strip()
     try:
         integrity_alert_acknowledge(alert_id=alert_id, by=request.user.get_username(), note=note)
@@ -104,7 +104,7 @@ def acknowledge_alert(request: HttpRequest, alert_id: int) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def proof_download(request: HttpRequest) -> HttpResponse:
     """One event's inclusion-proof bundle as a file (``check-proof`` verifies it offline)."""
     try:

@@ -20,7 +20,7 @@ from backplane.eventlog.models import user_actor
 from backplane.runtime.replica import replica_reads
 from dashboard.access import may_review
 from dashboard.forms import TaskFilterForm
-from dashboard.views.common import int_param, reviewers_only, staff_only
+from dashboard.views.common import int_param, reviewers_only, viewers_only
 from recovery import bulk, selectors
 from recovery.models import BulkAction, BulkItemStatus, BulkJob, BulkJobStatus
 
@@ -64,7 +64,7 @@ def job_progress(job: BulkJob) -> dict[str, Any]:
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def job_list(request: HttpRequest) -> HttpResponse:
     jobs, next_cursor = selectors.bulk_jobs_recent(limit=50, before_id=int_param(request, "cursor") or None)
@@ -81,7 +81,7 @@ def _new_page(request: HttpRequest, form: JobDryRunForm, *, status: int = 200,
         "may_review": may_review(request.user)}, status=status)
 
 
-@staff_only
+@viewers_only
 def job_new(request: HttpRequest) -> HttpResponse:
     """GET: the dry-run form over the task list's filter (``?query=``). POST: the dry run."""
     if request.method != "POST":
@@ -110,7 +110,7 @@ def _job_dry_run(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(BulkJob, pk=job_id)
     by_status = []
@@ -128,7 +128,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def job_progress_json(request: HttpRequest, job_id: int) -> JsonResponse:
     return JsonResponse(job_progress(get_object_or_404(BulkJob, pk=job_id)))
 

@@ -14,6 +14,7 @@ integrity, the dead-letter queue, the job list).
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -26,15 +27,16 @@ from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Task
+from backplane.eventlog.selectors import TaskFilters
 from backplane.integrity.verification import task_chain_verify_now
 from backplane.runtime.duties import duties_state
 from backplane.runtime.replica import replica_reads
 from dashboard import selectors
-from dashboard.access import may_review
+from dashboard.access import may_review, namespace_of
 from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
 from dashboard.views import searches
-from dashboard.views.common import int_param, staff_only
+from dashboard.views.common import int_param, operators_only, viewers_only
 from recovery.fleet import pause_blocking, pauses_in_force
 from recovery.selectors import recovery_context
 
@@ -57,7 +59,7 @@ def _overview_parts(request: HttpRequest) -> dict[str, Any]:
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def overview(request: HttpRequest) -> HttpResponse:
     feed = selectors.feed_events()
@@ -77,7 +79,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def overview_live(request: HttpRequest) -> JsonResponse:
     """What an open overview needs after a notice: tiles, pinned searches, alerts, pauses, the
@@ -106,7 +108,7 @@ def overview_live(request: HttpRequest) -> JsonResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 @replica_reads
 def task_list(request: HttpRequest) -> HttpResponse:
     form = TaskFilterForm(request.GET)
@@ -114,10 +116,10 @@ def task_list(request: HttpRequest) -> HttpResponse:
     error = None
     if form.is_valid():
         try:
-            page = selectors.task_page(form.filters(), cursor=request.GET.get("cursor") or None)
+            page = selectors.task_page(scoped_filters(request, form), cursor=request.GET.get("cursor") or None)
         except selectors.BadCursor:
             error = "That page link is not valid any more; showing the first page."
-            page = selectors.task_page(form.filters())
+            page = selectors.task_page(scoped_filters(request, form))
     query = request.GET.copy()
     query.pop("cursor", None)
     query.pop("partial", None)
@@ -134,8 +136,17 @@ def task_list(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/tasks.html", context, status=200 if form.is_valid() else 400)
 
 
-def _task(task_id: uuid.UUID) -> Task:
-    return get_object_or_404(Task, pk=task_id)
+def scoped_filters(request: HttpRequest, form: TaskFilterForm) -> TaskFilters:
+    """The list's filters; a user scoped to a namespace sees only that namespace's tasks."""
+    filters = form.filters()
+    scope = namespace_of(request.user)
+    return filters if scope is None else dataclasses.replace(filters, namespace=scope)
+
+
+def scoped_task(request: HttpRequest, task_id: uuid.UUID) -> Task:
+    """The task, 404 when it is not in the namespace the user is scoped to (as in the API)."""
+    scope = namespace_of(request.user)
+    return get_object_or_404(Task, pk=task_id, **({} if scope is None else {"namespace": scope}))
 
 
 def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
@@ -150,9 +161,9 @@ def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
-    return render_task_page(request, _task(task_id))
+    return render_task_page(request, scoped_task(request, task_id))
 
 
 def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | None = None, fork_error: str = "",
@@ -189,11 +200,11 @@ def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | 
 
 
 @require_GET
-@staff_only
+@viewers_only
 def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     """What an open task page missed: the events after ``after_seq``, the header, the family
     and the timeline, rendered by the same templates as the page."""
-    task = _task(task_id)
+    task = scoped_task(request, task_id)
     after = int_param(request, "after_seq") or 0
     rows = selectors.event_rows(task, after_seq=after)
     parts = _task_parts(request, task)
@@ -211,18 +222,18 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def task_recovery_context(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     """The recovery context exactly as the next agent would receive it (API.md), as a fragment."""
-    context = recovery_context(namespace=None, task_id=_task(task_id).pk)
+    context = recovery_context(namespace=None, task_id=scoped_task(request, task_id).pk)
     return render(request, "dashboard/_recovery_context.html", {"context": context})
 
 
 @require_POST
-@staff_only
+@operators_only("Verifying a chain")
 def task_verify(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     """"Verify chain now": the task's whole chain, recorded as an on-demand verification run."""
-    run = task_chain_verify_now(task_id=_task(task_id).pk, requested_by=request.user.get_username())
+    run = task_chain_verify_now(task_id=scoped_task(request, task_id).pk, requested_by=request.user.get_username())
     chain = selectors.chain_state(task_id)
     return JsonResponse(
         {

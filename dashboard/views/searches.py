@@ -21,7 +21,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from backplane.eventlog.errors import BackplaneError, InvalidInput
 from backplane.eventlog.models import user_actor
 from dashboard.forms import TaskFilterForm
-from dashboard.views.common import json_error, staff_only, wants_json
+from dashboard.views.common import (
+    json_error,
+    operators_only,
+    viewers_only,
+    viewers_read_operators_write,
+    wants_json,
+)
 from recovery import alerts
 from recovery.models import AlertRule, SavedSearch
 
@@ -44,7 +50,7 @@ def task_list_query(search: SavedSearch) -> str:
 
 
 @require_http_methods(["GET", "POST"])
-@staff_only
+@viewers_read_operators_write("Saving a search")
 def searches_page(request: HttpRequest) -> HttpResponse:
     """GET: every saved search with its live count and rules (``?partial=counts``: only the counts,
     for the page's script). POST: save the task list's filter."""
@@ -82,7 +88,7 @@ def _save(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@staff_only
+@viewers_only
 def saved_search_open(request: HttpRequest, slug: str) -> HttpResponse:
     """A saved search's shareable URL: the task list with its filter."""
     search = get_object_or_404(SavedSearch, slug=slug)
@@ -94,7 +100,7 @@ def saved_search_open(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 @require_POST
-@staff_only
+@operators_only("Pinning a search")
 def saved_search_pin_view(request: HttpRequest, search_id: int) -> HttpResponse:
     pinned = request.POST.get("pinned") == "1"
     try:
@@ -106,7 +112,7 @@ def saved_search_pin_view(request: HttpRequest, search_id: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@staff_only
+@viewers_read_operators_write("Deleting a search")
 def saved_search_delete_view(request: HttpRequest, search_id: int) -> HttpResponse:
     """GET asks; POST with ``confirm=yes`` deletes the search and its rules."""
     search = get_object_or_404(SavedSearch, pk=search_id)
@@ -133,7 +139,7 @@ def _whole_number(raw: str, field: str) -> int:
 
 
 @require_POST
-@staff_only
+@operators_only("Adding an alert rule")
 def alert_rule_create_view(request: HttpRequest, search_id: int) -> HttpResponse:
     back = reverse("dashboard:searches")
     try:
@@ -150,7 +156,7 @@ def alert_rule_create_view(request: HttpRequest, search_id: int) -> HttpResponse
 
 
 @require_http_methods(["GET", "POST"])
-@staff_only
+@viewers_read_operators_write("Deleting an alert rule")
 def alert_rule_delete_view(request: HttpRequest, rule_id: int) -> HttpResponse:
     rule = get_object_or_404(AlertRule.objects.select_related("search"), pk=rule_id)
     if request.method == "GET" or request.POST.get("confirm") != "yes":

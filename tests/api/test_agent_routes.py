@@ -12,8 +12,9 @@ from rest_framework.test import APIClient
 
 from backplane.api.routes import AgentRoute
 from backplane.eventlog import services
-from backplane.eventlog.models import Agent
+from backplane.eventlog.models import Agent, Event
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
+from tests.support.roles import role_group
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +31,9 @@ AGENT_ROUTES = [
 
 def staff_client(*, enforce_csrf_checks: bool = False) -> APIClient:
     client = APIClient(enforce_csrf_checks=enforce_csrf_checks)
-    client.force_login(User.objects.get_or_create(username="rita", is_staff=True)[0])
+    user, _ = User.objects.get_or_create(username="rita", is_staff=True)
+    user.groups.add(role_group("Operators"))  # reads as a viewer; an operator is still no agent
+    client.force_login(user)
     return client
 
 
@@ -124,14 +127,17 @@ def test_head_and_options(alice: AgentClient) -> None:
     assert (options.status_code, options.content, options["Allow"]) == (204, b"", "GET, POST, HEAD, OPTIONS")
 
 
-def test_a_staff_session_write_needs_its_csrf_token(alice: AgentClient) -> None:
+def test_a_staff_session_write_is_checked_for_csrf_then_refused(alice: AgentClient) -> None:
+    """CSRF first, as DRF decides it; then the route's own rule: staff do not write as agents."""
     task = create_task(alice)
     url = f"/api/v1/tasks/{task['task_id']}/events/"
     error = assert_error(staff_client(enforce_csrf_checks=True).post(url, {"type": "LeadScored", "payload": {}},
                                                                     format="json"), 403, "permission_denied")
     assert error["message"].startswith("CSRF Failed")
-    written = staff_client().post(url, {"type": "LeadScored", "payload": {}}, format="json")
-    assert written.status_code == 201 and written.json()["agent"] == "user:rita"
+    refused = assert_error(staff_client().post(url, {"type": "LeadScored", "payload": {}}, format="json"),
+                           403, "permission_denied")
+    assert refused["message"].startswith("this route writes as an agent")
+    assert Event.objects.filter(task_id=task["task_id"]).count() == 1
 
 
 def test_a_user_who_is_not_staff_is_not_authenticated(alice: AgentClient) -> None:

@@ -20,7 +20,7 @@ def reviewer(db) -> APIClient:  # type: ignore[no-untyped-def]
     user = User.objects.create_user("rita", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="review_deadletter"))
     client = APIClient()
-    client.login(username="rita", password="pw")
+    client.force_login(user)
     return client
 
 
@@ -38,9 +38,8 @@ def test_agents_and_plain_staff_get_403(alice, dead_letter, db) -> None:  # type
     assert_error(alice.get("/api/v1/dead-letters/"), 403, "permission_denied")
     assert_error(alice.post(f"/api/v1/dead-letters/{dead_letter.pk}/discard/", {"reason": "x"}, format="json"),
                  403, "permission_denied")
-    User.objects.create_user("sam", password="pw", is_staff=True)
     staff = APIClient()
-    staff.login(username="sam", password="pw")
+    staff.force_login(User.objects.create_user("sam", password="pw", is_staff=True))
     assert_error(staff.get("/api/v1/dead-letters/"), 403, "permission_denied")
     assert DeadLetter.objects.get().status == "pending"
 

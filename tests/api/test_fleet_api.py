@@ -5,19 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from backplane.eventlog.models import Event, Task
 from recovery.models import Pause
 from tests.api.conftest import AgentClient, assert_error, claim, create_task, row_counts
+from tests.support.roles import staff_user
 
 
 @pytest.fixture
 def staff(db: None) -> APIClient:
-    User.objects.create_user("dana", password="pw", is_staff=True)
+    """An operator: staff in the Operators group."""
     client = APIClient()
-    client.login(username="dana", password="pw")
+    client.force_login(staff_user("dana", "Operators"))
     return client
 
 

@@ -323,10 +323,10 @@ def test_a_forks_verify_checks_its_provenance(alice: AgentClient, worked: dict[s
 
 
 def test_staff_fork_in_any_namespace_and_a_long_username_is_recorded_cut(worked: dict[str, Any]) -> None:
-    from django.contrib.auth.models import User
+    from tests.support.roles import staff_user
 
     staff = APIClient()
-    staff.force_login(User.objects.create_user("o" * 150, is_staff=True))
+    staff.force_login(staff_user("o" * 150, "Operators"))
     response = fork(staff, worked["task_id"], at_seq=2)
     assert response.status_code == 201, response.content
     forked = Event.objects.get(task_id=response.json()["task_id"], seq=2)

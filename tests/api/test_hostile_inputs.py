@@ -472,3 +472,178 @@ def test_live_a_path_without_its_slash_is_the_same_route(web: WebProcess, live_t
     slashed = httpx.get(f"{web.url}/api/v1/tasks/{task_id}/", headers=headers, timeout=10)
     assert got.status_code == 200 and got.json() == slashed.json()
     assert_error(httpx.get(f"{web.url}/api/v1/nope", headers=headers), 404, "not_found")
+
+
+# --- issue 39: amounts, charsets, cursors and query values past what is stored ----------------
+
+
+def llm_called(cost: Any) -> dict[str, Any]:
+    from backplane.eventlog.event_types import prompt_sha256
+
+    return {"type": "LLMCalled", "payload": {"model": "m", "prompt_sha256": prompt_sha256("p"), "output": {},
+                                             "cost": cost}}
+
+
+@pytest.mark.parametrize("amount", ["1E-99999", "1E+99999999999", "-0.01", "0.0000000000001", "1000000000000",
+                                    "NaN", "sNaN", "Infinity", "1" * 65, "", "0x10", " "])
+def test_an_amount_past_its_bounds_is_400_naming_the_field(alice: AgentClient, counts: Counts, amount: str) -> None:
+    task = create_task(alice, kind="k")
+    before = counts()
+    response = alice.post(f"/api/v1/tasks/{task['task_id']}/events/", llm_called({"amount": amount, "currency": "USD"}),
+                          format="json")
+    assert "payload.cost.amount" in assert_error(response, 400, "validation_error")["details"]
+    assert counts() == before
+
+
+@pytest.mark.parametrize(("amount", "stored"), [("0.00420", "0.0042"), ("1.50E+1", "15"), ("-0", "0"),
+                                                ("999999999999.999999999999", "999999999999.999999999999"),
+                                                ("1E-12", "0.000000000001"), ("100", "100")])
+def test_an_amount_is_stored_in_one_plain_text(alice: AgentClient, amount: str, stored: str) -> None:
+    task = create_task(alice, kind="k")
+    response = alice.post(f"/api/v1/tasks/{task['task_id']}/events/", llm_called({"amount": amount, "currency": "USD"}),
+                          format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["payload"]["cost"]["amount"] == stored
+
+
+def test_a_token_count_past_its_bound_is_400(alice: AgentClient, counts: Counts) -> None:
+    task = create_task(alice, kind="k")
+    body = llm_called({"amount": "1", "currency": "USD"})
+    body["payload"]["usage"] = {"input_tokens": 10**12 + 1}
+    before = counts()
+    response = alice.post(f"/api/v1/tasks/{task['task_id']}/events/", body, format="json")
+    assert "payload.usage.input_tokens" in assert_error(response, 400, "validation_error")["details"]
+    assert counts() == before
+
+
+@pytest.mark.parametrize("amount", ["1E-99999", "1E+99999999999"])
+def test_a_tool_cost_past_its_bounds_is_400(world: dict[str, Any], counts: Counts, amount: str) -> None:
+    before = counts()
+    response = world["agent"].post(f"/api/v1/tool-calls/{world['key']}/result/", {
+        "status": "succeeded", "result": {}, "cost": {"amount": amount, "currency": "USD"}}, format="json")
+    assert "cost.amount" in assert_error(response, 400, "validation_error")["details"]
+    assert counts() == before
+
+
+@pytest.mark.parametrize("limit", ["1E+99999999999", "1E-99999", "NaN", "-1", "Infinity"])
+def test_a_budget_limit_past_its_bounds_is_400(admin_client: Any, limit: str) -> None:
+    response = admin_client.post("/api/v1/budgets/", {"scope": "namespace", "key": "acme", "period": "day",
+                                                      "unit": "currency", "currency": "USD", "limit": limit,
+                                                      "reason": "r"}, content_type="application/json")
+    assert "limit" in assert_error(response, 400, "validation_error")["details"]
+
+
+def test_a_budget_limit_of_nan_from_the_dashboard_is_refused_not_a_500(admin_client: Any) -> None:
+    from recovery.models import Budget
+
+    response = admin_client.post("/budgets/set/", {"scope": "namespace", "key": "acme", "period": "day",
+                                                            "unit": "currency", "currency": "USD", "limit": "NaN",
+                                                            "reason": "r"})
+    assert response.status_code in (302, 303, 404), response.content[:300]
+    assert not Budget.objects.exists()
+
+
+NOT_UTF8 = ["unicode_escape", "latin-1", "utf-16", "utf-7", "cp1252", "bogus", "raw_unicode_escape", "utf-8-sig",
+            '"unicode_escape"']
+UTF8_SPELLINGS = ["utf-8", "UTF-8", "UTF8", "utf8", '"utf-8"', "us-ascii", "US-ASCII"]
+SURROGATE_BODY = b'{"kind": "k", "input": {"s": "\\ud800"}}'
+
+
+@pytest.mark.parametrize("charset", NOT_UTF8)
+def test_a_charset_other_than_utf8_is_415_on_every_kind_of_route(
+    world: dict[str, Any], counts: Counts, charset: str
+) -> None:
+    before = counts()
+    agent = world["agent"]
+    content_type = f"application/json; charset={charset}"
+    # DRF's route (task create) and an agent route (append)
+    assert_error(agent.post("/api/v1/tasks/", SURROGATE_BODY, content_type=content_type), 415, "unsupported_media_type")
+    append = json.dumps({"type": "Noted", "payload": {"s": "é"}}).encode()
+    assert_error(agent.post(f"/api/v1/tasks/{world['task']}/events/", append, content_type=content_type),
+                 415, "unsupported_media_type")
+    assert counts() == before
+
+
+@pytest.mark.parametrize("charset", UTF8_SPELLINGS)
+def test_utf8_in_any_spelling_is_accepted(alice: AgentClient, charset: str) -> None:
+    content_type = f"application/json; charset={charset}"
+    created = alice.post("/api/v1/tasks/", json.dumps({"kind": "k", "input": {"s": "plain"}}).encode(),
+                         content_type=content_type)
+    assert created.status_code == 201, created.content
+    appended = alice.post(f"/api/v1/tasks/{created.json()['task_id']}/events/",
+                          json.dumps({"type": "Noted", "payload": {}}).encode(), content_type=content_type)
+    assert appended.status_code == 201, appended.content
+
+
+@pytest.mark.parametrize("cursor", [
+    pytest.param("WyJb" * 700, id="long"),
+    pytest.param(__import__("base64").urlsafe_b64encode(b"[" * 2000).decode(), id="2000 brackets"),
+    pytest.param(__import__("base64").urlsafe_b64encode(b"[" * 100).decode(), id="100 brackets"),
+    pytest.param(__import__("base64").urlsafe_b64encode(b"[1, 2]").decode(), id="two numbers"),
+    pytest.param(__import__("base64").urlsafe_b64encode(b'["x", "y", "z"]').decode(), id="three strings"),
+    pytest.param(__import__("base64").urlsafe_b64encode(b'{"a": 1, "b": 2}').decode(), id="an object"),
+    pytest.param("!!!", id="not base64"),
+    pytest.param(__import__("base64").urlsafe_b64encode(b"\xff\xfe").decode(), id="not utf-8"),
+])
+def test_a_cursor_the_api_did_not_write_is_400(alice: AgentClient, cursor: str) -> None:
+    response = alice.get("/api/v1/tasks/", {"cursor": cursor})
+    assert "cursor" in assert_error(response, 400, "validation_error")["details"]
+
+
+def test_a_cursor_of_2000_brackets_on_the_dashboard_is_not_a_500(admin_client: Any) -> None:
+    import base64
+
+    response = admin_client.get("/tasks/", {"cursor": base64.urlsafe_b64encode(b"[" * 2000).decode()})
+    assert response.status_code < 500
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("/api/v1/tasks/{task}/events/?after_seq=9223372036854775808", "after_seq"),
+    ("/api/v1/tasks/{task}/events/?after_seq=-1", "after_seq"),
+    ("/api/v1/tasks/{task}/events/?after_seq=%D9%A3", "after_seq"),
+    ("/api/v1/tasks/{task}/events/?limit=99999999999999999999999", "limit"),
+    ("/api/v1/seals/consistency/?first=9223372036854775808&second=1", "first"),
+    ("/api/v1/seals/consistency/?first=1&second=9223372036854775808", "second"),
+    ("/api/v1/tasks/?kind=a%00b", "query"),
+    ("/api/v1/tasks/?status=%00", "query"),
+])
+def test_a_query_value_postgresql_would_refuse_is_400(world: dict[str, Any], path: str, name: str) -> None:
+    response = world["agent"].get(path.format(task=world["task"]))
+    assert name in assert_error(response, 400, "validation_error")["details"]
+
+
+@pytest.mark.parametrize("path", [
+    "/api/v1/events/9223372036854775808/proof/",
+    "/api/v1/events/99999999999999999999999999/proof/?tree_size=1",
+    "/api/v1/events/1/proof/?tree_size=9223372036854775808",
+    "/api/v1/tool-calls/a%00b/",
+])
+def test_an_id_in_the_path_past_what_postgresql_holds_is_4xx(world: dict[str, Any], path: str) -> None:
+    response = world["agent"].get(path)
+    assert 400 <= response.status_code < 500, response.content[:300]
+    assert set(response.json()) == {"error"}
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs/?cursor=9223372036854775808",
+                                  "/api/v1/jobs/99999999999999999999999/",
+                                  "/api/v1/dead-letters/?cursor=9223372036854775808",
+                                  "/api/v1/jobs/1/items/?status=%00"])
+def test_a_staff_query_past_what_postgresql_holds_is_4xx(admin_client: Any, path: str) -> None:
+    response = admin_client.get(path)
+    assert 400 <= response.status_code < 500, response.content[:300]
+    assert set(response.json()) == {"error"}
+
+
+def test_live_a_charset_of_unicode_escape_with_a_lone_surrogate_is_415_at_once(
+    web: WebProcess, live_token: str
+) -> None:
+    headers = {"Authorization": f"Bearer {live_token}", "Content-Type": "application/json; charset=unicode_escape"}
+    created = httpx.post(f"{web.url}/api/v1/tasks/", json={"kind": "k", "input": {}},
+                         headers={"Authorization": f"Bearer {live_token}"}, timeout=5)
+    before = row_counts()
+    for path in ("/api/v1/tasks/", f"/api/v1/tasks/{created.json()['task_id']}/events/"):
+        body = SURROGATE_BODY if path == "/api/v1/tasks/" else b'{"type": "Noted", "payload": {"s": "\\ud800"}}'
+        assert_error(httpx.post(f"{web.url}{path}", content=body, headers=headers, timeout=5),
+                     415, "unsupported_media_type")
+    assert row_counts() == before
+

@@ -20,15 +20,14 @@ def reviewer(db: None) -> APIClient:
     user = User.objects.create_user("rita", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="review_deadletter"))
     client = APIClient()
-    client.login(username="rita", password="pw")
+    client.force_login(user)
     return client
 
 
 @pytest.fixture
 def plain_staff(db: None) -> APIClient:
-    User.objects.create_user("sam", password="pw", is_staff=True)
     client = APIClient()
-    client.login(username="sam", password="pw")
+    client.force_login(User.objects.create_user("sam", password="pw", is_staff=True))
     return client
 
 

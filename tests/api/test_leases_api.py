@@ -34,7 +34,7 @@ def test_a_claim_takes_the_oldest_pending_task_and_writes_task_claimed(alice) ->
 
 def test_claims_respect_kinds(make_agent) -> None:  # type: ignore[no-untyped-def]
     scorer = make_agent("scorer", "acme", kinds=("scoring",))
-    create_task(scorer, kind="lead-qualification")
+    create_task(make_agent("feeder", "acme"), kind="lead-qualification")
     assert scorer.post("/api/v1/leases/", {}, format="json").status_code == 204
     assert_error(scorer.post("/api/v1/leases/", {"kinds": ["lead-qualification"]}, format="json"),
                  400, "validation_error")
@@ -64,11 +64,10 @@ def test_a_claim_after_a_failed_attempt_says_recovered(alice) -> None:  # type: 
 
 
 def test_staff_sessions_cannot_hold_leases(db, alice) -> None:  # type: ignore[no-untyped-def]
-    from django.contrib.auth.models import User
+    from tests.support.roles import staff_user
 
-    User.objects.create_user("op", password="pw", is_staff=True)
     staff = APIClient()
-    staff.login(username="op", password="pw")
+    staff.force_login(staff_user("op", "Viewers"))
     assert_error(staff.post("/api/v1/leases/", {}, format="json"), 403, "permission_denied")
     task = create_task(alice)
     assert staff.get(f"/api/v1/tasks/{task['task_id']}/").status_code == 200  # staff see every namespace

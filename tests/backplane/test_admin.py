@@ -18,9 +18,9 @@ from backplane.eventlog.models import Agent, Event, Task
 
 @pytest.fixture
 def staff_client(db: None) -> Client:
-    User.objects.create_superuser("root", "", "pw-for-tests-only")
     client = Client()
-    client.login(username="root", password="pw-for-tests-only")
+    # force_login: the login check (django-axes) needs a request, which Client.login() does not pass.
+    client.force_login(User.objects.create_superuser("root", "", "pw-for-tests-only"))
     return client
 
 
@@ -124,7 +124,8 @@ def _reviewer_client(name: str, *, review: bool = True) -> Client:
     if review:
         # The group migration 0012 makes (an earlier transactional test's flush removes it).
         group, _ = Group.objects.get_or_create(name="Reviewers")
-        group.permissions.add(Permission.objects.get(codename="review_deadletter"))
+        group.permissions.add(Permission.objects.get(codename="review_deadletter"),
+                              Permission.objects.get(codename="view_backplane"))
         user.groups.add(group)
     else:
         user.user_permissions.add(Permission.objects.get(codename="view_deadletter"))

@@ -17,11 +17,11 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from backplane.eventlog.chain import api_event_hash
 from backplane.eventlog.models import Event, Task
-from backplane.eventlog.selectors import chain_verify
 from backplane.integrity import sealing
 from backplane.integrity.audit import export
 from backplane.integrity.audit import manifest as fmt
 from backplane.integrity.audit.verify import main
+from backplane.integrity.verification import chain_check
 from tests.backplane.audit_support import REPO, append, resign, rewrite_history, run_verifier, seed, verifier_env
 
 
@@ -290,7 +290,7 @@ def test_an_edited_row_with_a_recomputed_chain_is_exported_faithfully_and_caught
     # The attacker, a superuser, edits seq 2 and recomputes the rest of the chain (and the leaf copies).
     rewrite_history(victim, seq=2, payload={"step": "forged"})
     victim.refresh_from_db()
-    assert chain_verify(task=victim).valid and chain_verify(task=honest).valid  # the chains alone no longer tell
+    assert chain_check(task=victim).valid and chain_check(task=honest).valid  # the chains alone no longer tell
 
     export.audit_export_until_idle()
     result = run_verifier(audit_dir, public_key)

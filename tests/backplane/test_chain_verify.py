@@ -12,8 +12,8 @@ from django.db import connection
 from backplane.eventlog import services
 from backplane.eventlog.chain import GENESIS_HASH, compute_hash, hashed_fields
 from backplane.eventlog.models import Event, Task
-from backplane.eventlog.selectors import chain_verify
 from backplane.eventlog.writer import EventDraft
+from backplane.integrity.verification import chain_check
 
 
 def build_task(make_task: Callable[..., Task], steps: int = 4) -> Task:
@@ -41,25 +41,25 @@ def as_attacker(sql: str, params: list) -> None:
 
 def test_an_untouched_chain_is_valid(make_task: Callable[..., Task]) -> None:
     task = build_task(make_task)
-    result = chain_verify(task=task)
+    result = chain_check(task=task)
     assert (result.valid, result.checked, result.first_invalid_seq, result.head_hash) == (True, 5, None, task.head_hash)
 
 
 def test_it_finds_an_edited_payload(make_task: Callable[..., Task]) -> None:
     task = build_task(make_task)
     as_attacker("UPDATE backplane_event SET payload = '{\"step\": 99}' WHERE task_id = %s AND seq = 3", [task.pk])
-    result = chain_verify(task=task)
+    result = chain_check(task=task)
     assert (result.valid, result.first_invalid_seq, result.checked) == (False, 3, 2)
 
 
 def test_it_finds_a_deleted_event_in_the_middle_and_at_the_end(make_task: Callable[..., Task]) -> None:
     task = build_task(make_task)
     as_attacker("DELETE FROM backplane_event WHERE task_id = %s AND seq = 3", [task.pk])
-    assert chain_verify(task=task).first_invalid_seq == 3
+    assert chain_check(task=task).first_invalid_seq == 3
 
     other = build_task(make_task)
     as_attacker("DELETE FROM backplane_event WHERE task_id = %s AND seq = 5", [other.pk])
-    result = chain_verify(task=other)
+    result = chain_check(task=other)
     assert (result.valid, result.first_invalid_seq) == (False, 5)
 
 
@@ -76,7 +76,7 @@ def test_it_finds_a_rewritten_event_whose_own_hash_was_recomputed(make_task: Cal
         [compute_hash(forged), task.pk],
     )
     # The next event still points at the original hash.
-    assert chain_verify(task=task).first_invalid_seq == 3
+    assert chain_check(task=task).first_invalid_seq == 3
 
 
 def test_the_command_prints_a_summary_and_fails_on_a_broken_chain(make_task: Callable[..., Task]) -> None:

@@ -11,8 +11,8 @@ from django.db import connection
 from backplane.eventlog import services
 from backplane.eventlog.errors import SeqConflict
 from backplane.eventlog.models import Event, Task
-from backplane.eventlog.selectors import chain_verify
 from backplane.eventlog.writer import EventDraft
+from backplane.integrity.verification import chain_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +57,7 @@ def test_parallel_appends_to_one_task_get_gap_free_seqs_and_a_valid_chain(commit
     task.refresh_from_db()
     seqs = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, threads * per_thread + 2))
-    assert chain_verify(task=task).valid and task.last_seq == len(seqs)
+    assert chain_check(task=task).valid and task.last_seq == len(seqs)
 
 
 def test_expected_seq_lets_exactly_one_of_the_racers_win(committed_db: None) -> None:
@@ -129,4 +129,4 @@ def test_appends_to_different_tasks_do_not_block_each_other(committed_db: None) 
     assert errors == []
     for task in tasks[1:]:
         task.refresh_from_db()
-        assert task.last_seq == 11 and chain_verify(task=task).valid
+        assert task.last_seq == 11 and chain_check(task=task).valid

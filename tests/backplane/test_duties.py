@@ -16,6 +16,16 @@ from backplane.celery import DUTY_SKIPPED, app
 from backplane.runtime import duties
 from backplane.runtime.models import Duty
 
+# /readyz names its problems only to the metrics token or a staff session (backplane/health.py).
+METRICS_TOKEN = "readyz-details-token-for-tests"
+WITH_TOKEN = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def metrics_token(settings: Any) -> None:
+    settings.BACKPLANE_METRICS_TOKEN = METRICS_TOKEN
+
+
 
 @pytest.fixture
 def watched(settings: Any) -> None:
@@ -79,9 +89,9 @@ def test_the_supervisor_sql_agrees_with_the_selector(db: None) -> None:
 
 def test_readyz_names_an_overdue_duty(client: Client, db: None, watched: None) -> None:
     duties.duties_watch_start()
-    assert client.get("/readyz").status_code == 200
+    assert client.get("/readyz", headers=WITH_TOKEN).status_code == 200
     Duty.objects.filter(name="detect-stalls").update(watch_started_at=timezone.now() - timedelta(minutes=2))
-    response = client.get("/readyz")
+    response = client.get("/readyz", headers=WITH_TOKEN)
     assert response.status_code == 503 and response["Retry-After"] == "5"
     problems = response.json()["error"]["details"]["problems"]
     assert len(problems) == 1 and problems[0].startswith("duty detect-stalls overdue"), problems
@@ -90,12 +100,12 @@ def test_readyz_names_an_overdue_duty(client: Client, db: None, watched: None) -
 def test_the_traffic_probe_stays_green_while_a_duty_is_overdue(client: Client, db: None, watched: None) -> None:
     # The load balancer's probe: the API does not need beat, so a dead beat must not take the web out.
     Duty.objects.filter(name="detect-stalls").update(watch_started_at=timezone.now() - timedelta(minutes=2))
-    assert client.get("/readyz").status_code == 503
+    assert client.get("/readyz", headers=WITH_TOKEN).status_code == 503
     assert client.get("/readyz/traffic").status_code == 200
 
 
 def test_readyz_says_when_no_beat_ever_scheduled_the_duties(client: Client, db: None, watched: None) -> None:
-    response = client.get("/readyz")
+    response = client.get("/readyz", headers=WITH_TOKEN)
     assert response.status_code == 503
     problems = response.json()["error"]["details"]["problems"]
     assert len(problems) == len(settings.CELERY_BEAT_SCHEDULE)
@@ -108,14 +118,14 @@ def test_readyz_quotes_the_error_of_a_duty_that_keeps_failing(
     duties.duties_watch_start()
     Duty.objects.filter(name="seal-events").update(watch_started_at=timezone.now() - timedelta(minutes=2))
     duties.duty_stamp(task_name="backplane.tasks.seal_events", outcome="failed", error="RuntimeError: no signing key")
-    problems = client.get("/readyz").json()["error"]["details"]["problems"]
+    problems = client.get("/readyz", headers=WITH_TOKEN).json()["error"]["details"]["problems"]
     assert problems == [p for p in problems if "seal-events" in p] and "no signing key" in problems[0]
 
 
 def test_metrics_export_each_duty_age_and_whether_it_is_overdue(client: Client, db: None) -> None:
     duties.duties_watch_start()
     Duty.objects.filter(name="relay-outbox").update(watch_started_at=timezone.now() - timedelta(minutes=1))
-    text = client.get("/metrics").content.decode()
+    text = client.get("/metrics", headers=WITH_TOKEN).content.decode()
     assert 'backplane_duty_overdue{duty="relay-outbox"} 1.0' in text
     assert 'backplane_duty_overdue{duty="detect-stalls"} 0.0' in text
     assert 'backplane_duty_last_success_age_seconds{duty="relay-outbox"}' in text

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection
 from django.test import Client
 from pytest_django import DjangoAssertNumQueries
+
+# /readyz names its problems only to the metrics token or a staff session (backplane/health.py).
+METRICS_TOKEN = "readyz-details-token-for-tests"
+WITH_TOKEN = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def metrics_token(settings: Any) -> None:
+    settings.BACKPLANE_METRICS_TOKEN = METRICS_TOKEN
+
 
 
 def test_healthz_answers_without_touching_the_database(
@@ -19,7 +31,7 @@ def test_healthz_answers_without_touching_the_database(
 
 
 def test_readyz_is_200_with_the_database_up(client: Client, db: None) -> None:
-    response = client.get("/readyz")
+    response = client.get("/readyz", headers=WITH_TOKEN)
     assert response.status_code == 200, response.content
 
 
@@ -32,7 +44,7 @@ def test_readyz_is_503_when_the_database_is_unreachable(client: Client) -> None:
     connection.settings_dict["HOST"] = "/nonexistent-socket-dir"
     connection.settings_dict["PORT"] = "5499"
     try:
-        response = client.get("/readyz")
+        response = client.get("/readyz", headers=WITH_TOKEN)
     finally:
         connection.close()
         connection.settings_dict.clear()

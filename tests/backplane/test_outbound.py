@@ -277,9 +277,9 @@ def test_a_refused_webhook_is_retried_then_dead_lettered_and_never_sent(db: None
 
 @pytest.fixture
 def admin_client(db: None) -> Client:
-    User.objects.create_superuser("root", "", "pw-for-tests-only")
     client = Client()
-    client.login(username="root", password="pw-for-tests-only")
+    # force_login: the login check (django-axes) needs a request, which Client.login() does not pass.
+    client.force_login(User.objects.create_superuser("root", "", "pw-for-tests-only"))
     return client
 
 

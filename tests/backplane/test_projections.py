@@ -117,7 +117,8 @@ def test_the_command_takes_tasks_by_id(running_task: Task, make_task: Callable[.
 
 
 def test_a_lease_extended_by_heartbeats_is_not_drift(running_task: Task) -> None:
-    beaten = leases.lease_heartbeat(namespace="acme", task_id=running_task.pk, lease_epoch=running_task.lease_epoch)
+    beaten = leases.lease_heartbeat(namespace="acme", task_id=running_task.pk, lease_epoch=running_task.lease_epoch,
+                                    agent=str(running_task.lease_holder))
     replayed = projection_replay(task_id=running_task.pk)
     assert beaten.lease_expires_at is not None and replayed.lease_expires_at is not None
     assert beaten.lease_expires_at > replayed.lease_expires_at

@@ -33,6 +33,7 @@ from backplane.integrity import tasks as integrity_tasks
 from backplane.integrity.models import IntegrityAlert, IntegrityAlertKind
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
 from tests.backplane.audit_support import as_attacker
+from tests.support.roles import staff_user
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "vectors" / "rfc8785"
@@ -419,11 +420,10 @@ def test_the_periodic_check_catches_a_writer_that_hashes_too_little(db, monkeypa
     assert result["failures"] == 1
     assert IntegrityAlert.objects.get(task=task).first_invalid_seq == 1
     # The API's check of one task hashes on its own too.
-    from django.contrib.auth.models import User
     from django.test import Client
 
     staff = Client()
-    staff.force_login(User.objects.create_user("auditor", password="x" * 20, is_staff=True))
+    staff.force_login(staff_user("auditor", "Viewers", password="x" * 20))
     verified = staff.get(f"/api/v1/tasks/{task.pk}/verify/").json()
     assert (verified["valid"], verified["first_invalid_seq"]) == (False, 1)
 

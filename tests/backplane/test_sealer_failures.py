@@ -81,7 +81,7 @@ def test_readyz_and_metrics_name_the_failing_sealer_and_its_error(
     client: Client, make_task: Callable[..., Task], production_without_a_key: None, settings: Any
 ) -> None:
     settings.BACKPLANE_DUTY_WATCH = True
-    settings.BACKPLANE_METRICS_TOKEN = ""
+    settings.BACKPLANE_METRICS_TOKEN = "scrape-token"
     duties.duties_watch_start()
     Duty.objects.update(watch_started_at=timezone.now() - timedelta(minutes=5))
     # The other duties are fine; only the sealer fails.
@@ -89,13 +89,14 @@ def test_readyz_and_metrics_name_the_failing_sealer_and_its_error(
     make_task()
     seal_once()
 
-    answer = client.get("/readyz")
+    # The details are for the scraper (its token) and staff; anonymous callers hear only "not ready".
+    answer = client.get("/readyz", HTTP_AUTHORIZATION="Bearer scrape-token")
     assert answer.status_code == 503
     problems = answer.json()["error"]["details"]["problems"]
     assert len(problems) == 1
     assert problems[0].startswith("duty seal-events overdue")
     assert "last error: ImproperlyConfigured: BACKPLANE_SIGNING_KEY must be set" in problems[0]
-    metrics = client.get("/metrics").content.decode()
+    metrics = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
     assert 'backplane_duty_failures_total{duty="seal-events"} 1.0' in metrics
     assert 'backplane_duty_overdue{duty="seal-events"} 1.0' in metrics
 

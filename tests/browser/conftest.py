@@ -41,12 +41,13 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
-from django.contrib.auth.models import AbstractUser, Group, Permission
+from django.contrib.auth.models import AbstractUser, Group
 from django.contrib.sessions.models import Session
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, ViewportSize, expect, sync_playwright
 
 from backplane.eventlog import services
 from tests.support.live_server import ROOT, WebProcess
+from tests.support.roles import role_group
 
 SCREENSHOT_DIR = ROOT / "var" / "screenshots"
 CHROMIUM_ARGS = [
@@ -209,12 +210,14 @@ def password_hash(password: str) -> str:
 
 @pytest.fixture
 def staff_user(committed_db: None) -> AbstractUser:
-    """The staff user, with the same id and password hash in every test (see ``logged_in_page``)."""
+    """The staff user, an operator (the Operators group), with the same id and password hash in
+    every test (see ``logged_in_page``)."""
     user = get_user_model().objects.create(
         pk=STAFF_USER_ID, username=STAFF_USERNAME, email="operator@example.com",
         password=password_hash(STAFF_PASSWORD), is_staff=True,
     )
     assert isinstance(user, AbstractUser)
+    user.groups.add(role_group("Operators"))
     return user
 
 
@@ -285,10 +288,8 @@ REVIEW_PERMISSION = "review_deadletter"
 
 
 def reviewers_group() -> Group:
-    """The group migration 0012 makes; the flush after each test removes it, so it is put back."""
-    group, _ = Group.objects.get_or_create(name="Reviewers")
-    group.permissions.add(Permission.objects.get(codename=REVIEW_PERMISSION, content_type__app_label="backplane"))
-    return group
+    """The group migrations make; the flush after each test removes it, so it is put back."""
+    return role_group("Reviewers")
 
 
 @pytest.fixture

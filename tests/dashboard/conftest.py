@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from backplane.eventlog import services
@@ -17,19 +17,19 @@ from recovery.leases import lease_claim
 from recovery.subtasks import subtask_dispatch
 from recovery.tool_calls import tool_call_dispatch, tool_call_record_result
 from tests.api.conftest import alice, make_agent, mallory  # noqa: F401 - pytest fixtures
+from tests.support.roles import role_group, staff_user
 
 
 def reviewers_group() -> Group:
-    """The group migration 0012 makes; an earlier test's flush (transactional tests) removes it."""
-    group, _ = Group.objects.get_or_create(name="Reviewers")
-    group.permissions.add(Permission.objects.get(codename="review_deadletter"))
-    return group
+    """The group migrations make (backplane 0012, recovery 0013); an earlier test's flush
+    (transactional tests) removes it."""
+    return role_group("Reviewers")
 
 
 @pytest.fixture
 def olivia(db: None) -> User:
-    """An on-call operator: staff, not a superuser."""
-    return User.objects.create_user("olivia", password="correct horse battery", is_staff=True)
+    """An on-call operator: staff in the Operators group, not a superuser."""
+    return staff_user("olivia", "Operators", password="correct horse battery")
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ letter, decisions on one and on many, through Django's test client on the real d
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -396,6 +397,11 @@ def test_keyset_pages_show_every_dead_letter_once_in_queue_order(db: None) -> No
     assert decided == sorted(decided, reverse=True)
     with pytest.raises(delivery.BadDeadLetterCursor):
         delivery.dead_letter_queue_page(delivery.DeadLetterFilters(), cursor="not-a-cursor")
+    # Hostile cursors: too long to be ours, and an id past a bigint (a SQL error, were it used).
+    for raw in (b"d||" + b"9" * 5000, b"d||9223372036854775808", b"d||\xd9\xa3"):
+        with pytest.raises(delivery.BadDeadLetterCursor):
+            delivery.dead_letter_queue_page(delivery.DeadLetterFilters(),
+                                            cursor=base64.urlsafe_b64encode(raw).decode())
 
 
 def test_the_first_page_refetch_shows_new_dead_letters(rita_client: Client) -> None:

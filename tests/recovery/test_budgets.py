@@ -9,7 +9,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from backplane.delivery.models import OutboxMessage
@@ -22,6 +21,7 @@ from recovery import budgets, leases, tool_calls
 from recovery.models import Budget, BudgetDecision
 from tests.api.conftest import AgentClient, assert_error
 from tests.backplane.test_concurrent_appends import run_in_threads
+from tests.support.roles import staff_user
 
 # 1,000 input tokens at 1 per million: a call costs 0.001.
 CALL_USAGE = {"input_tokens": 1000}
@@ -111,7 +111,7 @@ def test_a_task_budget_covers_its_sub_agents_and_a_claim_passes_over_its_tree(pr
 
 def test_the_api_refuses_with_the_contracts_error_and_staff_set_budgets(price: None, alice: AgentClient) -> None:
     staff = APIClient()
-    staff.force_login(User.objects.create_user("ops", is_staff=True))
+    staff.force_login(staff_user("ops", "Operators"))
     body = {"scope": "namespace", "key": "acme", "period": "day", "unit": "currency", "currency": "USD",
             "limit": "0.001", "reason": "tight"}
     assert_error(alice.post("/api/v1/budgets/", body, format="json"), 403, "permission_denied")

@@ -117,7 +117,7 @@ def test_a_trial_released_without_a_verdict_is_given_up_after_the_patience(flaky
     trial = leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
     assert trial is not None
     # A release is no verdict: the breaker still waits for the trial.
-    leases.lease_release(namespace="acme", task_id=trial.task.pk, lease_epoch=trial.lease_epoch)
+    leases.lease_release(namespace="acme", task_id=trial.task.pk, lease_epoch=trial.lease_epoch, agent=flaky.name)
     with pytest.raises(CircuitOpen):
         leases.lease_claim(agent=flaky, kinds=None, lease_seconds=30)
 

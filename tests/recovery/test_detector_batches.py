@@ -22,8 +22,8 @@ from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import CircuitOpen, StaleLease
 from backplane.eventlog.lifecycle import enqueue_lifecycle
 from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
-from backplane.eventlog.selectors import chain_verify
 from backplane.eventlog.writer import EventDraft
+from backplane.integrity.verification import chain_check
 from recovery import detector, leases, subtasks
 from tests.recovery.test_circuit_breaker import cool_down, fail_one
 
@@ -71,7 +71,7 @@ def last_outbox_id() -> int:
 
 def assert_chain_intact(task: Task) -> None:
     task.refresh_from_db()
-    verification = chain_verify(task=task)
+    verification = chain_check(task=task)
     assert verification.valid, verification.problem
     assert verification.checked == task.last_seq
     seqs = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
@@ -112,7 +112,7 @@ def test_a_mixed_sweep_in_batches_writes_what_the_one_task_path_writes(db, setti
     claim_next(helper, doomed_child)
     # Heartbeating, so the lease is live, but silent for longer than the no-progress limit.
     silent, silent_epoch = claim_new(helper, kind="lead-qualification", lease_seconds=600)
-    leases.lease_heartbeat(namespace="acme", task_id=silent.pk, lease_epoch=silent_epoch)
+    leases.lease_heartbeat(namespace="acme", task_id=silent.pk, lease_epoch=silent_epoch, agent=helper.name)
     Task.objects.filter(pk=silent.pk).update(last_event_at=timezone.now() - timedelta(seconds=300))
     globex_retry, _ = claim_new(globex_worker, kind="enrich")
     globex_last_try, _ = claim_new(scout, kind="enrich", max_attempts=1)
@@ -170,14 +170,15 @@ def test_a_mixed_sweep_in_batches_writes_what_the_one_task_path_writes(db, setti
             "previous_status": "running", "attempts": old.attempts + 1, "output": None, "error": None,
         }
         assert lifecycle.headers == {"task_id": str(task.pk), "seq": own_last.seq, "event_hash": own_last.hash,
-                                     "created_at": format_timestamp(now)}
+                                     "created_at": format_timestamp(now), "namespace": task.namespace}
 
         # The old holder is fenced off: its writes and heartbeats get 409 stale_lease.
         with pytest.raises(StaleLease):
             services.event_append(namespace=task.namespace, task_id=task.pk, agent=old.lease_holder,
                                   lease_epoch=old.lease_epoch, draft=EventDraft(type="Noted"))
         with pytest.raises(StaleLease):
-            leases.lease_heartbeat(namespace=task.namespace, task_id=task.pk, lease_epoch=old.lease_epoch)
+            leases.lease_heartbeat(namespace=task.namespace, task_id=task.pk, lease_epoch=old.lease_epoch,
+                                    agent=str(old.lease_holder))
 
     assert OutboxMessage.objects.filter(id__gt=outbox_before).count() == len(everyone)
 

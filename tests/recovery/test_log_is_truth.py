@@ -94,8 +94,8 @@ def test_every_kind_of_transition_leaves_every_row_equal_to_its_replayed_log(wor
     # Claim, heartbeat, release.
     released = create("release")
     lease = claim(worker, "release")
-    leases.lease_heartbeat(namespace="acme", task_id=released.pk, lease_epoch=lease.lease_epoch)
-    leases.lease_release(namespace="acme", task_id=released.pk, lease_epoch=lease.lease_epoch)
+    leases.lease_heartbeat(namespace="acme", task_id=released.pk, lease_epoch=lease.lease_epoch, agent=worker.name)
+    leases.lease_release(namespace="acme", task_id=released.pk, lease_epoch=lease.lease_epoch, agent=worker.name)
     assert types_of(released.pk) == [et.TASK_STARTED, et.TASK_CLAIMED, et.LEASE_RELEASED]
     assert status_of(released.pk) == "pending"
 
@@ -103,7 +103,7 @@ def test_every_kind_of_transition_leaves_every_row_equal_to_its_replayed_log(wor
     beating = create("beat")
     lease = claim(worker, "beat")
     before = Task.objects.get(pk=beating.pk).lease_expires_at
-    leases.lease_heartbeat(namespace="acme", task_id=beating.pk, lease_epoch=lease.lease_epoch)
+    leases.lease_heartbeat(namespace="acme", task_id=beating.pk, lease_epoch=lease.lease_epoch, agent=worker.name)
     after = Task.objects.get(pk=beating.pk).lease_expires_at
     assert before is not None and after is not None and after > before
     assert types_of(beating.pk) == [et.TASK_STARTED, et.TASK_CLAIMED]

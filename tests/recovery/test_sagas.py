@@ -7,8 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter, OutboxMessage
-from backplane.eventlog import services
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.models import Agent, Event, Task
 from recovery import dead_letters, detector, leases
 from recovery.models import ToolCall
 from tests.api.conftest import assert_error, claim, create_task
@@ -88,9 +87,9 @@ def test_a_task_without_compensations_just_fails(alice) -> None:  # type: ignore
 
 
 def test_discarding_a_task_dead_letter_with_compensate_runs_the_saga(alice) -> None:  # type: ignore[no-untyped-def]
-    agent = services.agent_create(name="runner", namespace="acme").agent
     task = create_task(alice, max_attempts=1)
-    lease = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    # Claimed as alice, the agent that then writes under the lease (only the holder writes).
+    lease = leases.lease_claim(agent=Agent.objects.get(namespace="acme", name="alice"), kinds=None, lease_seconds=30)
     assert lease is not None
     succeed_three_steps(alice, task["task_id"], lease.lease_epoch)
     Task.objects.filter(pk=task["task_id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))

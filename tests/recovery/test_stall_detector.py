@@ -103,7 +103,7 @@ def test_a_lease_renewed_while_the_detector_runs_is_never_expired(committed_db) 
     # holder is fenced at once (409 stale_lease) and the detector then expires it as usual.
     expire(task)
     with pytest.raises(StaleLease):
-        leases.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch)
+        leases.lease_heartbeat(namespace="acme", task_id=task.pk, lease_epoch=epoch, agent=str(task.lease_holder))
     assert detector.lease_expire_stalled().expired == 1
 
 

@@ -561,9 +561,8 @@ def test_an_answer_is_recorded_even_when_the_lease_moved_on_during_the_call(comm
 
 
 def test_tools_are_registered_in_the_admin_and_tool_calls_are_read_only(make_tool, alice) -> None:  # type: ignore[no-untyped-def]
-    User.objects.create_superuser("root", "", "pw-for-tests-only")
     staff = Client()
-    staff.login(username="root", password="pw-for-tests-only")
+    staff.force_login(User.objects.create_superuser("root", "", "pw-for-tests-only"))
     tool = make_tool()
     invoke(alice, new_task())
     call = ToolCall.objects.get()

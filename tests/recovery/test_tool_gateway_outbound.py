@@ -77,9 +77,8 @@ def test_the_allow_list_lets_the_same_tool_be_called(alice: AgentClient, make_to
 ])
 def test_the_admin_refuses_a_tool_at_a_literal_address_the_gateway_would_refuse(db: None, url: str,
                                                                                 refusal: str) -> None:
-    User.objects.create_superuser("root", "", "pw-for-tests-only")
     staff = Client()
-    staff.login(username="root", password="pw-for-tests-only")
+    staff.force_login(User.objects.create_superuser("root", "", "pw-for-tests-only"))
     form = {"name": "crm-lookup", "namespace": "", "url": url, "timeout_seconds": 5, "rate_limit_per_minute": 0,
             "ttl_seconds": 3600, "is_active": "on"}
 

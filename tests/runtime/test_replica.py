@@ -21,6 +21,7 @@ from backplane.eventlog.models import Task
 from backplane.runtime import replica
 from backplane.runtime.replica import REPLICA, ReplicaRouter, lsn_value, reads_connection, replica_reads, replica_state
 from tests.runtime.replica_support import replica_alias
+from tests.support.roles import staff_user
 from tests.telemetry.metrics_scrape import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def test_the_settings_add_the_replica_and_its_router_only_when_its_url_is_set() 
 @pytest.fixture
 def olivia_client(db: None) -> Client:
     client = Client()
-    client.force_login(User.objects.create_user("olivia", password="correct horse battery", is_staff=True))
+    client.force_login(staff_user("olivia", "Operators", password="correct horse battery"))
     return client
 
 

@@ -241,7 +241,7 @@ def populate() -> dict[str, object]:
            key="sum-1", lamport=40)
     recovery.tool_call_dispatch(namespace=NAMESPACE, task_id=summary.pk, step=2, tool="llm.summarize",
                                 input={"pages": 12}, agent="summarizer", lease_epoch=c.lease_epoch)
-    recovery.lease_heartbeat(namespace=NAMESPACE, task_id=summary.pk, lease_epoch=c.lease_epoch)
+    recovery.lease_heartbeat(namespace=NAMESPACE, task_id=summary.pk, lease_epoch=c.lease_epoch, agent="summarizer")
     services.task_create(namespace="globex", kind="translate", agent="globex-bot",
                          input={"text": "Grüße, 世界 — ünïcödé", "to": "en"}, metadata={"priority": "low"})
 

@@ -48,7 +48,8 @@ EXPECTED_COUNTS = {
     "recovery_toolcall": 5,
     "backplane_agent": 7,
     "auth_user": 2,
-    "auth_group": 2,  # the fixture's "dead-letter reviewers" and migration 0012's "Reviewers"
+    # The fixture's "dead-letter reviewers", backplane 0012's "Reviewers", recovery 0013's "Viewers" and "Operators".
+    "auth_group": 4,
     "auth_user_groups": 1,
     "backplane_webhooksubscription": 2,
     "backplane_breakertransition": 1,

@@ -18,10 +18,9 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from backplane.eventlog.canonical import CanonicalizationError
-from backplane.eventlog.chain import api_event_hash
 from backplane.integrity import merkle
 from backplane.integrity.audit import manifest as fmt
+from backplane.integrity.independent_hash import NotCanonicalizable, api_event_hash
 
 BUNDLE_FORMAT = "backplane-inclusion-proof/1"
 
@@ -52,7 +51,7 @@ def check_proof_bundle(bundle: Any, *, public_keys: Collection[str]) -> str:
         recomputed = api_event_hash(event)
     except (AttributeError, KeyError, TypeError) as exc:
         raise ProofProblem(f"the bundle lacks {exc}") from None
-    except CanonicalizationError as exc:
+    except NotCanonicalizable as exc:
         raise ProofProblem(f"the event cannot be canonicalised: {exc}") from None
     if recomputed != event.get("hash"):
         raise ProofProblem(f"the event's content hashes to {recomputed}, not its recorded hash {event.get('hash')}")

@@ -37,12 +37,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
 
-from backplane.eventlog.canonical import CanonicalizationError
-from backplane.eventlog.chain import GENESIS_HASH, api_event_hash
+from backplane.eventlog.chain import GENESIS_HASH
 from backplane.integrity import merkle
 from backplane.integrity.audit import manifest as fmt
 from backplane.integrity.audit.proof import ProofProblem, check_proof_bundle
 from backplane.integrity.audit.storage import Store, open_location
+from backplane.integrity.independent_hash import NotCanonicalizable, api_event_hash
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -169,7 +169,7 @@ def _check_events(number: int, data: bytes, manifest: dict[str, Any], state: _St
             raise VerificationProblem(f"{at}: not an event (task_id, seq and prev_hash are required)")
         try:
             recomputed = api_event_hash(event)
-        except CanonicalizationError as exc:
+        except NotCanonicalizable as exc:
             raise VerificationProblem(f"{at}: task {task_id} seq {seq} cannot be canonicalised ({exc})") from None
         if recomputed != stored:
             raise VerificationProblem(

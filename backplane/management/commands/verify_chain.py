@@ -5,7 +5,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from backplane.eventlog import selectors
 from backplane.integrity import verification
 
 
@@ -29,7 +28,7 @@ class Command(BaseCommand):
         task_ids = [options["task"]] if options["task"] else None
         tasks = events = 0
         broken = []
-        for result in selectors.chain_verify_all(task_ids=task_ids):
+        for result in verification.chains_check(task_ids=task_ids):
             tasks += 1
             events += result.checked
             if not result.valid:

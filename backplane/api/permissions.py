@@ -1,0 +1,97 @@
+"""Who may call a route, declared where the route is: ``permission_classes`` on a DRF view,
+``permission=`` on an agent route (api/routes.py). No view, helper or getter authorizes.
+
+Agents are held to their namespace and kinds by every query and never hold a person's role.
+Staff sessions (and agent tokens bound to a staff user, for reviewing) hold roles, Django groups
+made by recovery's migration 0013 (docs/production.md, "Roles"):
+
+- viewer (``recovery.view_backplane``): reads;
+- operator (``recovery.operate_backplane``): acts on tasks and the fleet (cancel, fork, pauses,
+  budgets, verification runs); staff never write as an agent (``base.AgentWritesOnly``);
+- reviewer (``backplane.review_deadletter``): dead letters and bulk jobs, reads included.
+
+Being staff only lets a person log in; a superuser holds every permission. A staff user scoped to
+one namespace (recovery.models.StaffScope) is refused the routes that act across namespaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.request import Request
+
+from backplane.api.authentication import Principal
+from backplane.delivery.models import REVIEW_PERMISSION
+from recovery.models import OPERATE_PERMISSION, VIEW_PERMISSION
+from recovery.selectors import staff_namespace
+
+
+class PrincipalPermission(BasePermission):
+    """A rule over the calling ``Principal`` and the request's method. ``allows`` is the rule;
+    DRF answers 403 ``permission_denied`` with ``message`` when it says no (401 first for a
+    caller it could not authenticate)."""
+
+    message = "not allowed"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        principal: object = request.user  # DRF types it as a Django user; ours is always a Principal
+        return isinstance(principal, Principal) and self.allows(principal, request.method or "GET")
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        raise NotImplementedError
+
+
+def _staff_holds(principal: Principal, permission: str) -> bool:
+    user = principal.staff_user
+    return user is not None and user.is_staff and user.has_perm(permission)
+
+
+class AgentOrViewerOperator(PrincipalPermission):
+    """Agents (their namespace and kinds), or staff: a viewer reads, an operator writes. The task
+    routes agents use, which staff may use too."""
+
+    message = "staff read with the view_backplane permission (Viewers) and write with operate_backplane (Operators)"
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        if principal.agent is not None:
+            return True
+        return _staff_holds(principal, VIEW_PERMISSION if method in SAFE_METHODS else OPERATE_PERMISSION)
+
+
+class AgentOrViewer(PrincipalPermission):
+    """Agents (their namespace and kinds), or staff viewers: ``ApiView``'s default and every agent
+    route's (api/routes.py). A view that writes adds its own rule for the write."""
+
+    message = "staff need the view_backplane permission (the Viewers group) to use the API"
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        return principal.agent is not None or _staff_holds(principal, VIEW_PERMISSION)
+
+
+class StaffViewerOperator(PrincipalPermission):
+    """Staff only, across namespaces (agents and staff scoped to a namespace get 403): a viewer
+    reads, an operator writes. Pauses and budgets."""
+
+    message = ("staff only, not scoped to a namespace: reading needs the view_backplane permission (Viewers), "
+               "writing operate_backplane (Operators)")
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        if principal.agent is not None or principal.namespace is not None:
+            return False
+        return _staff_holds(principal, VIEW_PERMISSION if method in SAFE_METHODS else OPERATE_PERMISSION)
+
+
+class Reviewer(PrincipalPermission):
+    """A reviewer, by session or a token bound to that staff user, not scoped to a namespace:
+    dead letters and bulk jobs, which span namespaces, reads included (API.md)."""
+
+    message = ("reviewing dead letters and bulk jobs needs a staff user with the review_deadletter permission "
+               "(the Reviewers group), not scoped to a namespace")
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        user = principal.user
+        if user is None or not user.is_staff or not user.has_perm(REVIEW_PERMISSION):
+            return False
+        # A session's namespace is its user's scope; a token bound to a user has its agent's.
+        return (principal.namespace if principal.agent is None else staff_namespace(user_id=user.pk)) is None
