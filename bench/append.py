@@ -77,11 +77,22 @@ def service_appends(events: int, threads: int, batch: int,
     from django.db import connection
 
     from backplane.eventlog import services
+    from backplane.eventlog.models import Agent
     from backplane.eventlog.writer import EventDraft
+    from recovery import leases
 
+    # Each task is held under a lease, as an agent's work is: every append is checked against
+    # its holder and epoch (backplane.eventlog.writer.check_lease).
+    agent = (Agent.objects.filter(namespace="bench", name="bench").first()
+             or services.agent_create(name="bench", namespace="bench").agent)
     tasks = [
         services.task_create(namespace="bench", kind="bench", input={}, agent="bench").task for _ in range(threads)
     ]
+    epochs = []
+    for task in tasks:
+        claim = leases.lease_claim(agent=agent, kinds=["bench"], lease_seconds=3600, task_id=task.pk)
+        assert claim is not None
+        epochs.append(claim.lease_epoch)
     latencies: list[float] = []
     lock = threading.Lock()
 
@@ -95,7 +106,8 @@ def service_appends(events: int, threads: int, batch: int,
                 for i in range(batch)
             ]
             started = time.perf_counter()
-            services.event_append_batch(namespace="bench", task_id=task.pk, drafts=drafts, agent="bench")
+            services.event_append_batch(namespace="bench", task_id=task.pk, drafts=drafts, agent="bench",
+                                        lease_epoch=epochs[index])
             local.append((time.perf_counter() - started) * 1000)
         if cpu is not None:  # this thread's CPU per append, in ms (other threads' work is not in it)
             cpu.append((time.thread_time() - cpu_started) * 1000 / count)

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog.costs import decimal_text
 from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
-from dashboard.views.common import operators_only, viewers_only
+from dashboard.views.common import across_namespaces, operators_only, viewers_only
 from recovery import budgets
 from recovery.models import Budget, BudgetDecision, BudgetPeriod, BudgetScope, BudgetUnit
 
@@ -23,6 +23,7 @@ RECENT_DECISIONS = 20
 
 @require_GET
 @viewers_only
+@across_namespaces
 def budgets_page(request: HttpRequest) -> HttpResponse:
     states = [budgets.budget_state(budget) for budget in Budget.objects.order_by("scope", "key", "pk")]
     rows = [{"state": state, "share": min(100, int(state.spend * 100 / state.budget.limit)),
@@ -36,6 +37,7 @@ def budgets_page(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @operators_only("Setting a budget")
+@across_namespaces
 def budget_set_view(request: HttpRequest) -> HttpResponse:
     """Set a budget from the page's form: the same service, and the same refusals, as the API."""
     form = request.POST
@@ -59,6 +61,7 @@ def budget_set_view(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @operators_only("Resuming a budget")
+@across_namespaces
 def budget_resume_view(request: HttpRequest, budget_id: int) -> HttpResponse:
     try:
         budget = budgets.budget_resume(budget_id=budget_id, decided_by=user_actor(request.user),

@@ -9,10 +9,10 @@ from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 
 from backplane.delivery.models import REVIEW_PERMISSION
-from dashboard.access import may_hold, may_log_in
+from dashboard.access import may_hold, may_log_in, namespace_of
 from recovery.models import OPERATE_PERMISSION, VIEW_PERMISSION
 
 View = Callable[..., HttpResponse]
@@ -85,6 +85,28 @@ def viewers_read_operators_write(what: str) -> Callable[[View], View]:
 def reviewers_only(what: str) -> Callable[[View], View]:
     """Dead letters, bulk jobs, circuit breakers: the reviewer's permission (``review_deadletter``)."""
     return staff_permission_required(REVIEW_PERMISSION, what=what)
+
+
+def across_namespaces(view: View) -> View:
+    """A page over every namespace (the overview, dead letters, jobs, budgets, pauses, agents,
+    the outbox, integrity, searches): a staff user scoped to one namespace (StaffScope) is
+    refused it, as the API refuses them its fleet-wide routes, and sent to their tasks from the
+    overview. Put under the permission decorator, so a logged-out caller still gets the login."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        namespace = namespace_of(request.user)
+        if namespace is None:
+            return view(request, *args, **kwargs)
+        if request.resolver_match is not None and request.resolver_match.url_name == "overview":
+            return redirect("dashboard:tasks")
+        message = (f"This page covers every namespace, and your account sees only {namespace}: "
+                   "its tasks are under Tasks.")
+        if wants_json(request):
+            return json_error(403, "permission_denied", message, {"namespace": namespace})
+        return render(request, "dashboard/forbidden.html", {"message": message, "scoped": namespace}, status=403)
+
+    return wrapped
 
 
 def int_param(request: HttpRequest, name: str) -> int | None:

@@ -41,7 +41,7 @@ from dashboard.dead_letter_forms import (
 )
 from dashboard.selectors import EVENT_PAGE_SIZE
 from dashboard.templatetags.dashboard import pretty_json
-from dashboard.views.common import json_error, reviewers_only, viewers_only, wants_json
+from dashboard.views.common import across_namespaces, json_error, reviewers_only, viewers_only, wants_json
 from recovery import bulk, dead_letters
 
 PAGE_SIZE = 50
@@ -65,6 +65,7 @@ def decided_by(request: HttpRequest) -> str:
 @require_GET
 @viewers_only
 @replica_reads
+@across_namespaces
 def queue(request: HttpRequest) -> HttpResponse:
     """Pending first, oldest first; filters; keyset pages; the first page follows new ones live
     (``?partial=rows`` is its script's read, rendered by the same row template)."""
@@ -157,6 +158,7 @@ def _render_detail(request: HttpRequest, item: DeadLetter, *, bound: dict[str, A
 
 @require_GET
 @viewers_only
+@across_namespaces
 def detail(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     return _render_detail(request, _dead_letter(dead_letter_id))
 
@@ -195,6 +197,7 @@ def _invalid(request: HttpRequest, item: DeadLetter, form: Any, name: str) -> Ht
 
 @require_POST
 @reviewers_only("Deciding dead letters")
+@across_namespaces
 def requeue(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     """Requeue as is, or (with ``payload``) edit and requeue; the original payload stays on record."""
     item = _dead_letter(dead_letter_id)
@@ -230,6 +233,7 @@ def requeue(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
 
 @require_POST
 @reviewers_only("Deciding dead letters")
+@across_namespaces
 def discard(request: HttpRequest, dead_letter_id: int) -> HttpResponse:
     item = _dead_letter(dead_letter_id)
     form = DiscardForm(request.POST, auto_id="discard_%s")
@@ -265,6 +269,7 @@ def _not_planned(request: HttpRequest, form: DeadLetterJobForm, query: str, *, s
 
 @require_POST
 @reviewers_only("Deciding dead letters")
+@across_namespaces
 def bulk_job_draft(request: HttpRequest) -> HttpResponse:
     """The bulk bar makes a draft job (``bulk_job_plan``: the dry run, which freezes the checked
     dead letters or every pending one matching the filter) and shows its page, where a

@@ -14,7 +14,7 @@ from backplane.eventlog.models import Agent, user_actor
 from backplane.runtime.replica import replica_reads
 from dashboard import selectors
 from dashboard.access import may_review
-from dashboard.views.common import reviewers_only, viewers_only
+from dashboard.views.common import across_namespaces, reviewers_only, viewers_only
 from recovery import selectors as recovery
 from recovery.breakers import breaker_reset
 from recovery.gateway import tool_breaker_reset
@@ -24,6 +24,7 @@ from recovery.models import Tool
 @require_GET
 @viewers_only
 @replica_reads
+@across_namespaces
 def agents_page(request: HttpRequest) -> HttpResponse:
     agents = recovery.agents_overview()
     spend = selectors.agent_spend()
@@ -49,6 +50,7 @@ def _close_breaker(request: HttpRequest, label: str, close: Callable[..., object
 
 @require_POST
 @reviewers_only("Closing a circuit breaker")
+@across_namespaces
 def agent_breaker_reset(request: HttpRequest, agent_id: int) -> HttpResponse:
     agent = get_object_or_404(Agent, pk=agent_id)
     return _close_breaker(request, str(agent), lambda pk, **kw: breaker_reset(agent_id=pk, **kw), agent.pk)
@@ -56,6 +58,7 @@ def agent_breaker_reset(request: HttpRequest, agent_id: int) -> HttpResponse:
 
 @require_POST
 @reviewers_only("Closing a circuit breaker")
+@across_namespaces
 def tool_breaker_reset_view(request: HttpRequest, tool_id: int) -> HttpResponse:
     tool = get_object_or_404(Tool, pk=tool_id)
     return _close_breaker(request, f"tool {tool.name}", lambda pk, **kw: tool_breaker_reset(tool_id=pk, **kw),
@@ -65,6 +68,7 @@ def tool_breaker_reset_view(request: HttpRequest, tool_id: int) -> HttpResponse:
 @require_GET
 @viewers_only
 @replica_reads
+@across_namespaces
 def outbox_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,

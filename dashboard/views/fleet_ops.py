@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
 from dashboard.access import namespace_of
-from dashboard.views.common import operators_only, viewers_only
+from dashboard.views.common import across_namespaces, operators_only, viewers_only
 from recovery import fleet
 
 NAV = "pauses"
@@ -40,6 +40,7 @@ def task_cancel_view(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
 
 @require_GET
 @viewers_only
+@across_namespaces
 def pauses_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/pauses.html", {
         "nav": NAV, "in_force": fleet.pauses_in_force(), "lifted": fleet.pauses_recently_lifted(),
@@ -49,6 +50,7 @@ def pauses_page(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @operators_only("Pausing work")
+@across_namespaces
 def pause_set_view(request: HttpRequest) -> HttpResponse:
     form = request.POST
     try:
@@ -64,6 +66,7 @@ def pause_set_view(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @operators_only("Resuming work")
+@across_namespaces
 def pause_resume_view(request: HttpRequest, pause_id: int) -> HttpResponse:
     try:
         pause = fleet.pause_lift(pause_id=pause_id, resumed_by=user_actor(request.user),

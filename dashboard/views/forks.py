@@ -28,7 +28,7 @@ from backplane.eventlog.models import Task, user_actor
 from dashboard import selectors
 from dashboard.fork_forms import CompareForm, ForkForm, ForkJobForm
 from dashboard.forms import TaskFilterForm
-from dashboard.views.common import int_param, operators_only, reviewers_only, viewers_only
+from dashboard.views.common import across_namespaces, int_param, operators_only, reviewers_only, viewers_only
 from dashboard.views.pages import render_task_page, scoped_task
 from recovery import bulk
 from recovery.models import BulkAction
@@ -131,6 +131,7 @@ def task_diff(request: HttpRequest, task_id: uuid.UUID, other_id: uuid.UUID) -> 
 
 @require_POST
 @reviewers_only("Bulk forks")
+@across_namespaces
 def fork_from_failure_job(request: HttpRequest) -> HttpResponse:
     """The task list's bulk bar makes a draft fork-from-failure job (``bulk_job_plan``: the dry
     run, which freezes the checked tasks or every task matching the filter, each with where

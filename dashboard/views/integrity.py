@@ -19,7 +19,13 @@ from backplane.integrity import selectors as integrity
 from backplane.integrity.models import VerificationMode, VerificationRun
 from backplane.integrity.verification import integrity_alert_acknowledge, verification_run_request_full
 from backplane.runtime.replica import replica_reads
-from dashboard.views.common import json_error, operators_only, staff_permission_required, viewers_only
+from dashboard.views.common import (
+    across_namespaces,
+    json_error,
+    operators_only,
+    staff_permission_required,
+    viewers_only,
+)
 
 ACKNOWLEDGE_PERMISSION = "backplane.acknowledge_integrityalert"
 
@@ -42,6 +48,7 @@ def run_as_json(run: VerificationRun) -> dict[str, Any]:
 @require_GET
 @viewers_only
 @replica_reads
+@across_namespaces
 def integrity_page(request: HttpRequest) -> HttpResponse:
     heads = integrity.tree_heads_recent()
     runs = integrity.verification_runs_recent()
@@ -72,6 +79,7 @@ def integrity_page(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @operators_only("Starting a verification run")
+@across_namespaces
 def verify_all(request: HttpRequest) -> HttpResponse:
     run = verification_run_request_full(requested_by=request.user.get_username())
     if request.headers.get("Accept", "").startswith("application/json"):
@@ -82,6 +90,7 @@ def verify_all(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @viewers_only
+@across_namespaces
 def run_progress(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
         run = integrity.verification_run_progress(run_id=run_id)
@@ -92,6 +101,7 @@ def run_progress(request: HttpRequest, run_id: int) -> JsonResponse:
 
 @require_POST
 @staff_permission_required(ACKNOWLEDGE_PERMISSION, what="Acknowledging an integrity alert")
+@across_namespaces
 def acknowledge_alert(request: HttpRequest, alert_id: int) -> HttpResponse:
     note = (request.POST.get("note") or "").strip()
     try:
@@ -105,6 +115,7 @@ def acknowledge_alert(request: HttpRequest, alert_id: int) -> HttpResponse:
 
 @require_GET
 @viewers_only
+@across_namespaces
 def proof_download(request: HttpRequest) -> HttpResponse:
     """One event's inclusion-proof bundle as a file (``check-proof`` verifies it offline)."""
     try:

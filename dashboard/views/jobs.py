@@ -20,7 +20,7 @@ from backplane.eventlog.models import user_actor
 from backplane.runtime.replica import replica_reads
 from dashboard.access import may_review
 from dashboard.forms import TaskFilterForm
-from dashboard.views.common import int_param, reviewers_only, viewers_only
+from dashboard.views.common import across_namespaces, int_param, reviewers_only, viewers_only
 from recovery import bulk, selectors
 from recovery.models import BulkAction, BulkItemStatus, BulkJob, BulkJobStatus
 
@@ -66,6 +66,7 @@ def job_progress(job: BulkJob) -> dict[str, Any]:
 @require_GET
 @viewers_only
 @replica_reads
+@across_namespaces
 def job_list(request: HttpRequest) -> HttpResponse:
     jobs, next_cursor = selectors.bulk_jobs_recent(limit=50, before_id=int_param(request, "cursor") or None)
     return render(request, "dashboard/jobs.html", {"nav": NAV, "jobs": [(job, job_progress(job)) for job in jobs],
@@ -82,6 +83,7 @@ def _new_page(request: HttpRequest, form: JobDryRunForm, *, status: int = 200,
 
 
 @viewers_only
+@across_namespaces
 def job_new(request: HttpRequest) -> HttpResponse:
     """GET: the dry-run form over the task list's filter (``?query=``). POST: the dry run."""
     if request.method != "POST":
@@ -111,6 +113,7 @@ def _job_dry_run(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @viewers_only
+@across_namespaces
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(BulkJob, pk=job_id)
     by_status = []
@@ -129,6 +132,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 
 @require_GET
 @viewers_only
+@across_namespaces
 def job_progress_json(request: HttpRequest, job_id: int) -> JsonResponse:
     return JsonResponse(job_progress(get_object_or_404(BulkJob, pk=job_id)))
 
@@ -147,6 +151,7 @@ def _decision(request: HttpRequest, job_id: int, decide: Any) -> HttpResponse:
 
 @require_POST
 @reviewers_only(WHAT)
+@across_namespaces
 def job_start(request: HttpRequest, job_id: int) -> HttpResponse:
     def start(*, job_id: int, decided_by: str, reason: str) -> BulkJob:
         return bulk.bulk_job_start(job_id=job_id, selection_hash=request.POST.get("selection_hash", ""),
@@ -157,24 +162,28 @@ def job_start(request: HttpRequest, job_id: int) -> HttpResponse:
 
 @require_POST
 @reviewers_only(WHAT)
+@across_namespaces
 def job_pause(request: HttpRequest, job_id: int) -> HttpResponse:
     return _decision(request, job_id, bulk.bulk_job_pause)
 
 
 @require_POST
 @reviewers_only(WHAT)
+@across_namespaces
 def job_resume(request: HttpRequest, job_id: int) -> HttpResponse:
     return _decision(request, job_id, bulk.bulk_job_resume)
 
 
 @require_POST
 @reviewers_only(WHAT)
+@across_namespaces
 def job_abort(request: HttpRequest, job_id: int) -> HttpResponse:
     return _decision(request, job_id, bulk.bulk_job_abort)
 
 
 @require_POST
 @reviewers_only(WHAT)
+@across_namespaces
 def job_retry_failed(request: HttpRequest, job_id: int) -> HttpResponse:
     return _decision(request, job_id, bulk.bulk_job_retry_failed)
 

@@ -36,7 +36,7 @@ from dashboard.access import may_review, namespace_of
 from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
 from dashboard.views import searches
-from dashboard.views.common import int_param, operators_only, viewers_only
+from dashboard.views.common import across_namespaces, int_param, operators_only, viewers_only
 from recovery.fleet import pause_blocking, pauses_in_force
 from recovery.selectors import recovery_context
 
@@ -61,6 +61,7 @@ def _overview_parts(request: HttpRequest) -> dict[str, Any]:
 @require_GET
 @viewers_only
 @replica_reads
+@across_namespaces
 def overview(request: HttpRequest) -> HttpResponse:
     feed = selectors.feed_events()
     parts = _overview_parts(request)
@@ -81,6 +82,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 @require_GET
 @viewers_only
 @replica_reads
+@across_namespaces
 def overview_live(request: HttpRequest) -> JsonResponse:
     """What an open overview needs after a notice: tiles, pinned searches, alerts, pauses, the
     feed after ``after_position``, the chart, and the cost panel (its figures and its charts' data)."""

@@ -22,6 +22,7 @@ from backplane.eventlog.errors import BackplaneError, InvalidInput
 from backplane.eventlog.models import user_actor
 from dashboard.forms import TaskFilterForm
 from dashboard.views.common import (
+    across_namespaces,
     json_error,
     operators_only,
     viewers_only,
@@ -51,6 +52,7 @@ def task_list_query(search: SavedSearch) -> str:
 
 @require_http_methods(["GET", "POST"])
 @viewers_read_operators_write("Saving a search")
+@across_namespaces
 def searches_page(request: HttpRequest) -> HttpResponse:
     """GET: every saved search with its live count and rules (``?partial=counts``: only the counts,
     for the page's script). POST: save the task list's filter."""
@@ -89,6 +91,7 @@ def _save(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @viewers_only
+@across_namespaces
 def saved_search_open(request: HttpRequest, slug: str) -> HttpResponse:
     """A saved search's shareable URL: the task list with its filter."""
     search = get_object_or_404(SavedSearch, slug=slug)
@@ -101,6 +104,7 @@ def saved_search_open(request: HttpRequest, slug: str) -> HttpResponse:
 
 @require_POST
 @operators_only("Pinning a search")
+@across_namespaces
 def saved_search_pin_view(request: HttpRequest, search_id: int) -> HttpResponse:
     pinned = request.POST.get("pinned") == "1"
     try:
@@ -113,6 +117,7 @@ def saved_search_pin_view(request: HttpRequest, search_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 @viewers_read_operators_write("Deleting a search")
+@across_namespaces
 def saved_search_delete_view(request: HttpRequest, search_id: int) -> HttpResponse:
     """GET asks; POST with ``confirm=yes`` deletes the search and its rules."""
     search = get_object_or_404(SavedSearch, pk=search_id)
@@ -140,6 +145,7 @@ def _whole_number(raw: str, field: str) -> int:
 
 @require_POST
 @operators_only("Adding an alert rule")
+@across_namespaces
 def alert_rule_create_view(request: HttpRequest, search_id: int) -> HttpResponse:
     back = reverse("dashboard:searches")
     try:
@@ -157,6 +163,7 @@ def alert_rule_create_view(request: HttpRequest, search_id: int) -> HttpResponse
 
 @require_http_methods(["GET", "POST"])
 @viewers_read_operators_write("Deleting an alert rule")
+@across_namespaces
 def alert_rule_delete_view(request: HttpRequest, rule_id: int) -> HttpResponse:
     rule = get_object_or_404(AlertRule.objects.select_related("search"), pk=rule_id)
     if request.method == "GET" or request.POST.get("confirm") != "yes":

@@ -110,3 +110,23 @@ def test_it_scopes_the_task_pages_to_the_users_namespace(task: Task) -> None:
     assert theirs.status == "pending"
     listed = client.get("/tasks/").content.decode()
     assert str(task.pk) in listed and str(theirs.pk) not in listed
+
+
+def test_it_refuses_a_scoped_user_the_pages_over_every_namespace(task: Task) -> None:
+    client = Client()
+    user = staff_user("olga", "Operators", "Reviewers")
+    StaffScope.objects.create(user=user, namespace="acme")
+    client.force_login(user)
+    before = state()
+    for path in ("/dead-letters/", "/jobs/", "/budgets/", "/pauses/", "/agents/", "/outbox/", "/integrity/",
+                 "/searches/", "/live/overview/"):
+        refused = client.get(path)
+        assert refused.status_code == 403, path
+        assert "covers every namespace" in refused.content.decode(), path
+    for path, body in [("/pauses/set/", {"namespace": "globex", "reason": "mine now"}),
+                       ("/integrity/verify-all/", {}), *reviewer_posts()]:
+        assert client.post(path, body).status_code == 403, path
+    assert state() == before
+    # The overview sends them to their namespace's tasks.
+    landing = client.get("/")
+    assert (landing.status_code, landing["Location"]) == (302, "/tasks/")
