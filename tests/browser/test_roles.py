@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from backplane.eventlog import services
@@ -23,8 +24,9 @@ PASSWORD = "amber-finch-ledger-17"
 Screenshot = Callable[[Page, str], Path]
 
 
-def person(username: str, role: str) -> object:
+def person(username: str, role: str) -> User:
     user = get_user_model().objects.create(username=username, password=password_hash(PASSWORD), is_staff=True)
+    assert isinstance(user, User)
     user.groups.add(role_group(role))
     return user
 
