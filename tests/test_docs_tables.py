@@ -9,6 +9,7 @@ import ast
 import re
 from pathlib import Path
 
+from backplane.api import errors as api_errors
 from backplane.api import middleware
 from backplane.eventlog import errors
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
@@ -51,7 +52,8 @@ def contract_errors() -> set[tuple[int, str]]:
               if isinstance(cls, type) and issubclass(cls, errors.BackplaneError) and cls is not errors.BackplaneError
               and getattr(cls, "status", None)}
     converted = {(status, code) for status, (code, _) in middleware._CONTRACT_CODES.items()}
-    return raised | converted | {(401, "not_authenticated"), (503, "unavailable")}
+    drf = {(exception.status_code, code) for exception, code in api_errors._DRF_CODES}
+    return raised | converted | drf | {(503, "unavailable")}
 
 
 def test_every_error_the_api_answers_with_is_in_the_error_table_and_nothing_else() -> None:

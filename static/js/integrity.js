@@ -61,7 +61,8 @@
     }, 1000);
   }
   JSON.parse(document.getElementById("running-runs").textContent).forEach(follow);
-  document.getElementById("verify-all").addEventListener("submit", async (event) => {
+  // Operators only: a viewer's page has no such form.
+  document.getElementById("verify-all")?.addEventListener("submit", async (event) => {
     event.preventDefault();
     const button = event.target.querySelector("button");
     button.disabled = true;

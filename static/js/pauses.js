@@ -1,6 +1,7 @@
 /* The pauses page: pausing asks for confirmation in a dialog that says what will be held back. */
 (() => {
   const form = document.getElementById("pause-form");
+  if (!form) return;  // operators only: a viewer's page has no such form
   const dialog = document.getElementById("pause-dialog");
   const summary = document.getElementById("pause-summary");
   let confirmed = false;

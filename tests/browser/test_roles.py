@@ -1,6 +1,6 @@
-"""Roles in the browser: a viewer who submits the cancel dialog gets the refusal page and the task
-goes on; a user scoped to one namespace lands on its tasks and is refused the pages over every
-namespace."""
+"""Roles in the browser: a viewer is offered no operator's control, and a cancel sent all the same
+gets the refusal page while the task goes on; a user scoped to one namespace lands on its tasks
+and is refused the pages over every namespace."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from playwright.sync_api import Page, expect
 from backplane.eventlog import services
 from backplane.eventlog.models import Task
 from recovery.models import StaffScope
-from tests.browser.conftest import login, password_hash, path_of
+from tests.browser.conftest import csrf_token_of, login, password_hash, path_of
 from tests.support.roles import role_group
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -31,15 +31,30 @@ def person(username: str, role: str) -> User:
     return user
 
 
-def test_a_viewer_who_cancels_is_refused_and_the_task_goes_on(page: Page, screenshot: Screenshot) -> None:
+def test_a_viewer_sees_no_operators_controls_and_a_forged_cancel_is_refused(
+    page: Page, screenshot: Screenshot
+) -> None:
     person("vera", "Viewers")
     task = services.task_create(namespace="acme", kind="lead-qualification", agent="planner", input={}).task
     login(page, "vera", PASSWORD)
     page.goto(f"/tasks/{task.pk}/")
-    page.click("#cancel-task")
-    page.locator("#cancel-dialog input[name=reason]").fill("looks stuck to me")
+    expect(page.locator("#cancel-task")).to_have_count(0)
+    expect(page.locator("#verify-chain")).to_have_count(0)
+    screenshot(page, "roles-viewer-task")
+    page.goto("/pauses/")
+    expect(page.locator("#pause-form")).to_have_count(0)
+    expect(page.locator("#pause-form-absent")).to_contain_text("for operators")
+    # The page offered nothing, but the server decides: a cancel sent all the same is refused.
+    token = csrf_token_of(page)
     with page.expect_navigation():
-        page.locator("#cancel-submit").click()
+        page.evaluate("""([action, token]) => {
+            const form = Object.assign(document.createElement("form"), {method: "post", action});
+            for (const [name, value] of [["csrfmiddlewaretoken", token], ["reason", "looks stuck to me"]]) {
+                form.append(Object.assign(document.createElement("input"), {type: "hidden", name, value}));
+            }
+            document.body.append(form);
+            form.submit();
+        }""", [f"/tasks/{task.pk}/cancel/", token])
     expect(page.locator("h1")).to_have_text("Not allowed")
     expect(page.locator("main")).to_contain_text("Cancelling a task needs the operate_backplane permission")
     screenshot(page, "roles-viewer-cancel-refused")

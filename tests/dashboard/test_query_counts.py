@@ -24,10 +24,11 @@ from tests.dashboard.conftest import History
 # The pauses in force (recovery/fleet.py) are one more on the overview, and a pending task's page
 # (the fork here) reads the pause that may hold it back. The task list asks once whether the
 # user may review (its bulk bar makes a bulk job, which is for reviewers only).
-# Every page adds 2 for who may look (the user's and their groups' permissions); the task pages 1
-# more for the user's staff scope, the diff 4 (the scope and the task looked up in it, for each of two).
+# Every page adds 2 for who may look (the user's and their groups' permissions) and 1 for the
+# user's staff scope (the overview refuses a scoped user; the task pages scope to it), the diff 3
+# more (the task looked up in it, for each of two, and the scope again).
 _ROLE = 2
-BOUNDS = {"overview": 13 + _ROLE, "overview-live": 13 + _ROLE, "tasks": 5 + _ROLE + 1, "tasks-search": 5 + _ROLE + 1,
+BOUNDS = {"overview": 13 + _ROLE + 1, "overview-live": 13 + _ROLE + 1, "tasks": 5 + _ROLE + 1, "tasks-search": 5 + _ROLE + 1,
           "task": 11 + _ROLE + 1, "task-live": 10 + _ROLE + 1, "fork": 13 + _ROLE + 1, "diff": 10 + _ROLE + 4}
 
 
