@@ -28,8 +28,8 @@ from tests.dashboard.conftest import History
 # user's staff scope (the overview refuses a scoped user; the task pages scope to it), the diff 3
 # more (the task looked up in it, for each of two, and the scope again).
 _ROLE = 2
-BOUNDS = {"overview": 13 + _ROLE + 1, "overview-live": 13 + _ROLE + 1, "tasks": 5 + _ROLE + 1, "tasks-search": 5 + _ROLE + 1,
-          "task": 11 + _ROLE + 1, "task-live": 10 + _ROLE + 1, "fork": 13 + _ROLE + 1, "diff": 10 + _ROLE + 4}
+BOUNDS = {"overview": 13 + _ROLE + 1, "overview-live": 13 + _ROLE + 1, "tasks": 5 + _ROLE + 1,
+          "tasks-search": 5 + _ROLE + 1, "task": 11 + _ROLE + 1, "task-live": 10 + _ROLE + 1, "fork": 13 + _ROLE + 1, "diff": 10 + _ROLE + 4}
 
 
 def pages(history: History, fork: Task) -> dict[str, str]:
