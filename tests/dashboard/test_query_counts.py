@@ -29,7 +29,8 @@ from tests.dashboard.conftest import History
 # more (the task looked up in it, for each of two, and the scope again).
 _ROLE = 2
 BOUNDS = {"overview": 13 + _ROLE + 1, "overview-live": 13 + _ROLE + 1, "tasks": 5 + _ROLE + 1,
-          "tasks-search": 5 + _ROLE + 1, "task": 11 + _ROLE + 1, "task-live": 10 + _ROLE + 1, "fork": 13 + _ROLE + 1, "diff": 10 + _ROLE + 4}
+          "tasks-search": 5 + _ROLE + 1, "task": 11 + _ROLE + 1, "task-live": 10 + _ROLE + 1,
+          "fork": 13 + _ROLE + 1, "diff": 10 + _ROLE + 4}
 
 
 def pages(history: History, fork: Task) -> dict[str, str]:
