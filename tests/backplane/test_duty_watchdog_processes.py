@@ -23,11 +23,13 @@ from tests.support.live_server import database_url_of_test_db
 pytestmark = pytest.mark.slow
 
 SEAL_SECONDS = 4
+METRICS_TOKEN = "watchdog-scrape-token"
 
 
 @pytest.fixture
 def worker_and_beat(committed_db: None, settings: Any) -> Iterator[CeleryProcesses]:
     settings.BACKPLANE_DUTY_WATCH = True
+    settings.BACKPLANE_METRICS_TOKEN = METRICS_TOKEN  # what opens /readyz's details
     processes = CeleryProcesses(env={"BACKPLANE_SEAL_SECONDS": str(SEAL_SECONDS)})
     try:
         processes.start("worker")
@@ -38,7 +40,7 @@ def worker_and_beat(committed_db: None, settings: Any) -> Iterator[CeleryProcess
 
 
 def _duty_problems(client: Client) -> list[str]:
-    response = client.get("/readyz")
+    response = client.get("/readyz", HTTP_AUTHORIZATION=f"Bearer {METRICS_TOKEN}")
     return [] if response.status_code == 200 else response.json()["error"]["details"]["problems"]
 
 
