@@ -10,7 +10,7 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse
 from rest_framework import serializers, status
-from rest_framework.permissions import SAFE_METHODS, BasePermission, IsAuthenticated
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -169,22 +169,6 @@ class ApiView(APIView):
     permission_classes = [IsAuthenticated, AgentOrViewer]
 
 
-AGENTS_ONLY_MESSAGE = ("this route writes as an agent, under its lease and within its kinds: use an agent token "
-                       "(staff act through the staff actions: cancel, pause, fork, budgets)")
-
-
-class AgentWritesOnly(BasePermission):
-    """Reads for every caller; writes only for agents, which write under their own leases and
-    within their kinds (``check_lease``). Staff sessions act through the staff actions, each
-    with its own permission."""
-
-    message = AGENTS_ONLY_MESSAGE
-
-    def has_permission(self, request: Request, view: APIView) -> bool:
-        principal: object = request.user
-        if not isinstance(principal, Principal):
-            return False
-        return request.method in SAFE_METHODS or principal.agent is not None
 
 
 # The largest integer a query parameter may be: PostgreSQL's bigint, which every one is compared with.

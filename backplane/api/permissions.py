@@ -7,7 +7,7 @@ made by recovery's migration 0013 (docs/production.md, "Roles"):
 
 - viewer (``recovery.view_backplane``): reads;
 - operator (``recovery.operate_backplane``): acts on tasks and the fleet (cancel, fork, pauses,
-  budgets, verification runs); staff never write as an agent (``base.AgentWritesOnly``);
+  budgets, verification runs); staff never write as an agent (``AgentWritesOnly``, below);
 - reviewer (``backplane.review_deadletter``): dead letters and bulk jobs, reads included.
 
 Being staff only lets a person log in; a superuser holds every permission. A staff user scoped to
@@ -95,3 +95,18 @@ class Reviewer(PrincipalPermission):
             return False
         # A session's namespace is its user's scope; a token bound to a user has its agent's.
         return (principal.namespace if principal.agent is None else staff_namespace(user_id=user.pk)) is None
+
+
+AGENTS_ONLY_MESSAGE = ("this route writes as an agent, under its lease and within its kinds: use an agent token "
+                       "(staff act through the staff actions: cancel, pause, fork, budgets)")
+
+
+class AgentWritesOnly(PrincipalPermission):
+    """Reads for every caller; writes only for agents, which write under their own leases and
+    within their kinds (``check_lease``). Staff sessions act through the staff actions, each
+    with its own permission."""
+
+    message = AGENTS_ONLY_MESSAGE
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        return method in SAFE_METHODS or principal.agent is not None

@@ -16,7 +16,6 @@ from backplane.api.authentication import Principal
 from backplane.api.base import (
     REPLAY_HEADER,
     WRITE_CONFLICTS,
-    AgentWritesOnly,
     Answer,
     ApiView,
     errors,
@@ -25,7 +24,7 @@ from backplane.api.base import (
     written_or_replayed,
     written_or_replayed_answer,
 )
-from backplane.api.permissions import AgentOrViewer
+from backplane.api.permissions import AgentOrViewer, AgentWritesOnly
 from backplane.api.routes import AgentRoute, Operation
 from backplane.api.serializers import (
     JSONObjectField,

@@ -32,10 +32,10 @@ from rest_framework import exceptions
 
 from backplane.api import fastcheck
 from backplane.api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, staff_authenticate
-from backplane.api.base import AGENTS_ONLY_MESSAGE, Answer, ApiView, validated
+from backplane.api.base import Answer, ApiView, validated
 from backplane.api.errors import error_parts
 from backplane.api.parsers import InvalidJSON, charset_refused, loads_strict
-from backplane.api.permissions import AgentOrViewer
+from backplane.api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer
 from backplane.api.serializers import StrictSerializer
 from backplane.api.throttling import count_request
 

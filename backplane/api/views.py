@@ -14,7 +14,6 @@ from rest_framework.response import Response
 from backplane.api.authentication import Principal
 from backplane.api.base import (
     WRITE_CONFLICTS,
-    AgentWritesOnly,
     Answer,
     ApiView,
     errors,
@@ -24,7 +23,7 @@ from backplane.api.base import (
     written_or_replayed,
     written_or_replayed_answer,
 )
-from backplane.api.permissions import AgentOrViewer
+from backplane.api.permissions import AgentOrViewer, AgentWritesOnly
 from backplane.api.routes import AgentRoute, Operation
 from backplane.api.serializers import (
     ChainVerifyOut,

@@ -14,21 +14,11 @@ from backplane.delivery import outbox, relay
 from backplane.delivery.models import OutboxMessage
 from backplane.delivery.sinks import Sinks
 from tests.api.conftest import AgentClient, assert_error, create_task
+from tests.backplane.test_outbox import drain
 
 
 def events_url(task: dict[str, Any]) -> str:
     return f"/api/v1/tasks/{task['task_id']}/events/"
-
-
-def drain(simple: Any) -> list[dict[str, Any]]:
-    received: list[dict[str, Any]] = []
-    while True:
-        try:
-            message = simple.get(timeout=0.2)
-        except simple.Empty:
-            return received
-        received.append(message.payload)
-        message.ack()
 
 
 def test_every_row_of_an_agents_message_and_of_the_lifecycle_names_the_tasks_namespace(

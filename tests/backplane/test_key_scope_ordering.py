@@ -17,19 +17,7 @@ from backplane.delivery.sinks import KombuSink, Sinks
 from backplane.eventlog import services
 from backplane.eventlog.models import Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft
-
-UNREACHABLE_BROKER = "redis://127.0.0.1:1/0"
-
-
-def drain(simple: Any) -> list[dict[str, Any]]:
-    received: list[dict[str, Any]] = []
-    while True:
-        try:
-            message = simple.get(timeout=0.2)
-        except simple.Empty:
-            return received
-        received.append(message.payload)
-        message.ack()
+from tests.backplane.test_outbox import UNREACHABLE_BROKER, drain
 
 
 def append(task: Task, messages: list[tuple[str, str]], *, n: int, event_type: str = "Noted",
