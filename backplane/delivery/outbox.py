@@ -219,11 +219,3 @@ def _insert_rows(rows: list[dict[str, Any]], *, now: datetime) -> list[tuple[int
     with connection.cursor() as cursor:
         cursor.execute(_insert_sql(), [now, now, recordset_json(rows)])
         return sorted(cursor.fetchall())
-
-
-def outbox_wake_relays() -> None:
-    """Wake the long-running relays (``manage.py relay`` listens) when the transaction commits:
-    for rows that became claimable without an INSERT (the insert trigger notifies for those),
-    e.g. a dead letter requeued, or discarded so that its key goes on."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify('backplane_outbox', '')")
