@@ -19,7 +19,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
 # Django must be set up before anything imports models (the WebSocket routes do).
 django_wsgi_app = get_wsgi_application()
 
-from backplane.api.middleware import AnswerEveryRequest  # noqa: E402
+from api.middleware import AnswerEveryRequest  # noqa: E402
 from backplane.integrity.sealing import require_signing_key  # noqa: E402
 
 # In production, no signing key means no seals and no audit export: refuse to serve at all.

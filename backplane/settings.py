@@ -72,7 +72,7 @@ if _proxy_ssl_header:
 SECURE_SSL_REDIRECT = env_bool("BACKPLANE_SSL_REDIRECT", not IS_LOCAL)
 # Probes from inside the deployment (compose's healthcheck, a load balancer) speak plain http.
 # The API is exempt too, but not served: a plain-http API request gets the contract's JSON 403
-# (backplane/api/middleware.py) instead of an HTML redirect its client would follow as a GET.
+# (api/middleware.py) instead of an HTML redirect its client would follow as a GET.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^readyz/traffic$", r"^api/"]
 SECURE_HSTS_SECONDS = env_int("BACKPLANE_HSTS_SECONDS", 0 if IS_LOCAL else 365 * 24 * 3600, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BACKPLANE_HSTS_INCLUDE_SUBDOMAINS", True)
@@ -109,7 +109,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # An agent's traceparent, for the events it writes while tracing is off (telemetry/tracing.py).
     "backplane.telemetry.tracing.TraceContextMiddleware",
-    "backplane.api.middleware.ApiErrorMiddleware",
+    "api.middleware.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # While the database is known to be down, answer 503 at once instead of waiting for the pool.
     "backplane.runtime.database_gate.DatabaseGateMiddleware",
@@ -444,14 +444,14 @@ BACKPLANE_DUTY_WATCH = env_bool("BACKPLANE_DUTY_WATCH", BACKPLANE_ENV != "test")
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "backplane.api.authentication.AgentTokenAuthentication",
-        "backplane.api.authentication.StaffSessionAuthentication",
+        "api.authentication.AgentTokenAuthentication",
+        "api.authentication.StaffSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_THROTTLE_CLASSES": ["backplane.api.authentication.PrincipalRateThrottle"],
-    "DEFAULT_PARSER_CLASSES": ["backplane.api.parsers.StrictJSONParser"],
+    "DEFAULT_THROTTLE_CLASSES": ["api.authentication.PrincipalRateThrottle"],
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "backplane.api.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "api.errors.api_exception_handler",
     "DATETIME_FORMAT": "%Y-%m-%dT%H:%M:%S.%fZ",
     "UNAUTHENTICATED_USER": None,
 }
@@ -468,8 +468,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"AnswerStatusEnum": ["succeeded", "failed"]},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "backplane.api.schema.forbid_unknown_request_fields",
-        "backplane.api.schema.describe_parameters_and_link_operations",
+        "api.schema.forbid_unknown_request_fields",
+        "api.schema.describe_parameters_and_link_operations",
     ],
 }
 

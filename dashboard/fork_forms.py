@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 
-# The same bound as the API's (backplane/api/forks.py, which the dashboard does not import).
+# The same bound as the API's (api/forks.py, which the dashboard does not import).
 REASON_MAX_CHARS = 1000
 REASON_REQUIRED = "Write a reason: it is recorded in the fork's log with your name."
 

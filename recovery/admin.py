@@ -122,7 +122,7 @@ class PauseAdmin(ReadOnlyAdmin):
 @admin.register(StaffScope)
 class StaffScopeAdmin(admin.ModelAdmin):
     """A staff user limited to one namespace: their session's queries scope to it from their next
-    request on (backplane/api/authentication.py); no row, every namespace. What they may do is
+    request on (api/authentication.py); no row, every namespace. What they may do is
     their groups' (docs/production.md, "Roles")."""
 
     list_display = ("user", "namespace")

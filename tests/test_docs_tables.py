@@ -9,8 +9,8 @@ import ast
 import re
 from pathlib import Path
 
-from backplane.api import errors as api_errors
-from backplane.api import middleware
+from api import errors as api_errors
+from api import middleware
 from backplane.eventlog import errors
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.runtime import env

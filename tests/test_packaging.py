@@ -24,9 +24,9 @@ import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
-PRODUCT = ("backplane", "recovery", "dashboard", "backplane_client", "manage.py")
+PRODUCT = ("backplane", "api", "recovery", "dashboard", "backplane_client", "manage.py")
 TEST_CODE = ("tests", "bench")
-LOCAL = {"backplane", "recovery", "dashboard", "backplane_client", "tests", "bench"}
+LOCAL = {"backplane", "api", "recovery", "dashboard", "backplane_client", "tests", "bench"}
 # The product also needs what it names only in strings, commands or settings, never in an import.
 NAMED_NOT_IMPORTED = (
     "uvicorn[standard]",  # the web server (docker-compose.yml, the launcher)

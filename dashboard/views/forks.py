@@ -37,7 +37,7 @@ NAV = "tasks"
 
 
 def forked_by(request: HttpRequest) -> str:
-    """Who forked, as the API names a staff session (backplane/api/authentication.py)."""
+    """Who forked, as the API names a staff session (api/authentication.py)."""
     return user_actor(request.user)
 
 

@@ -1,4 +1,4 @@
-"""The agent routes (backplane/api/routes.py): one view serves every request to each of them,
+"""The agent routes (api/routes.py): one view serves every request to each of them,
 whoever calls, in DRF's order and with DRF's answers."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import resolve
 from rest_framework.test import APIClient
 
-from backplane.api.routes import AgentRoute
+from api.routes import AgentRoute
 from backplane.eventlog import services
 from backplane.eventlog.models import Agent, Event
 from tests.api.conftest import AgentClient, assert_error, claim, create_task

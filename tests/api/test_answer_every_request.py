@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from api.middleware import AnswerEveryRequest
 from backplane import asgi
-from backplane.api.middleware import AnswerEveryRequest
 
 SCOPE = {"type": "http", "method": "POST", "path": "/api/v1/tasks/"}
 

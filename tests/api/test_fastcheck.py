@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework import serializers
 
-from backplane.api import fastcheck
-from backplane.api.serializers import EventAppendIn, EventBatchIn, StrictSerializer, TaskCreateIn
+from api import fastcheck
+from api.serializers import EventAppendIn, EventBatchIn, StrictSerializer, TaskCreateIn
 
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63), st.floats(allow_nan=False,
@@ -181,14 +181,14 @@ tool_call_fields = st.dictionaries(
 @SETTINGS
 @given(tool_call_fields)
 def test_the_lease_and_tool_call_checks_are_never_looser_than_their_serializers(body: dict[str, Any]) -> None:
-    from backplane.api.recovery import LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn
+    from api.recovery import LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn
 
     for serializer_class in (LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn):
         assert_never_looser(serializer_class, body)
 
 
 def test_the_lease_and_tool_call_bodies_agents_send_take_the_fast_path() -> None:
-    from backplane.api.recovery import LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn
+    from api.recovery import LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn, ToolCallResultIn
 
     for serializer_class, body in (
         (LeaseClaimIn, {"kinds": ["lead-qualification"], "lease_seconds": 60}),

@@ -22,7 +22,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from backplane.api.parsers import MAX_DEPTH, InvalidJSON, loads_strict
+from api.parsers import MAX_DEPTH, InvalidJSON, loads_strict
 from backplane.eventlog import services
 from tests.api.conftest import AgentClient, assert_error, claim, create_task, row_counts
 from tests.support.live_server import WebProcess

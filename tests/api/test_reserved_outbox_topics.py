@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from backplane.api import fastcheck
-from backplane.api.serializers import EventAppendIn, EventBatchIn
+from api import fastcheck
+from api.serializers import EventAppendIn, EventBatchIn
 from backplane.delivery.models import OutboxMessage
 from tests.api.conftest import AgentClient, assert_error, create_task
 

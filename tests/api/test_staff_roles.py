@@ -1,4 +1,4 @@
-"""People's roles on the staff API (backplane/api/permissions.py): a viewer reads, an operator
+"""People's roles on the staff API (api/permissions.py): a viewer reads, an operator
 cancels, pauses, forks and sets budgets, a reviewer decides dead letters and bulk jobs; staff
 with no role get nothing, and a staff user scoped to a namespace sees only that namespace."""
 

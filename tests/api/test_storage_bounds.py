@@ -178,7 +178,7 @@ def test_a_sandbox_fork_with_1000_tool_answers(alice: AgentClient) -> None:
 
 
 def test_a_cancel_with_the_longest_reason(staff: APIClient, alice: AgentClient) -> None:
-    from backplane.api.fleet import REASON_MAX_CHARS
+    from api.fleet import REASON_MAX_CHARS
 
     task = create_task(alice, kind="k", input={})
     measured("task_cancel", staff, f"/api/v1/tasks/{task['task_id']}/cancel/",

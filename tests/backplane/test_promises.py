@@ -442,7 +442,7 @@ def test_a_token_matches_only_its_own_hash(db) -> None:  # type: ignore[no-untyp
 _SECRET_WORDS = ("token", "signature", "secret")
 # Where tokens and signatures are checked. Any module that compares a secret goes here.
 _AUTH_MODULES = [
-    "backplane/api/authentication.py",
+    "api/authentication.py",
     "backplane/eventlog/models.py",
     "backplane/eventlog/services.py",
     "backplane/delivery/sinks.py",

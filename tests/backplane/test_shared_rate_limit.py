@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from pytest_django.fixtures import DjangoAssertNumQueries
 
-from backplane.api.throttling import Window, count_into, counter_key
+from api.throttling import Window, count_into, counter_key
 from backplane.eventlog import services
 from backplane.eventlog.models import Agent
 from tests.support.live_server import ROOT, web_env

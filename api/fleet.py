@@ -11,10 +11,10 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.authentication import Principal
-from backplane.api.base import ApiView, errors, principal_of, validated
-from backplane.api.permissions import AgentOrViewerOperator, StaffViewerOperator
-from backplane.api.serializers import (
+from api.authentication import Principal
+from api.base import ApiView, errors, principal_of, validated
+from api.permissions import AgentOrViewerOperator, StaffViewerOperator
+from api.serializers import (
     StrictBooleanField,
     StrictCharField,
     StrictSerializer,

@@ -12,8 +12,8 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.authentication import Principal
-from backplane.api.base import (
+from api.authentication import Principal
+from api.base import (
     REPLAY_HEADER,
     WRITE_CONFLICTS,
     Answer,
@@ -24,9 +24,9 @@ from backplane.api.base import (
     written_or_replayed,
     written_or_replayed_answer,
 )
-from backplane.api.permissions import AgentOrViewer, AgentWritesOnly
-from backplane.api.routes import AgentRoute, Operation
-from backplane.api.serializers import (
+from api.permissions import AgentOrViewer, AgentWritesOnly
+from api.routes import AgentRoute, Operation
+from api.serializers import (
     JSONObjectField,
     StrictCharField,
     StrictIntegerField,

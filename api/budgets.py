@@ -11,9 +11,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.base import ApiView, errors, principal_of, validated
-from backplane.api.permissions import StaffViewerOperator
-from backplane.api.serializers import StrictCharField, StrictSerializer
+from api.base import ApiView, errors, principal_of, validated
+from api.permissions import StaffViewerOperator
+from api.serializers import StrictCharField, StrictSerializer
 from recovery import budgets
 from recovery.models import Budget, BudgetPeriod, BudgetScope, BudgetUnit
 

@@ -18,7 +18,7 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import is_valid_path
 
-from backplane.api.errors import error_body, json_error
+from api.errors import error_body, json_error
 
 logger = logging.getLogger(__name__)
 

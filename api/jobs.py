@@ -14,9 +14,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.base import ApiView, errors, principal_of, query_int, validated
-from backplane.api.permissions import Reviewer
-from backplane.api.serializers import (
+from api.base import ApiView, errors, principal_of, query_int, validated
+from api.permissions import Reviewer
+from api.serializers import (
     JSONObjectField,
     StrictCharField,
     StrictIntegerField,

@@ -12,9 +12,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.base import ApiView, errors, principal_of, validated, written_or_replayed
-from backplane.api.permissions import AgentOrViewerOperator
-from backplane.api.serializers import (
+from api.base import ApiView, errors, principal_of, validated, written_or_replayed
+from api.permissions import AgentOrViewerOperator
+from api.serializers import (
     JSONObjectField,
     StrictBooleanField,
     StrictCharField,

@@ -15,9 +15,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from backplane.api.authentication import Principal
-from backplane.api.permissions import AgentOrViewer
-from backplane.api.serializers import ErrorOut
+from api.authentication import Principal
+from api.permissions import AgentOrViewer
+from api.serializers import ErrorOut
 from backplane.eventlog.errors import InvalidInput
 
 REPLAY_HEADER = "Idempotent-Replay"

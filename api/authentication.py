@@ -24,7 +24,7 @@ from rest_framework import HTTP_HEADER_ENCODING, authentication, exceptions
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from backplane.api.throttling import COUNT_SQL, count_request, counter_key, current_window
+from api.throttling import COUNT_SQL, count_request, counter_key, current_window
 from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token, user_actor
 from backplane.lib.sql_rows import RowLoader
 from recovery.selectors import staff_namespace
@@ -209,7 +209,7 @@ class PrincipalRateThrottle(BaseThrottle):
 
 
 class AgentTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "backplane.api.authentication.AgentTokenAuthentication"
+    target_class = "api.authentication.AgentTokenAuthentication"
     name = "agentToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
@@ -217,7 +217,7 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
 
 
 class StaffSessionScheme(OpenApiAuthenticationExtension):
-    target_class = "backplane.api.authentication.StaffSessionAuthentication"
+    target_class = "api.authentication.StaffSessionAuthentication"
     name = "staffSession"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

@@ -30,14 +30,14 @@ from django.http import HttpRequest, HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 
-from backplane.api import fastcheck
-from backplane.api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, staff_authenticate
-from backplane.api.base import Answer, ApiView, validated
-from backplane.api.errors import error_parts
-from backplane.api.parsers import InvalidJSON, charset_refused, loads_strict
-from backplane.api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer
-from backplane.api.serializers import StrictSerializer
-from backplane.api.throttling import count_request
+from api import fastcheck
+from api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, staff_authenticate
+from api.base import Answer, ApiView, validated
+from api.errors import error_parts
+from api.parsers import InvalidJSON, charset_refused, loads_strict
+from api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer
+from api.serializers import StrictSerializer
+from api.throttling import count_request
 
 
 class Operation:

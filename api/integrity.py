@@ -7,7 +7,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backplane.api.base import ApiView, errors, principal_of, query_int
+from api.base import ApiView, errors, principal_of, query_int
 from backplane.eventlog.errors import NotFound
 from backplane.eventlog.models import Event
 from backplane.integrity import sealing

@@ -21,7 +21,7 @@ from typing import Any
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
-from backplane.api.authentication import Principal
+from api.authentication import Principal
 from backplane.delivery.models import REVIEW_PERMISSION
 from recovery.models import OPERATE_PERMISSION, VIEW_PERMISSION
 from recovery.selectors import staff_namespace

@@ -24,7 +24,7 @@ from rest_framework import fields as drf_fields
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from backplane.api.serializers import (
+from api.serializers import (
     JSONObjectField,
     StrictCharField,
     StrictIntegerField,

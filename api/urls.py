@@ -1,7 +1,7 @@
 from django.urls import path
 
-from backplane.api import budgets, dead_letters, fleet, forks, integrity, jobs, views
-from backplane.api import recovery as recovery_api
+from api import budgets, dead_letters, fleet, forks, integrity, jobs, views
+from api import recovery as recovery_api
 
 urlpatterns = [
     path("tasks/", views.TasksView.as_view(), name="tasks"),
