@@ -1,6 +1,10 @@
-"""ASGI entry point: WebSockets through Channels, HTTP through Django's WSGI handler.
+"""ASGI entry point: WebSockets through Channels; HTTP through the HTTP front, a Starlette router
+that serves its own routes on the event loop and hands every other path to Django's WSGI handler.
 
-Why HTTP is not Django's ASGI handler: every view here is synchronous (DRF, the admin),
+The front's routes need nothing of Django's request stack (``/healthz``); everything else, the
+API, the dashboard and the admin, is Django's.
+
+Why the rest is not Django's ASGI handler: every view here is synchronous (DRF, the admin),
 and under Django's ASGI handler each of the nine middlewares runs its request and
 response hooks through its own hop to a worker thread, which costs far more than a trivial
 view. So an HTTP request makes one hop to a thread of a2wsgi's pool and runs the whole
@@ -14,12 +18,15 @@ from typing import Any, cast
 from a2wsgi import WSGIMiddleware
 from a2wsgi.wsgi_typing import WSGIApp
 from django.core.wsgi import get_wsgi_application
+from starlette.routing import Route, Router
+from starlette.types import ASGIApp
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
 # Django must be set up before anything imports models (the WebSocket routes do).
 django_wsgi_app = get_wsgi_application()
 
 from api.middleware import AnswerEveryRequest  # noqa: E402
+from backplane import health  # noqa: E402
 from backplane.integrity.sealing import require_signing_key  # noqa: E402
 
 # In production, no signing key means no seals and no audit export: refuse to serve at all.
@@ -36,11 +43,19 @@ from dashboard.routing import websocket_urlpatterns  # noqa: E402
 ASGI_THREADS = int(os.environ.get("BACKPLANE_HTTP_THREADS", "16"))
 
 
+# A WSGI application all the same: a2wsgi types PEP 3333 with its own environ TypedDict and
+# start_response protocol, which Django's stubs (wsgiref.types) do not match; and an ASGI
+# application all the same, which a2wsgi types with its own scope and message TypedDicts.
+django_http = cast(ASGIApp, WSGIMiddleware(cast(WSGIApp, django_wsgi_app), workers=ASGI_THREADS))
+
+# redirect_slashes off: a path the front does not serve goes to Django as it came, for Django's
+# own APPEND_SLASH and 404s.
+http_front = Router(routes=[Route("/healthz", health.healthz, methods=["GET"])], default=django_http,
+                    redirect_slashes=False)
+
 router = ProtocolTypeRouter(
     {
-        # A WSGI application all the same: a2wsgi types PEP 3333 with its own environ TypedDict
-        # and start_response protocol, which Django's stubs (wsgiref.types) do not match.
-        "http": AnswerEveryRequest(WSGIMiddleware(cast(WSGIApp, django_wsgi_app), workers=ASGI_THREADS)),
+        "http": AnswerEveryRequest(http_front),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

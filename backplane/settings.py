@@ -70,10 +70,11 @@ if _proxy_ssl_header:
             f"BACKPLANE_SECURE_PROXY_SSL_HEADER={_proxy_ssl_header!r} must be 'Header-Name: value'")
     SECURE_PROXY_SSL_HEADER = ("HTTP_" + _header.upper().replace("-", "_"), _value)
 SECURE_SSL_REDIRECT = env_bool("BACKPLANE_SSL_REDIRECT", not IS_LOCAL)
-# Probes from inside the deployment (compose's healthcheck, a load balancer) speak plain http.
+# Probes from inside the deployment (compose's healthcheck, a load balancer) speak plain http;
+# /healthz is answered before Django sees it (backplane/asgi.py).
 # The API is exempt too, but not served: a plain-http API request gets the contract's JSON 403
 # (api/middleware.py) instead of an HTML redirect its client would follow as a GET.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^readyz/traffic$", r"^api/"]
+SECURE_REDIRECT_EXEMPT = [r"^readyz$", r"^readyz/traffic$", r"^api/"]
 SECURE_HSTS_SECONDS = env_int("BACKPLANE_HSTS_SECONDS", 0 if IS_LOCAL else 365 * 24 * 3600, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BACKPLANE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("BACKPLANE_HSTS_PRELOAD", True)

@@ -5,7 +5,6 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from backplane import health, metrics
 
 urlpatterns = [
-    path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("readyz/traffic", health.readyz_traffic, name="readyz-traffic"),
     path("metrics", metrics.metrics, name="metrics"),

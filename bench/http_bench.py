@@ -189,22 +189,24 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
             row.note = "; ".join(filter(None, [row.note, f"{lost(wrk):,} {what}answers not 2xx/201 or lost"]))
             row.met = False
 
-    row = Row("`GET /healthz` of the product (uvicorn + a2wsgi, as `make run` serves it)", target="≥ 0.8",
-              note=errors("healthz", "floor_django"))
+    row = Row("`GET /healthz` of the product (the HTTP front on uvicorn's event loop, as `make run` serves it)",
+              target="≥ 0.3", note=errors("healthz", "floor_asgi"))
     if healthz:
         row.figure = served(healthz)
-    if floor:
-        row.baseline = f"minimal Django view, same stack: {served(floor)}"
-    if healthz and floor:
-        row.compare(healthz["rps"], floor["rps"], 0.8)
+    if limit:
+        row.baseline = f"bare ASGI hello-world, same server: {served(limit)}"
+    if healthz and limit:
+        row.compare(healthz["rps"], limit["rps"], 0.3)
         lost_note(row, healthz)
-        lost_note(row, floor, "baseline ")
+        lost_note(row, limit, "baseline ")
     rows.append(row)
 
-    row = Row("bare ASGI hello-world under uvicorn (the server's limit)", note=errors("floor_asgi"))
-    if limit:
-        row.figure = served(limit)
-        lost_note(row, limit)
+    # Informational: what every route Django still serves pays before its own work.
+    row = Row("minimal Django view under uvicorn + a2wsgi (the floor of Django's routes)",
+              note=errors("floor_django"))
+    if floor:
+        row.figure = served(floor)
+        lost_note(row, floor)
     rows.append(row)
 
     single = Row("single-event append over HTTP (append.lua)", target="≥ 0.3, p99 ≤ 50 ms",

@@ -56,7 +56,7 @@ def test_a_malformed_proxy_header_setting_is_refused(tmp_path: Path) -> None:
 def test_tests_and_development_speak_plain_http(client: Client, db: None) -> None:
     assert not settings.SECURE_SSL_REDIRECT and not settings.SECURE_HSTS_SECONDS
     assert not settings.SESSION_COOKIE_SECURE and not settings.CSRF_COOKIE_SECURE
-    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz/traffic").status_code == 200
 
 
 def test_behind_the_proxy_http_is_redirected_and_probes_are_not(client: Client, db: None,
@@ -69,7 +69,6 @@ def test_behind_the_proxy_http_is_redirected_and_probes_are_not(client: Client, 
     served = client.get("/login/", HTTP_X_FORWARDED_PROTO="https")
     assert served.status_code == 200 and served["Strict-Transport-Security"].startswith("max-age=3600")
     # The compose healthcheck and load balancers probe from inside, over plain http.
-    assert client.get("/healthz").status_code == 200
     assert client.get("/readyz").status_code == 200
     assert client.get("/readyz/traffic").status_code == 200
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import httpx
 import pytest
 from django.db import connection
 from django.test import Client
@@ -20,14 +22,55 @@ def metrics_token(settings: Any) -> None:
 
 
 
-def test_healthz_answers_without_touching_the_database(
-    client: Client,
+class Front:
+    """The HTTP front as the server runs it (backplane/asgi.py): its own routes, Django behind,
+    called over ASGI."""
+
+    def __init__(self) -> None:
+        from backplane import asgi
+
+        self.app = asgi.http_front
+
+    def request(self, method: str, path: str) -> httpx.Response:
+        async def call() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+                return await http.request(method, path)
+
+        return asyncio.run(call())
+
+    def get(self, path: str) -> httpx.Response:
+        return self.request("GET", path)
+
+
+@pytest.fixture
+def front() -> Front:
+    return Front()
+
+
+def test_healthz_answers_before_django_without_touching_the_database(
+    front: Front,
     db: None,
     django_assert_num_queries: DjangoAssertNumQueries,
 ) -> None:
     with django_assert_num_queries(0):
-        response = client.get("/healthz")
+        response = front.get("/healthz")
+        head = front.request("HEAD", "/healthz")
     assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert response.headers["content-type"] == "application/json"
+    assert head.status_code == 200 and head.content == b""
+    refused = front.request("POST", "/healthz")
+    assert refused.status_code == 405 and set(refused.headers["allow"].split(", ")) == {"GET", "HEAD"}
+    # Django never routes it: its URL conf has no such path.
+    assert Client().get("/healthz").status_code == 404
+
+
+def test_the_front_hands_every_other_path_to_django_as_it_came(front: Front, transactional_db: None) -> None:
+    assert front.get("/readyz/traffic").json() == {"status": "ready"}
+    # Not redirected to /healthz by the front: Django answers the path it was sent.
+    assert front.get("/healthz/").status_code == 404
+    api = front.get("/api/v1/tasks")
+    assert api.status_code == 401 and api.json()["error"]["code"] == "not_authenticated"
 
 
 def test_readyz_is_200_with_the_database_up(client: Client, db: None) -> None:

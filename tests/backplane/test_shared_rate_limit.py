@@ -25,7 +25,7 @@ django.setup()
 from django.test import Client
 token, start, count = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
-client.get("/healthz")  # first-request costs (URL resolution, imports) before the start
+client.get("/readyz/traffic")  # first-request costs (URL resolution, imports) before the start
 while time.time() < start:
     time.sleep(0.005)
 path = sys.argv[4]

@@ -203,8 +203,8 @@ def test_a_breaker_that_opens_is_a_transition_and_an_open_breaker(alice: Agent, 
 def test_http_requests_are_counted_by_view_and_status(committed_db: None, client: Client) -> None:
     name = "django_http_responses_total_by_status_view_method_total"
     before = scrape(client)
-    client.get("/healthz")
+    client.get("/readyz/traffic")
     client.get("/no-such-page")
     after = scrape(client)
-    assert after.moved_since(before, name, status="200", view="healthz", method="GET") == 1
+    assert after.moved_since(before, name, status="200", view="readyz-traffic", method="GET") == 1
     assert after.total(name, status="404", method="GET") - before.total(name, status="404", method="GET") == 1

@@ -100,7 +100,7 @@ def some_of_everything(tool: LocalTool) -> None:
 def test_every_dashboard_query_names_a_metric_on_a_live_scrape(committed_db: None, client: Client,
                                                                local_tool: LocalTool) -> None:
     some_of_everything(local_tool)
-    client.get("/healthz")
+    client.get("/readyz/traffic")
     names = scrape(client).names
     queries = dashboard_queries()
     assert len(queries) >= 20

@@ -243,7 +243,7 @@ def test_with_an_otlp_endpoint_set_the_spans_go_to_the_collector(local_tool: Loc
     script = (
         "from django.test import Client\n"
         "from opentelemetry import trace\n"
-        f"assert Client().get('/healthz', HTTP_TRACEPARENT='00-{TRACE}-{PARENT}-01').status_code == 200\n"
+        f"assert Client().get('/login/', HTTP_TRACEPARENT='00-{TRACE}-{PARENT}-01').status_code == 200\n"
         "assert trace.get_tracer_provider().force_flush(10_000)\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backplane.settings",
