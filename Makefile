@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd
+.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -161,6 +161,12 @@ $(BENCH_STAMP): requirements-bench.txt requirements.txt
 bench: $(STAMP) $(BENCH_STAMP) wrk pgclient
 	$(PY) bench/http_bench.py --peers-python $(BENCH_VENV)/bin/python --out var/bench
 	$(PY) bench/fork.py --out var/bench
+
+# Which stack the agent routes could run on (bench/ingress_stack.py, docs/benchmarks.md): bare ASGI,
+# Starlette with json, msgspec or pydantic, async, pipelined or threadpool psycopg, each alone
+# under uvicorn beside pgbench on a throw-away embedded PostgreSQL. About 4 minutes.
+bench-ingress: $(STAMP) wrk pgclient
+	$(PY) bench/ingress_stack.py --out var/bench/ingress
 
 # Where each hot route's time goes in the web process under wrk's load: py-spy's samples, summed
 # by part of the request (bench/profile_http.py; collapsed stacks in var/bench/profile-*.txt).

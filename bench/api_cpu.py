@@ -6,7 +6,8 @@ Calls the product's WSGI application directly (the same handler uvicorn reaches 
 a2wsgi) with real agent tokens against a throw-away PostgreSQL, one request after another,
 and reports wall time and this process's CPU time (``time.process_time``: the server-side
 Python cost, without the database's own work) per request for:
-  - GET /healthz (the baseline: Django's handler and middleware, no DRF, no database),
+  - GET of an unknown API path (the baseline: Django's handler and middleware, a resolver miss and
+    the contract's JSON 404; no DRF, no database),
   - GET /api/v1/tasks/{id}/ (authentication, one SELECT),
   - POST /api/v1/tasks/{id}/events/ (a single-event append),
   - GET /api/v1/tasks/{id}/events/ (a page of 100 events, per event too),
@@ -67,8 +68,8 @@ def main() -> None:
             if not result[0].startswith(prefix):
                 raise SystemExit(f"unexpected answer {result[0]}: {result[1][:300]!r}")
 
-        def healthz() -> None:
-            expect("200", call("GET", "/healthz"))
+        def django_floor() -> None:
+            expect("404", call("GET", "/api/v1/no-such-route/"))
 
         def task_detail() -> None:
             expect("200", call("GET", f"/api/v1/tasks/{task_id}/"))
@@ -95,9 +96,10 @@ def main() -> None:
 
         print(f"api_cpu bench: {args.requests} requests per route, one after another, in this process "
               f"(load average {os.getloadavg()[0]:.1f})")
-        base_wall, base_cpu = measure(healthz, args.requests)
-        print(f"  {'GET /healthz (baseline)':38s} wall {base_wall:6.2f} ms  python cpu {base_cpu:6.2f} ms/request")
-        results = {"healthz": {"wall_ms": base_wall, "cpu_ms": base_cpu, "requests": args.requests}}
+        base_wall, base_cpu = measure(django_floor, args.requests)
+        print(f"  {'GET unknown path, 404 (baseline)':38s} wall {base_wall:6.2f} ms  "
+              f"python cpu {base_cpu:6.2f} ms/request")
+        results = {"django_floor": {"wall_ms": base_wall, "cpu_ms": base_cpu, "requests": args.requests}}
         for key, name, run, count, per in (
             ("task_detail", "GET /api/v1/tasks/{id}/", task_detail, args.requests, 1),
             ("append", "POST .../events/ (1 event)", append, args.requests, 1),
@@ -107,7 +109,7 @@ def main() -> None:
         ):
             wall, cpu = measure(run, count)
             results[key] = {"wall_ms": wall, "cpu_ms": cpu, "requests": count, "events_per_request": per,
-                            "cpu_ratio_to_healthz": cpu / base_cpu}
+                            "cpu_ratio_to_django_floor": cpu / base_cpu}
             print(f"  {name:38s} wall {wall:6.2f} ms  python cpu {cpu:6.2f} ms/request, "
                   f"{cpu / per * 1000:7.0f} us/event, {cpu / base_cpu:5.1f} x the baseline; "
                   f"2 cores at most {2000 / cpu * per:,.0f} events/s")

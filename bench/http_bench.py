@@ -177,6 +177,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
 
     healthz, floor, limit = results.get("healthz"), results.get("floor_django"), results.get("floor_asgi")
     append, batch, pgbench = results.get("append"), results.get("batch"), results.get("pgbench")
+    append_outbox = results.get("append_outbox")
     inproc, proof, peers = results.get("append_py"), results.get("proof"), results.get("peers") or {}
     pgbench_tps = "not measured"
     if pgbench:
@@ -218,6 +219,17 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         single.met = bool(single.met and append["p99_ms"] <= 50)
         lost_note(single, append)
     rows.append(single)
+
+    row = Row("single-event append with one outbox message each (append_outbox.lua)", target="≥ 0.85",
+              note=errors("append_outbox", "append"))
+    if append_outbox:
+        row.figure = served(append_outbox)
+    if append:
+        row.baseline = f"the same appends without one: {served(append)}"
+    if append_outbox and append:
+        row.compare(append_outbox["rps"], append["rps"], 0.85)
+        lost_note(row, append_outbox)
+    rows.append(row)
 
     for key, name, what in (("dbos", "DBOS", "10-step workflows"),
                             ("langgraph", "LangGraph", "10-node graphs, PostgresSaver")):
@@ -512,11 +524,13 @@ class Bench:
                 self.tasks.append(response.json()["task_id"])
 
     def wrk(self, script: str, duration: float, log_name: str, url: str = "") -> dict[str, float]:
-        """wrk with a script of bench/baselines/ against ``url`` (the product's root: the append
-        scripts name their paths; healthz.lua requests the URL's own)."""
+        """wrk with a script of bench/baselines/ (or of bench/, where the shared baselines have
+        none: append_outbox.lua) against ``url`` (the product's root: the append scripts name
+        their paths; healthz.lua requests the URL's own)."""
         env = {**os.environ, "BP_TOKEN": self.token, "TASKS": ",".join(self.tasks)}
         output = run(["wrk", f"-t{self.args.threads}", f"-c{self.args.connections}", f"-d{seconds(duration)}s",
-                      "--timeout", f"{self.args.wrk_timeout:g}s", "-s", str(BASELINES / script),
+                      "--timeout", f"{self.args.wrk_timeout:g}s", "-s",
+                      str(BASELINES / script if (BASELINES / script).exists() else BENCH / script),
                       url or self.product.url], env=env, timeout=duration + 120, log=self.raw / log_name)
         return parse_wrk(output)
 
@@ -628,6 +642,7 @@ class Bench:
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))
+        self.phase("append_outbox", lambda: self.wrk("append_outbox.lua", args.duration, "wrk-append-outbox.txt"))
         self.phase("batch", lambda: self.wrk("batch.lua", args.duration, "wrk-batch.txt"))
         self.phase("pgbench", self.pgbench)
         # The tracing off/on rounds are bench/append.py's own report (docs/observability.md), not a row here.

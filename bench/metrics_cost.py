@@ -1,7 +1,7 @@
 """What /metrics' counting costs the hot paths, per request or append, in one process.
 
 - HTTP: django-prometheus' two middlewares against ``RequestMetricsMiddleware``
-  (backplane/telemetry/http.py), on a request to /healthz whose view costs nothing;
+  (backplane/telemetry/http.py), on a request to /readyz/traffic with a view that costs nothing;
 - an append: what ``count_committed_events`` and the append histogram record once it committed
   (backplane/telemetry/counters.py).
 
@@ -53,8 +53,8 @@ def microseconds_per_call(call: Callable[[], object], *, calls: int = 20_000, ro
 
 
 def main() -> None:
-    request = RequestFactory().get("/healthz")
-    request.resolver_match = resolve("/healthz")
+    request = RequestFactory().get("/readyz/traffic")
+    request.resolver_match = resolve("/readyz/traffic")
     response = HttpResponse(b'{"status":"ok"}', content_type="application/json")
 
     def view(_: HttpRequest) -> HttpResponse:
