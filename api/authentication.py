@@ -11,6 +11,7 @@ for the routes DRF serves.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from rest_framework import HTTP_HEADER_ENCODING, authentication, exceptions
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from api.throttling import COUNT_SQL, count_request, counter_key, current_window
+from api.throttling import COUNT_SQL, Window, count_request, counter_key, current_window
 from backplane.eventlog.models import LAST_SEEN_RESOLUTION_SECONDS, Agent, hash_token, user_actor
 from backplane.lib.sql_rows import RowLoader
 from recovery.selectors import staff_namespace
@@ -78,9 +79,17 @@ class AgentCredentials:
 
 _AGENT_ROWS = RowLoader(Agent)
 _COUNT_THE_AGENT_SQL = COUNT_SQL.format(source="SELECT %s || agent.id, '1', %s FROM agent")
-_AGENT_COUNTED_SQL = (
+# Run on Django's connection here, and on the event loop by the agents' reads (api/agent_reads.py).
+AGENT_COUNTED_SQL = (
     f"WITH agent AS (SELECT {_AGENT_ROWS.columns} FROM backplane_agent WHERE token_hash = %s AND is_active), "
     f"counted AS ({_COUNT_THE_AGENT_SQL}) SELECT agent.*, (SELECT value FROM counted) FROM agent"
+)
+# ``last_seen_at`` moves when it is older than its resolution: one small UPDATE per agent every
+# 30 s at most, whatever the request rate (the condition keeps concurrent requests from all
+# writing it).
+NOTE_SEEN_SQL = (
+    "UPDATE backplane_agent SET last_seen_at = %s"
+    " WHERE id = %s AND (last_seen_at IS NULL OR last_seen_at < %s)"
 )
 _BEARER_SCHEME = b"bearer"
 
@@ -89,7 +98,12 @@ def bearer_token(request: HttpRequest) -> str | None:
     """The token of ``Authorization: Bearer <token>``; None without one; AuthenticationFailed
     for a malformed header."""
     raw = request.META.get("HTTP_AUTHORIZATION", b"")
-    header = (raw.encode(HTTP_HEADER_ENCODING) if isinstance(raw, str) else raw).split()
+    return bearer_token_of(raw.encode(HTTP_HEADER_ENCODING) if isinstance(raw, str) else raw)
+
+
+def bearer_token_of(authorization: bytes) -> str | None:
+    """``bearer_token`` of the header's raw value (as an ASGI scope carries it)."""
+    header = authorization.split()
     if not header or header[0].lower() != _BEARER_SCHEME:
         return None
     if len(header) != 2:
@@ -100,6 +114,45 @@ def bearer_token(request: HttpRequest) -> str | None:
         raise exceptions.AuthenticationFailed("invalid token") from None
 
 
+@dataclass(frozen=True)
+class AgentLookup:
+    """A token's ``AGENT_COUNTED_SQL``: its parameters, and the rate-limit window they count in."""
+
+    token: str
+    window: Window
+
+    @property
+    def params(self) -> list[Any]:
+        # The lookup is by the token's hash, so the key prefix makes the counter agent:<id>'s.
+        return [hash_token(self.token), counter_key("agent:"), self.window.expires]
+
+    def principal(self, row: Sequence[Any] | None) -> tuple[Principal, AgentCredentials]:
+        """The agent of the statement's row, and the wait its count earned; AuthenticationFailed
+        for no row (a token unknown or inactive: nothing was counted)."""
+        if row is None:
+            raise exceptions.AuthenticationFailed("invalid or inactive token")
+        agent = _AGENT_ROWS.load(row[:-1])
+        # Found by the hash; compared again in constant time all the same.
+        if not agent.token_matches(self.token):
+            raise exceptions.AuthenticationFailed("invalid or inactive token")
+        principal = Principal(name=agent.name, namespace=agent.namespace, agent=agent)
+        return principal, AgentCredentials(wait=self.window.wait_after(int(row[-1])))
+
+
+def agent_lookup(token: str) -> AgentLookup:
+    return AgentLookup(token=token, window=current_window())
+
+
+def note_seen_params(agent: Agent) -> list[Any] | None:
+    """``NOTE_SEEN_SQL``'s parameters when the agent's ``last_seen_at`` is older than its
+    resolution; None when it is recent enough (no statement)."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=LAST_SEEN_RESOLUTION_SECONDS)
+    if agent.last_seen_at is not None and agent.last_seen_at > stale:
+        return None
+    return [now, agent.pk, stale]
+
+
 def agent_authenticate(request: HttpRequest) -> tuple[Principal, AgentCredentials] | None:
     """The agent behind a bearer token, its request counted toward the rate limit in the same
     statement; None without a bearer token. AuthenticationFailed for a token that is malformed,
@@ -108,36 +161,15 @@ def agent_authenticate(request: HttpRequest) -> tuple[Principal, AgentCredential
     token = bearer_token(request)
     if token is None:
         return None
-    window = current_window()
+    lookup = agent_lookup(token)
     with connection.cursor() as cursor:
-        # The lookup is by the token's hash, so the key prefix makes the counter agent:<id>'s.
-        cursor.execute(_AGENT_COUNTED_SQL, [hash_token(token), counter_key("agent:"), window.expires])
-        row = cursor.fetchone()
-    if row is None:
-        raise exceptions.AuthenticationFailed("invalid or inactive token")
-    agent = _AGENT_ROWS.load(row[:-1])
-    # Found by the hash; compared again in constant time all the same.
-    if not agent.token_matches(token):
-        raise exceptions.AuthenticationFailed("invalid or inactive token")
-    _note_seen(agent)
-    principal = Principal(name=agent.name, namespace=agent.namespace, agent=agent)
-    return principal, AgentCredentials(wait=window.wait_after(int(row[-1])))
-
-
-def _note_seen(agent: Agent) -> None:
-    """Move ``last_seen_at`` when it is older than its resolution: one small UPDATE per agent
-    every 30 s at most, whatever the request rate (the condition keeps concurrent requests from
-    all writing it)."""
-    now = timezone.now()
-    stale = now - timedelta(seconds=LAST_SEEN_RESOLUTION_SECONDS)
-    if agent.last_seen_at is not None and agent.last_seen_at > stale:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE backplane_agent SET last_seen_at = %s"
-            " WHERE id = %s AND (last_seen_at IS NULL OR last_seen_at < %s)",
-            [now, agent.pk, stale],
-        )
+        cursor.execute(AGENT_COUNTED_SQL, lookup.params)
+        principal, credentials = lookup.principal(cursor.fetchone())
+        assert principal.agent is not None
+        seen = note_seen_params(principal.agent)
+        if seen is not None:
+            cursor.execute(NOTE_SEEN_SQL, seen)
+    return principal, credentials
 
 
 # --- staff: Django's session, CSRF enforced on writes ------------------------------------------

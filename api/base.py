@@ -3,6 +3,7 @@ helpers and the 201-or-replayed answer. The one public module the API's views bu
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -133,6 +134,13 @@ class Answer:
     body: Any
     status: int = status.HTTP_200_OK
     headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_bytes(body: Any) -> bytes:
+    """A body as DRF's JSONRenderer writes it: compact, UTF-8, U+2028/U+2029 escaped for
+    browsers. The agent routes render with it, on either stack (api/routes.py, api/agent_reads.py)."""
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
 
 
 def respond(answer: Answer) -> Response:

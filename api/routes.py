@@ -22,7 +22,6 @@ request ever reaches.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ from rest_framework import exceptions
 
 from api import fastcheck
 from api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, staff_authenticate
-from api.base import Answer, ApiView, validated
+from api.base import Answer, ApiView, json_bytes, validated
 from api.errors import error_parts
 from api.parsers import InvalidJSON, charset_refused, loads_strict
 from api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer
@@ -161,9 +160,7 @@ def _render(body: Any, status: int, headers: Mapping[str, str] | None = None) ->
         response = HttpResponse(b"", status=status)
         del response["Content-Type"]
     else:
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-        response = HttpResponse(text.encode(), status=status, content_type="application/json")
+        response = HttpResponse(json_bytes(body), status=status, content_type="application/json")
     for name, value in (headers or {}).items():
         response[name] = value
     return response

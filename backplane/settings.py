@@ -196,6 +196,11 @@ if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
         # 2 s (backplane/runtime/database_gate.py answers the requests after that at once).
         "timeout": env_float("BACKPLANE_DB_POOL_TIMEOUT", 1.0, minimum=0.1),
     }
+# The async pool of the agent routes the HTTP front serves on the event loop
+# (backplane/runtime/async_pool.py): one per web process beside Django's, with the same wait for a
+# connection before the 503.
+BACKPLANE_ASYNC_DB_POOL_MAX = env_int("BACKPLANE_ASYNC_DB_POOL_MAX", 8, minimum=1)
+BACKPLANE_ASYNC_DB_POOL_TIMEOUT = env_float("BACKPLANE_DB_POOL_TIMEOUT", 1.0, minimum=0.1)
 # libpq's connect timeout (psycopg enforces at least 2 s): a database host that does not answer
 # must not hold a request, a probe or a duty for the operating system's TCP timeout.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env_int("BACKPLANE_DB_CONNECT_TIMEOUT", 2, minimum=2))

@@ -12,7 +12,8 @@ shadow the standard library's ``http`` package for every script in bench/, Djang
    not throttle the load; waits for ``/readyz``; makes an agent token (``manage.py create_agent``)
    and ``--tasks`` tasks over the API.
 2. wrk (``-t2 -c16 -d15s``) with the baseline scripts in bench/baselines/ (copies of
-   shared/bench/): ``GET /healthz`` of the product, then of the two floors of
+   shared/bench/): ``GET /healthz`` of the product, an agent's reads of its tasks (bench/read.lua),
+   then ``GET /healthz`` of the two floors of
    bench/baselines/minimal_django.py, each served alone on a port of its own under the same
    server (uvicorn; the Django view behind a2wsgi with the product's thread count, the bare ASGI
    hello-world as it is) and stopped after; then single-event appends and 100-event batches.
@@ -165,8 +166,10 @@ def served(wrk: dict[str, float]) -> str:
 
 
 def lost(wrk: dict[str, float]) -> int:
-    """Answers that were not the expected status (append.lua and batch.lua count non-201s), or never came."""
-    return int(max(wrk.get("non201", 0), wrk.get("non_2xx", 0)) + wrk.get("socket_errors", 0))
+    """Answers that were not the expected status (append.lua and batch.lua count non-201s, read.lua
+    non-200s), or never came."""
+    unexpected = max(wrk.get("non201", 0), wrk.get("non200", 0), wrk.get("non_2xx", 0))
+    return int(unexpected + wrk.get("socket_errors", 0))
 
 
 def build_rows(results: dict[str, Any]) -> list[Row]:
@@ -177,7 +180,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
 
     healthz, floor, limit = results.get("healthz"), results.get("floor_django"), results.get("floor_asgi")
     append, batch, pgbench = results.get("append"), results.get("batch"), results.get("pgbench")
-    append_outbox = results.get("append_outbox")
+    append_outbox, read = results.get("append_outbox"), results.get("read")
     inproc, proof, peers = results.get("append_py"), results.get("proof"), results.get("peers") or {}
     pgbench_tps = "not measured"
     if pgbench:
@@ -200,6 +203,13 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         row.compare(healthz["rps"], limit["rps"], 0.3)
         lost_note(row, healthz)
         lost_note(row, limit, "baseline ")
+    rows.append(row)
+
+    # Informational: an agent's read of its task, answered by the HTTP front on the event loop.
+    row = Row("an agent's read of a task over HTTP (read.lua)", note=errors("read"))
+    if read:
+        row.figure = served(read)
+        lost_note(row, read)
     rows.append(row)
 
     # Informational: what every route Django still serves pays before its own work.
@@ -639,6 +649,7 @@ class Bench:
             self.phase("warmup", lambda: self.wrk("append.lua", args.warmup, "wrk-warmup.txt"))
         self.phase("healthz", lambda: self.wrk("healthz.lua", args.duration, "wrk-healthz.txt",
                                                f"{self.product.url}/healthz"))
+        self.phase("read", lambda: self.wrk("read.lua", args.duration, "wrk-read.txt"))
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))

@@ -231,7 +231,9 @@ class TaskRow(NamedTuple):
 
 
 # JSON columns as text (decoded once below, as the model's field would); a primary-key lookup.
-_TASK_ROW_SQL = f"""
+# The API's task answer in one statement: run here on Django's connection, and on the event loop
+# by the agents' reads (api/agent_reads.py), each handing its row to ``task_row_from``.
+TASK_ROW_SQL = f"""
 SELECT id, namespace, kind, status, input::text, output::text, error, parent_id, attempts, max_attempts,
        lease_holder, lease_epoch, {api_time_sql("lease_expires_at")}, last_seq, head_hash,
        {api_time_sql("created_at")}, {api_time_sql("updated_at")}, {api_time_sql("last_event_at")},
@@ -243,8 +245,14 @@ FROM backplane_task WHERE id = %s
 def task_row_visible(*, namespace: str | None, task_id: uuid.UUID) -> TaskRow:
     """``task_visible`` for the API's answer only: one statement, no queryset, no model."""
     with connection.cursor() as cursor:
-        cursor.execute(_TASK_ROW_SQL, [task_id])
+        cursor.execute(TASK_ROW_SQL, [task_id])
         row = cursor.fetchone()
+    return task_row_from(row, namespace=namespace, task_id=task_id)
+
+
+def task_row_from(row: Sequence[Any] | None, *, namespace: str | None, task_id: uuid.UUID) -> TaskRow:
+    """``TASK_ROW_SQL``'s row as a ``TaskRow``; NotFound when there is none, or it is another
+    namespace's (``None``: staff, every namespace)."""
     if row is None or (namespace is not None and row[1] != namespace):
         raise NotFound("task not found", {"task_id": str(task_id)})
     values = list(row)
@@ -332,7 +340,7 @@ class EventPage:
 # The task's namespace and a page of its events in one statement: the LEFT JOIN keeps the task's
 # row when the page is empty (an unknown task has none: 404). The page is a range of the
 # (task_id, seq) unique index, read in order and cut at the limit.
-_EVENT_PAGE_SQL = f"""
+EVENT_PAGE_SQL = f"""
 SELECT t.namespace, e.seq, e.position, e.type, e.payload::text, e.agent, e.idempotency_key, e.lamport,
        e.causation_id, e.correlation_id, e.trace_id, {api_time_sql("e.recorded_at")}, e.prev_hash, e.hash
 FROM backplane_task t
@@ -344,12 +352,24 @@ ORDER BY e.seq
 """
 
 
+def event_page_params(*, task_id: uuid.UUID, after_seq: int, limit: int) -> list[Any]:
+    """``EVENT_PAGE_SQL``'s parameters: one event past the page, to tell whether there are more."""
+    return [after_seq, limit + 1, task_id]
+
+
 def event_page_visible(*, namespace: str | None, task_id: uuid.UUID, after_seq: int, limit: int) -> EventPage:
     """The events of a task visible in ``namespace`` (None: every namespace) after ``after_seq``,
     at most ``limit``, oldest first; ``next_after_seq`` when there are more."""
     with connection.cursor() as cursor:
-        cursor.execute(_EVENT_PAGE_SQL, [after_seq, limit + 1, task_id])
+        cursor.execute(EVENT_PAGE_SQL, event_page_params(task_id=task_id, after_seq=after_seq, limit=limit))
         rows = cursor.fetchall()
+    return event_page_from(rows, namespace=namespace, task_id=task_id, limit=limit)
+
+
+def event_page_from(rows: Sequence[Sequence[Any]], *, namespace: str | None, task_id: uuid.UUID,
+                    limit: int) -> EventPage:
+    """``EVENT_PAGE_SQL``'s rows as a page (on Django's connection here, on the event loop in
+    api/agent_reads.py); NotFound for no task, or another namespace's."""
     if not rows or (namespace is not None and rows[0][0] != namespace):
         raise NotFound("task not found", {"task_id": str(task_id)})
     events = [EventRow(task_id, seq, position, type_, json.loads(payload), *rest)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -131,10 +132,14 @@ gate = DatabaseGate()
 _PASS_THROUGH = ("/healthz", "/readyz", "/static/")
 
 
-def unavailable_response(request: HttpRequest) -> HttpResponse:
-    body = {"error": {"code": "unavailable", "message": "the database is unavailable; retry later",
+def unavailable_body() -> dict[str, Any]:
+    """The 503's body while the gate is down (here, and on the agents' reads: api/agent_reads.py)."""
+    return {"error": {"code": "unavailable", "message": "the database is unavailable; retry later",
                       "details": {"problem": gate.last_error}}}
-    response = JsonResponse(body, status=503)
+
+
+def unavailable_response(request: HttpRequest) -> HttpResponse:
+    response = JsonResponse(unavailable_body(), status=503)
     response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
 

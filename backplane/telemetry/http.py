@@ -33,26 +33,35 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 UNNAMED_VIEW = "<unnamed view>"  # django-prometheus' label for a request no route matched (a 404)
 
 
+# (view, method, status) -> the two label children: looking one up by its labels costs as much as
+# recording to it. Bounded: views, methods and statuses are.
+_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+
+def count_response(*, view: str, method: str, status: int, seconds: float) -> None:
+    """Record one answered request; the HTTP front's own routes (api/agent_reads.py) call it
+    with their route's name, as the middleware below does for Django's."""
+    method = method if method in _METHODS else "<invalid method>"
+    key = (view, method, status)
+    children = _children.get(key)
+    if children is None:
+        children = _children[key] = (
+            RESPONSES.labels(status=str(status), view=view, method=method),
+            LATENCY.labels(view=view, method=method),
+        )
+    children[0].inc()
+    children[1].observe(seconds)
+
+
 class RequestMetricsMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
-        # (view, method, status) -> the two label children: looking one up by its labels costs as
-        # much as recording to it. Bounded: views, methods and statuses are.
-        self._children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         started = time.perf_counter()
         response = self.get_response(request)
         match = getattr(request, "resolver_match", None)
         view = (match.view_name if match is not None else None) or UNNAMED_VIEW
-        method = request.method if request.method in _METHODS else "<invalid method>"
-        key = (view, str(method), response.status_code)
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = (
-                RESPONSES.labels(status=str(response.status_code), view=view, method=method),
-                LATENCY.labels(view=view, method=method),
-            )
-        children[0].inc()
-        children[1].observe(time.perf_counter() - started)
+        count_response(view=view, method=str(request.method), status=response.status_code,
+                       seconds=time.perf_counter() - started)
         return response

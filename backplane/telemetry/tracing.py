@@ -207,6 +207,19 @@ class TraceContextMiddleware:
 
 
 @contextmanager
+def server_span(name: str, *, traceparent_header: str | None, attributes: Mapping[str, Any]) -> Iterator[None]:
+    """A request the HTTP front serves itself, on the event loop (api/agent_reads.py), as the
+    server span Django's instrumentation makes of the requests Django serves: a child of the
+    request's ``traceparent``, current for the block. Nothing while tracing is off."""
+    if not _enabled:
+        yield
+        return
+    context = _propagator.extract({"traceparent": traceparent_header}) if traceparent_header else None
+    with _tracer.start_as_current_span(name, context=context, kind=SpanKind.SERVER, attributes=dict(attributes)):
+        yield
+
+
+@contextmanager
 def publish_span(*, topic: str, message_id: str, destination: str, headers: Mapping[str, Any],
                  attempt: int) -> Iterator[str | None]:
     """The relay's delivery of one outbox message, as a messaging ``send`` span under the context

@@ -1,0 +1,19 @@
+-- wrk script: an agent's reads of its tasks over HTTP (GET /api/v1/tasks/<id>/), tasks round-robin.
+-- Usage: BP_TOKEN=... TASKS=id1,id2,... wrk -t2 -c16 -d20s -s read.lua http://127.0.0.1:8000
+local token = os.getenv("BP_TOKEN")
+local tasks = {}
+for id in string.gmatch(os.getenv("TASKS") or "", "[^,]+") do tasks[#tasks + 1] = id end
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/api/v1/tasks/" .. tasks[(n % #tasks) + 1] .. "/", {["Authorization"] = "Bearer " .. token})
+end
+local bad = 0
+response = function(status, headers, body)
+  if status ~= 200 then bad = bad + 1 end
+end
+done = function(summary, latency, requests)
+  io.write(string.format("p50_ms=%.1f p99_ms=%.1f rps=%.0f non200=%d\n",
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000,
+    summary.requests / (summary.duration / 1e6), bad))
+end
