@@ -27,17 +27,8 @@ from http_bench import ROOT, Product, run, say, stops_on_signals
 sys.path.insert(0, str(ROOT))  # Product.stop imports the product's embedded-database helper
 
 BASELINES = ROOT / "bench" / "baselines"
-TASK_LUA = """-- GET one task (the lean read route); env BP_TOKEN, TASKS
-local token = os.getenv("BP_TOKEN")
-local tasks = {}
-for id in string.gmatch(os.getenv("TASKS") or "", "[^,]+") do tasks[#tasks + 1] = id end
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format("GET", "/api/v1/tasks/" .. tasks[(n % #tasks) + 1] .. "/", {["Authorization"] = "Bearer " .. token})
-end
-"""
-SCRIPTS = {"append": BASELINES / "append.lua", "batch": BASELINES / "batch.lua", "healthz": BASELINES / "healthz.lua"}
+SCRIPTS = {"append": BASELINES / "append.lua", "batch": BASELINES / "batch.lua", "healthz": BASELINES / "healthz.lua",
+           "task": ROOT / "bench" / "read.lua"}
 
 # The parts of a request, by the frame that marks them (first match in a stack, outermost first).
 PARTS = [
@@ -124,9 +115,8 @@ def main() -> int:
                 tasks = [http.post("/api/v1/tasks/", json={"kind": "bench", "input": {}}).json()["task_id"]
                          for _ in range(args.tasks)]
             pid = web_pid(product)
-            (out / "task.lua").write_text(TASK_LUA)
             for route in routes:
-                script = SCRIPTS.get(route, out / "task.lua")
+                script = SCRIPTS[route]
                 raw = out / f"profile-{route}.txt"
                 env = {**os.environ, "BP_TOKEN": token, "TASKS": ",".join(tasks)}
                 load = subprocess.Popen(["wrk", "-t2", "-c16", f"-d{args.duration}s", "--timeout", "30s", "-s",
