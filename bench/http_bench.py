@@ -16,7 +16,8 @@ shadow the standard library's ``http`` package for every script in bench/, Djang
    then ``GET /healthz`` of the two floors of
    bench/baselines/minimal_django.py, each served alone on a port of its own under the same
    server (uvicorn; the Django view behind a2wsgi with the product's thread count, the bare ASGI
-   hello-world as it is) and stopped after; then single-event appends and 100-event batches.
+   hello-world as it is) and stopped after; then single-event appends and 100-event batches
+   (and, last of all, single-event appends each with one outbox message: bench/append_outbox.lua).
 3. pgbench's plain-SQL append transaction (bench/baselines/pgbench_append.sql, 16 clients) in a
    scratch database of the product's own embedded PostgreSQL (socket directory and port from
    lines 5 and 4 of ``<var>/pgdata/postmaster.pid``, user postgres).
@@ -653,7 +654,6 @@ class Bench:
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))
-        self.phase("append_outbox", lambda: self.wrk("append_outbox.lua", args.duration, "wrk-append-outbox.txt"))
         self.phase("batch", lambda: self.wrk("batch.lua", args.duration, "wrk-batch.txt"))
         self.phase("pgbench", self.pgbench)
         # The tracing off/on rounds are bench/append.py's own report (docs/observability.md), not a row here.
@@ -665,6 +665,9 @@ class Bench:
             self.results["peers_error"] = "skipped (--skip-peers)"
         else:
             self.phase("peers", self.peers)
+        # Last: the relay publishes its messages for a while after the load stops, and would take
+        # CPU from whatever ran next.
+        self.phase("append_outbox", lambda: self.wrk("append_outbox.lua", args.duration, "wrk-append-outbox.txt"))
 
     def report(self, started_at: datetime, load_before: list[float]) -> int:
         rows = build_rows(self.results)
