@@ -11,12 +11,12 @@ Each request, in the order Django's middleware and api/routes.py take the same s
 
 1. HTTPS where it is required (403), no U+0000 in the query (400), the database gate (503 at
    once while the database is known to be down), the host against ``ALLOWED_HOSTS`` (400);
-3. the token's agent and the request's count in one statement (401, 429), then
+2. the token's agent and the request's count in one statement (401, 429), then
    ``last_seen_at`` when it is stale;
-4. the read, on psycopg's async pool (backplane/runtime/async_pool.py): a database that went away
+3. the read, on psycopg's async pool (backplane/runtime/async_pool.py): a database that went away
    is 503, closes the gate and renews the pool's idle connections; any other database error is
    the contract's 500;
-5. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
+4. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
    request counted on /metrics under its route's name.
 """
 
@@ -51,7 +51,8 @@ from api.authentication import (
     note_seen_params,
 )
 from api.base import Answer, json_bytes, query_int
-from api.errors import error_body, error_parts
+from api.errors import error_parts
+from api.middleware import bad_request_error, https_only_error, nul_in_query_error
 from api.serializers import event_as_api_dict, task_as_api_dict
 from api.views import task_detail_route, task_events_route
 from backplane.eventlog import selectors
@@ -138,26 +139,23 @@ def _host_refused(request: Request) -> bool:
 
 
 def _refusal(request: Request) -> Response | None:
-    """What Django's middleware answers before any view, in its order: plain http where HTTPS is
-    required and U+0000 in the query (api/middleware.py), the database gate, a host not allowed."""
-    bad_request = error_body("validation_error", "bad request")
+    """What Django's middleware answers before any view: plain http where HTTPS is required and
+    U+0000 in the query (api/middleware.py)."""
     if settings.SECURE_SSL_REDIRECT and not _is_secure(request):
         if _host_refused(request):
-            return _middleware_json(bad_request, 400)
-        secure_url = str(request.url).replace("http://", "https://", 1)
-        return _middleware_json(error_body("permission_denied", "this API is served over HTTPS only",
-                                           {"url": secure_url}), 403)
+            return _middleware_json(bad_request_error(), 400)
+        return _middleware_json(https_only_error(str(request.url).replace("http://", "https://", 1)), 403)
     if any("\x00" in key or "\x00" in value for key, value in request.query_params.multi_items()):
-        return _middleware_json(error_body("validation_error", "the path and query may not contain U+0000",
-                                           {"query": "U+0000 (%00) is not allowed"}), 400)
+        return _middleware_json(nul_in_query_error(), 400)
     return None
 
 
-async def _gate_refusal(request: Request) -> Response | None:
+async def _gate_or_host_refusal(request: Request) -> Response | None:
+    """What Django's middleware answers next, in its order: the database gate, a host not allowed."""
     if gate.is_marked_down and await run_in_threadpool(gate.should_refuse):
         return _middleware_json(unavailable_body(), 503, {"Retry-After": str(RETRY_AFTER_SECONDS)})
     if _host_refused(request):
-        return _middleware_json(error_body("validation_error", "bad request"), 400)
+        return _middleware_json(bad_request_error(), 400)
     return None
 
 
@@ -214,7 +212,7 @@ def _as_django_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> DatabaseE
 
 
 async def _answer(request: Request, read: Read, *, allow: str) -> Response:
-    refusal = _refusal(request) or await _gate_refusal(request)
+    refusal = _refusal(request) or await _gate_or_host_refusal(request)
     if refusal is not None:
         # Given before the view: without the route's Allow, and before XFrameOptionsMiddleware.
         return refusal

@@ -35,6 +35,22 @@ _CONTRACT_CODES = {
 }
 
 
+def https_only_error(secure_url: str) -> dict[str, Any]:
+    """The 403 for plain http where HTTPS is required (here, and on the agents' reads)."""
+    return error_body("permission_denied", "this API is served over HTTPS only", {"url": secure_url})
+
+
+def nul_in_query_error() -> dict[str, Any]:
+    """The 400 for U+0000 in the path or the query (here, and on the agents' reads)."""
+    return error_body("validation_error", "the path and query may not contain U+0000",
+                      {"query": "U+0000 (%00) is not allowed"})
+
+
+def bad_request_error() -> dict[str, Any]:
+    """Django's own 400 (a host not allowed, say) in the contract's shape."""
+    return error_body(*_CONTRACT_CODES[400])
+
+
 def _too_large(limit: int) -> HttpResponse:
     return json_error("payload_too_large", f"request body is over the limit of {limit} bytes", 413)
 
@@ -86,13 +102,11 @@ def _refuse_before_view(request: HttpRequest) -> HttpResponse | None:
         # Not a redirect: a client would follow a 301 with a GET, and its token has already
         # crossed the network in the clear. It must be told to change its base URL.
         secure_url = request.build_absolute_uri().replace("http://", "https://", 1)
-        return JsonResponse(error_body("permission_denied", "this API is served over HTTPS only",
-                                       {"url": secure_url}), status=403)
+        return JsonResponse(https_only_error(secure_url), status=403)
     if "\x00" in request.path_info or any("\x00" in key or any("\x00" in value for value in values)
                                           for key, values in request.GET.lists()):
         # PostgreSQL refuses NUL in text: a path or query value holding one would reach SQL as a 500.
-        return JsonResponse(error_body("validation_error", "the path and query may not contain U+0000",
-                                       {"query": "U+0000 (%00) is not allowed"}), status=400)
+        return JsonResponse(nul_in_query_error(), status=400)
     limit = settings.BACKPLANE_PAYLOAD_LIMIT_BYTES
     raw_length = request.META.get("CONTENT_LENGTH")
     try:

@@ -181,6 +181,10 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TIME_ZONE"] = None
 # Under ASGI every request may run on another thread, so Django's persistent connections
 # do not help; psycopg's pool does (Django 5.1+). Off in tests, which manage connections.
+# Seconds a request waits for a pooled connection, in Django's pool and in the async one. Short on
+# purpose: with the database down the pool waits this long before giving up, and a caller must
+# get its 503 within 2 s (backplane/runtime/database_gate.py answers the requests after that at once).
+BACKPLANE_DB_POOL_TIMEOUT = env_float("BACKPLANE_DB_POOL_TIMEOUT", 1.0, minimum=0.1)
 if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
     from backplane.runtime import pool_checks
 
@@ -191,16 +195,11 @@ if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
         "reset": pool_checks.note_returned,
         "min_size": env_int("BACKPLANE_DB_POOL_MIN", 2, minimum=0),
         "max_size": env_int("BACKPLANE_DB_POOL_MAX", 20, minimum=1),
-        # Seconds a request waits for a pooled connection. Short on purpose: with the database
-        # down the pool waits this long before giving up, and a caller must get its 503 within
-        # 2 s (backplane/runtime/database_gate.py answers the requests after that at once).
-        "timeout": env_float("BACKPLANE_DB_POOL_TIMEOUT", 1.0, minimum=0.1),
+        "timeout": BACKPLANE_DB_POOL_TIMEOUT,
     }
 # The async pool of the agent routes the HTTP front serves on the event loop
-# (backplane/runtime/async_pool.py): one per web process beside Django's, with the same wait for a
-# connection before the 503.
+# (backplane/runtime/async_pool.py): one per web process beside Django's.
 BACKPLANE_ASYNC_DB_POOL_MAX = env_int("BACKPLANE_ASYNC_DB_POOL_MAX", 8, minimum=1)
-BACKPLANE_ASYNC_DB_POOL_TIMEOUT = env_float("BACKPLANE_DB_POOL_TIMEOUT", 1.0, minimum=0.1)
 # libpq's connect timeout (psycopg enforces at least 2 s): a database host that does not answer
 # must not hold a request, a probe or a duty for the operating system's TCP timeout.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env_int("BACKPLANE_DB_CONNECT_TIMEOUT", 2, minimum=2))
