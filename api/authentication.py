@@ -79,7 +79,7 @@ class AgentCredentials:
 
 _AGENT_ROWS = RowLoader(Agent)
 _COUNT_THE_AGENT_SQL = COUNT_SQL.format(source="SELECT %s || agent.id, '1', %s FROM agent")
-# Run on Django's connection here, and on the event loop by the agents' reads (api/agent_reads.py).
+# Run on Django's connection here, and on the event loop by the HTTP front's agent routes (api/agent_front.py).
 AGENT_COUNTED_SQL = (
     f"WITH agent AS (SELECT {_AGENT_ROWS.columns} FROM backplane_agent WHERE token_hash = %s AND is_active), "
     f"counted AS ({_COUNT_THE_AGENT_SQL}) SELECT agent.*, (SELECT value FROM counted) FROM agent"

@@ -138,7 +138,7 @@ class Answer:
 
 def json_bytes(body: Any) -> bytes:
     """A body as DRF's JSONRenderer writes it: compact, UTF-8, U+2028/U+2029 escaped for
-    browsers. The agent routes render with it, on either stack (api/routes.py, api/agent_reads.py)."""
+    browsers. The agent routes render with it, on either stack (api/routes.py, api/agent_front.py)."""
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
 

@@ -36,12 +36,12 @@ _CONTRACT_CODES = {
 
 
 def https_only_error(secure_url: str) -> dict[str, Any]:
-    """The 403 for plain http where HTTPS is required (here, and on the agents' reads)."""
+    """The 403 for plain http where HTTPS is required (here, and on the HTTP front's agent routes)."""
     return error_body("permission_denied", "this API is served over HTTPS only", {"url": secure_url})
 
 
 def nul_in_query_error() -> dict[str, Any]:
-    """The 400 for U+0000 in the path or the query (here, and on the agents' reads)."""
+    """The 400 for U+0000 in the path or the query (here, and on the HTTP front's agent routes)."""
     return error_body("validation_error", "the path and query may not contain U+0000",
                       {"query": "U+0000 (%00) is not allowed"})
 
@@ -51,8 +51,18 @@ def bad_request_error() -> dict[str, Any]:
     return error_body(*_CONTRACT_CODES[400])
 
 
+def too_large_error(limit: int) -> dict[str, Any]:
+    """The 413 for a body over the limit, declared or chunked (here, and on the agent routes)."""
+    return error_body("payload_too_large", f"request body is over the limit of {limit} bytes")
+
+
+def invalid_length_error() -> dict[str, Any]:
+    """The 400 for a Content-Length that is not a length (here, and on the agent routes)."""
+    return error_body("validation_error", "invalid Content-Length")
+
+
 def _too_large(limit: int) -> HttpResponse:
-    return json_error("payload_too_large", f"request body is over the limit of {limit} bytes", 413)
+    return JsonResponse(too_large_error(limit), status=413)
 
 
 def _add_trailing_slash(request: HttpRequest) -> None:
@@ -112,9 +122,9 @@ def _refuse_before_view(request: HttpRequest) -> HttpResponse | None:
     try:
         declared = int(raw_length or 0)
     except ValueError:
-        return json_error("validation_error", "invalid Content-Length", 400)
+        return JsonResponse(invalid_length_error(), status=400)
     if declared < 0:
-        return json_error("validation_error", "invalid Content-Length", 400)
+        return JsonResponse(invalid_length_error(), status=400)
     if declared > limit:
         return _too_large(limit)
     if not raw_length and "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():

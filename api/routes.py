@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.utils.http import parse_header_parameters
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 
@@ -52,6 +53,24 @@ class Operation:
         self.agents_only = agents_only
         self.body: type[StrictSerializer] | None = schema.get("request")
         self.check = None if self.body is None else fastcheck.compile_check(self.body)
+
+    def validated_body(self, raw: bytes, content_type: str) -> dict[str, Any]:
+        """The request's body as the operation takes it, on either stack (here and
+        api/agent_front.py): ``application/json`` in UTF-8 (else 415), the strict parser (400),
+        then the compiled check, or the serializer itself for every body the check doubts."""
+        if not raw:
+            body: Any = {}  # as DRF reads an empty body, whatever its type: every required field is missing
+        else:
+            media_type, params = parse_header_parameters(content_type)
+            if media_type != "application/json" or charset_refused(params.get("charset")):
+                raise exceptions.UnsupportedMediaType(content_type)
+            try:
+                body = loads_strict(raw)
+            except InvalidJSON as exc:
+                raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+        assert self.body is not None and self.check is not None  # a route with a body has both
+        data = self.check(body)
+        return data if data is not None else validated(self.body, body)
 
 
 def _documented_only() -> Callable[..., Any]:
@@ -138,19 +157,7 @@ def _authenticate_and_count(request: HttpRequest) -> Principal:
 
 
 def _validated_body(request: HttpRequest, operation: Operation) -> dict[str, Any]:
-    raw = request.body
-    if not raw:
-        body: Any = {}  # as DRF reads an empty body, whatever its type: every required field is missing
-    elif request.content_type != "application/json" or charset_refused((request.content_params or {}).get("charset")):
-        raise exceptions.UnsupportedMediaType(request.META.get("CONTENT_TYPE", ""))
-    else:
-        try:
-            body = loads_strict(raw)
-        except InvalidJSON as exc:
-            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
-    assert operation.body is not None and operation.check is not None  # a route with a body has both
-    data = operation.check(body)
-    return data if data is not None else validated(operation.body, body)
+    return operation.validated_body(request.body, request.META.get("CONTENT_TYPE", ""))
 
 
 def _render(body: Any, status: int, headers: Mapping[str, str] | None = None) -> HttpResponse:

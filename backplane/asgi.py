@@ -1,9 +1,10 @@
 """ASGI entry point: WebSockets through Channels; HTTP through the HTTP front, a Starlette router
 that serves its own routes on the event loop and hands every other path to Django's WSGI handler.
 
-The front's routes need nothing of Django's request stack: ``/healthz``, and an agent's reads of
-a task and its events (api/agent_reads.py, on psycopg's async pool). Everything else, the rest
-of the API, the dashboard and the admin, is Django's.
+The front's routes need nothing of Django's request stack: ``/healthz``, and an agent's requests
+to the agent routes (api/agent_front.py: reads on psycopg's async pool, writes through the
+services on the threads below). Everything else, the rest of the API, the dashboard and the
+admin, is Django's.
 
 Why the rest is not Django's ASGI handler: every view here is synchronous (DRF, the admin),
 and under Django's ASGI handler each of the nine middlewares runs its request and
@@ -26,7 +27,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backplane.settings")
 # Django must be set up before anything imports models (the WebSocket routes do).
 django_wsgi_app = get_wsgi_application()
 
-from api import agent_reads  # noqa: E402
+from api import agent_front  # noqa: E402
 from api.middleware import AnswerEveryRequest  # noqa: E402
 from backplane import health  # noqa: E402
 from backplane.integrity.sealing import require_signing_key  # noqa: E402
@@ -48,12 +49,15 @@ ASGI_THREADS = int(os.environ.get("BACKPLANE_HTTP_THREADS", "16"))
 # A WSGI application all the same: a2wsgi types PEP 3333 with its own environ TypedDict and
 # start_response protocol, which Django's stubs (wsgiref.types) do not match; and an ASGI
 # application all the same, which a2wsgi types with its own scope and message TypedDicts.
-django_http = cast(ASGIApp, WSGIMiddleware(cast(WSGIApp, django_wsgi_app), workers=ASGI_THREADS))
+django_wsgi = WSGIMiddleware(cast(WSGIApp, django_wsgi_app), workers=ASGI_THREADS)
+django_http = cast(ASGIApp, django_wsgi)
 
-# The front's own routes: /healthz, and the agents' reads (a GET or HEAD with a bearer token on a
-# task or its events; api/agent_reads.py). redirect_slashes off: every other request goes to
-# Django as it came, for Django's own APPEND_SLASH and 404s.
-http_front = Router(routes=[Route("/healthz", health.healthz, methods=["GET"]), *agent_reads.ROUTES],
+# The front's own routes: /healthz, and an agent's requests (a bearer token) to the agent routes
+# (api/agent_front.py), whose writes run on the same threads as Django's requests: one pool of
+# threads, each holding at most one pooled database connection. redirect_slashes off: every
+# other request goes to Django as it came, for Django's own APPEND_SLASH and 404s.
+http_front = Router(routes=[Route("/healthz", health.healthz, methods=["GET"]),
+                            *agent_front.agent_routes(django_wsgi.executor)],
                     default=django_http, redirect_slashes=False)
 
 router = ProtocolTypeRouter(

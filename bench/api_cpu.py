@@ -9,7 +9,7 @@ Python cost, without the database's own work) per request for:
   - GET of an unknown API path (the baseline: Django's handler and middleware, a resolver miss and
     the contract's JSON 404; no DRF, no database),
   - GET /api/v1/tasks/{id}/ (authentication, one SELECT; Django's path, which a staff session's
-    read takes: an agent's is answered before Django, api/agent_reads.py),
+    read takes: an agent's is answered before Django, api/agent_front.py),
   - POST /api/v1/tasks/{id}/events/ (a single-event append),
   - GET /api/v1/tasks/{id}/events/ (a page of 100 events, per event too),
   - POST /api/v1/tasks/{id}/events/batch/ with 100 events (per event too).

@@ -232,7 +232,7 @@ class TaskRow(NamedTuple):
 
 # JSON columns as text (decoded once below, as the model's field would); a primary-key lookup.
 # The API's task answer in one statement: run here on Django's connection, and on the event loop
-# by the agents' reads (api/agent_reads.py), each handing its row to ``task_row_from``.
+# by the agents' reads (api/agent_front.py), each handing its row to ``task_row_from``.
 TASK_ROW_SQL = f"""
 SELECT id, namespace, kind, status, input::text, output::text, error, parent_id, attempts, max_attempts,
        lease_holder, lease_epoch, {api_time_sql("lease_expires_at")}, last_seq, head_hash,
@@ -369,7 +369,7 @@ def event_page_visible(*, namespace: str | None, task_id: uuid.UUID, after_seq: 
 def event_page_from(rows: Sequence[Sequence[Any]], *, namespace: str | None, task_id: uuid.UUID,
                     limit: int) -> EventPage:
     """``EVENT_PAGE_SQL``'s rows as a page (on Django's connection here, on the event loop in
-    api/agent_reads.py); NotFound for no task, or another namespace's."""
+    api/agent_front.py); NotFound for no task, or another namespace's."""
     if not rows or (namespace is not None and rows[0][0] != namespace):
         raise NotFound("task not found", {"task_id": str(task_id)})
     events = [EventRow(task_id, seq, position, type_, json.loads(payload), *rest)

@@ -1,5 +1,5 @@
 """psycopg's async connection pool, for the routes the HTTP front serves on the event loop
-(``api/agent_reads.py``), on the database Django's ``default`` alias names.
+(``api/agent_front.py``), on the database Django's ``default`` alias names.
 
 Django's own connections belong to the threads of the WSGI pool and cannot be awaited; these
 belong to the server's event loop. The pool is opened on first use, in the loop that uses it

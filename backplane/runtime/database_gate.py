@@ -133,7 +133,7 @@ _PASS_THROUGH = ("/healthz", "/readyz", "/static/")
 
 
 def unavailable_body() -> dict[str, Any]:
-    """The 503's body while the gate is down (here, and on the agents' reads: api/agent_reads.py)."""
+    """The 503's body while the gate is down (here, and on the agent routes on the HTTP front: api/agent_front.py)."""
     return {"error": {"code": "unavailable", "message": "the database is unavailable; retry later",
                       "details": {"problem": gate.last_error}}}
 

@@ -6,7 +6,7 @@ reads and writes the primary. With it:
 - Reads go to the replica only inside ``replica_reads`` (a view decorator). Nothing else routes
   there: no global router sends a query to the replica on its own. The decorator is put on the
   dashboard's list and overview pages and on the API's heavy list routes (their modules say
-  which). An agent's routes (``api/routes.py``, ``api/agent_reads.py``: its task, its events, its appends, its
+  which). An agent's routes (``api/routes.py``, ``api/agent_front.py``: its task, its events, its appends, its
   claims) never use it, so an agent always reads its own writes. Nor do the API's integrity
   routes: a proof asked for against a tree head just read elsewhere must find that head.
 - ``ReplicaRouter`` sends the ORM reads of the product's own apps to the alias the decorator

@@ -39,7 +39,7 @@ _children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
 
 def count_response(*, view: str, method: str, status: int, seconds: float) -> None:
-    """Record one answered request; the HTTP front's own routes (api/agent_reads.py) call it
+    """Record one answered request; the HTTP front's own routes (api/agent_front.py) call it
     with their route's name, as the middleware below does for Django's."""
     method = method if method in _METHODS else "<invalid method>"
     key = (view, method, status)

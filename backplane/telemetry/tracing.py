@@ -208,11 +208,19 @@ class TraceContextMiddleware:
 
 @contextmanager
 def server_span(name: str, *, traceparent_header: str | None, attributes: Mapping[str, Any]) -> Iterator[None]:
-    """A request the HTTP front serves itself, on the event loop (api/agent_reads.py), as the
-    server span Django's instrumentation makes of the requests Django serves: a child of the
-    request's ``traceparent``, current for the block. Nothing while tracing is off."""
+    """A request the HTTP front serves itself (api/agent_front.py), as the server span Django's
+    instrumentation makes of the requests Django serves: a child of the request's
+    ``traceparent``, current for the block. While tracing is off, the ``traceparent`` alone is
+    made current, as ``TraceContextMiddleware`` does, so the events the request writes carry it."""
     if not _enabled:
-        yield
+        if traceparent_header is None:
+            yield
+            return
+        token = otel_context.attach(_propagator.extract({"traceparent": traceparent_header}))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
         return
     context = _propagator.extract({"traceparent": traceparent_header}) if traceparent_header else None
     with _tracer.start_as_current_span(name, context=context, kind=SpanKind.SERVER, attributes=dict(attributes)):

@@ -1,0 +1,410 @@
+"""The agent routes on the HTTP front: every request of an agent (a bearer token) to a route
+declared as an ``AgentRoute`` (api/routes.py: a task, its events, appends and batches, claims,
+heartbeats, tool calls and their results), served without Django's request stack.
+
+The HTTP front (backplane/asgi.py) hands such a request to the routes here; every other request
+on the same paths (a staff session, or nobody) goes to Django, whose ``AgentRoute`` answers it as
+before. An answer is the same whichever stack gives it (tests/api/test_agent_front.py compares
+them): the routes are read from Django's URLconf, each operation is the same ``Operation`` (its
+body checked by ``Operation.validated_body``, then its handler), the reads run the selectors'
+SQL, and the errors go through ``errors.error_parts``.
+
+Each request, in the order Django's middleware and api/routes.py take the same steps:
+
+1. HTTPS where it is required (403), no U+0000 in the path or the query (400), the body within
+   ``BACKPLANE_PAYLOAD_LIMIT_BYTES`` whether its length is declared or it arrives chunked (413),
+   the database gate (503 at once while the database is known to be down), the host against
+   ``ALLOWED_HOSTS`` (400);
+2. the token's agent and the request's count in one statement (401, 429), then
+   ``last_seen_at`` when it is stale, on psycopg's async pool (backplane/runtime/async_pool.py);
+3. the method (405; OPTIONS is 204), then the operation: a read of a task or a page of its
+   events on the same async connection; a write has its body checked here and its handler (the
+   services, and the one writer behind them) run on a thread of the web process's pool, with a
+   Django connection managed as Django manages one around a request. A database that went away
+   is 503 and closes the gate; any other database error is the contract's 500;
+4. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
+   request counted on /metrics under its route's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Executor
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from django.conf import settings
+from django.db import DatabaseError, OperationalError, close_old_connections
+from django.http.request import split_domain_port, validate_host
+from django.urls import URLPattern, URLResolver, get_resolver
+from rest_framework import exceptions
+from starlette.concurrency import run_in_threadpool
+from starlette.convertors import UUIDConvertor, register_url_convertor
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Match, Route
+from starlette.types import Scope
+
+from api.authentication import (
+    AGENT_COUNTED_SQL,
+    NOTE_SEEN_SQL,
+    WWW_AUTHENTICATE,
+    Principal,
+    agent_lookup,
+    bearer_token_of,
+    note_seen_params,
+)
+from api.base import Answer, json_bytes, query_int
+from api.errors import error_parts
+from api.middleware import (
+    bad_request_error,
+    https_only_error,
+    invalid_length_error,
+    nul_in_query_error,
+    too_large_error,
+)
+from api.routes import AgentRoute, Operation
+from api.serializers import event_as_api_dict, task_as_api_dict
+from api.views import events_page, task_read
+from backplane.eventlog import selectors
+from backplane.runtime.async_pool import async_pool, async_pool_renew
+from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
+from backplane.telemetry.http import count_response
+from backplane.telemetry.tracing import server_span
+
+JSON = "application/json"
+
+
+class DjangoUUIDConvertor(UUIDConvertor):
+    """A UUID as Django's ``<uuid:...>`` takes it: lowercase, with its dashes (Starlette's own
+    also takes uppercase and no dashes, which Django answers 404), so a path is matched by one
+    stack exactly when the other would match it."""
+
+    regex = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+register_url_convertor("django_uuid", DjangoUUIDConvertor())
+# Django's path converters as Starlette writes them (``str`` is ``[^/]+`` in both), and a
+# parameter of a Django route as django.urls.resolvers reads one.
+_CONVERTORS = {"uuid": ":django_uuid", "str": ""}
+_DJANGO_PARAMETER = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<parameter>[^>]+)>")
+
+
+def _has_bearer(scope: Scope) -> bool:
+    return any(name == b"authorization" and value[:7].lower() == b"bearer " for name, value in scope["headers"])
+
+
+class AgentTokenRoute(Route):
+    """A route that takes only an agent's request: one with a bearer token, whatever its method
+    (an unknown one is this route's 405). Anything else on its path is no match here, so the front
+    hands it to Django."""
+
+    def __init__(self, path: str, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
+        super().__init__(path, endpoint)
+        self.methods = None  # every method is the route's to answer (Starlette's default: GET)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] != "http" or not _has_bearer(scope):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
+# --- the reads, on the event loop ---------------------------------------------------------------
+
+Read = Callable[[psycopg.AsyncConnection[Any], Principal, Request], Awaitable[Answer]]
+
+
+async def _task_read(conn: psycopg.AsyncConnection[Any], principal: Principal, request: Request) -> Answer:
+    task_id: uuid.UUID = request.path_params["task_id"]
+    row = await (await conn.execute(selectors.TASK_ROW_SQL, [task_id])).fetchone()
+    return Answer(task_as_api_dict(selectors.task_row_from(row, namespace=principal.namespace, task_id=task_id)))
+
+
+async def _events_page(conn: psycopg.AsyncConnection[Any], principal: Principal, request: Request) -> Answer:
+    task_id: uuid.UUID = request.path_params["task_id"]
+    query = request.query_params
+    after_seq = query_int(query, "after_seq", default=0, minimum=0)
+    limit = query_int(query, "limit", default=100, minimum=1, maximum=1000)
+    params = selectors.event_page_params(task_id=task_id, after_seq=after_seq, limit=limit)
+    rows = await (await conn.execute(selectors.EVENT_PAGE_SQL, params)).fetchall()
+    page = selectors.event_page_from(rows, namespace=principal.namespace, task_id=task_id, limit=limit)
+    return Answer({"results": [event_as_api_dict(e) for e in page.events], "next_after_seq": page.next_after_seq})
+
+
+# The operations that read on the event loop, by the handler Django's stack runs for them: the
+# same SQL, the same rows made into the same bodies.
+_ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events_page: _events_page}
+
+
+# --- what every request goes through ------------------------------------------------------------
+
+
+def _allowed_hosts() -> list[str]:
+    # As Django's HttpRequest.get_host() reads the setting.
+    if settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return [".localhost", "127.0.0.1", "[::1]"]
+    return list(settings.ALLOWED_HOSTS)
+
+
+def _is_secure(request: Request) -> bool:
+    # As Django's HttpRequest.is_secure(): the proxy's header when one is configured, else the scheme.
+    if settings.SECURE_PROXY_SSL_HEADER:
+        name, expected = settings.SECURE_PROXY_SSL_HEADER
+        value = request.headers.get(name.removeprefix("HTTP_").replace("_", "-"))
+        if value is not None:
+            return value.split(",", 1)[0].strip() == expected
+    return request.url.scheme == "https"
+
+
+def _host_refused(request: Request) -> bool:
+    host = request.headers.get("x-forwarded-host" if settings.USE_X_FORWARDED_HOST else "host", "")
+    domain, _ = split_domain_port(host)
+    return not domain or not validate_host(domain, _allowed_hosts())
+
+
+def _refusal(request: Request) -> Response | None:
+    """What api/middleware.py answers before anything else: plain http where HTTPS is required,
+    U+0000 in the path or the query."""
+    if settings.SECURE_SSL_REDIRECT and not _is_secure(request):
+        if _host_refused(request):
+            return _middleware_json(bad_request_error(), 400)
+        return _middleware_json(https_only_error(str(request.url).replace("http://", "https://", 1)), 403)
+    if "\x00" in request.url.path or any("\x00" in key or "\x00" in value
+                                         for key, value in request.query_params.multi_items()):
+        return _middleware_json(nul_in_query_error(), 400)
+    return None
+
+
+async def _body_or_refusal(request: Request) -> tuple[bytes, Response | None]:
+    """The body, read as api/middleware.py reads it: a declared length over the limit is 413
+    before a byte is read, and a chunked body is read to at most one byte past the limit."""
+    limit = settings.BACKPLANE_PAYLOAD_LIMIT_BYTES
+    raw_length = request.headers.get("content-length")
+    try:
+        declared = int(raw_length or 0)
+    except ValueError:
+        return b"", _middleware_json(invalid_length_error(), 400)
+    if declared < 0:
+        return b"", _middleware_json(invalid_length_error(), 400)
+    if declared > limit:
+        return b"", _middleware_json(too_large_error(limit), 413)
+    if raw_length:
+        return await request.body(), None
+    if "chunked" not in request.headers.get("transfer-encoding", "").lower():
+        return b"", None  # Django reads no body without a length
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        parts.append(part)
+        size += len(part)
+        if size > limit:
+            return b"", _middleware_json(too_large_error(limit), 413)
+    return b"".join(parts), None
+
+
+async def _gate_or_host_refusal(request: Request) -> Response | None:
+    """What Django's middleware answers next, in its order: the database gate, a host not allowed."""
+    if gate.is_marked_down and await run_in_threadpool(gate.should_refuse):
+        return _middleware_json(unavailable_body(), 503, {"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if _host_refused(request):
+        return _middleware_json(bad_request_error(), 400)
+    return None
+
+
+def _json(body: Any, status: int, headers: dict[str, str] | None = None) -> Response:
+    if body is None:  # no body and no Content-Type, as api/routes.py renders None
+        return Response(b"", status_code=status, headers=headers)
+    return Response(json_bytes(body), status_code=status, headers=headers, media_type=JSON)
+
+
+def _middleware_json(body: Any, status: int, headers: dict[str, str] | None = None) -> Response:
+    """An answer Django's middleware gives before any view, written as its JsonResponse writes
+    one (``json.dumps``' own separators), not as the views' renderer."""
+    return Response(json.dumps(body).encode(), status_code=status, headers=headers, media_type=JSON)
+
+
+def _security_headers(request: Request) -> dict[str, str]:
+    """The headers Django's SecurityMiddleware adds to every answer (it comes first)."""
+    headers = {}
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        headers["X-Content-Type-Options"] = "nosniff"
+    if settings.SECURE_REFERRER_POLICY:
+        headers["Referrer-Policy"] = settings.SECURE_REFERRER_POLICY
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        headers["Cross-Origin-Opener-Policy"] = settings.SECURE_CROSS_ORIGIN_OPENER_POLICY
+    if settings.SECURE_HSTS_SECONDS and _is_secure(request):
+        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+            hsts += "; includeSubDomains"
+        if settings.SECURE_HSTS_PRELOAD:
+            hsts += "; preload"
+        headers["Strict-Transport-Security"] = hsts
+    return headers
+
+
+async def _authenticated(conn: psycopg.AsyncConnection[Any], request: Request) -> Principal:
+    token = bearer_token_of(request.headers["authorization"].encode("latin-1"))
+    assert token is not None  # AgentTokenRoute takes only bearer requests
+    lookup = agent_lookup(token)
+    principal, credentials = lookup.principal(await (await conn.execute(AGENT_COUNTED_SQL, lookup.params)).fetchone())
+    assert principal.agent is not None
+    seen = note_seen_params(principal.agent)
+    if seen is not None:
+        await conn.execute(NOTE_SEEN_SQL, seen)
+    if credentials.wait is not None:
+        raise exceptions.Throttled(credentials.wait)
+    return principal
+
+
+def _as_django_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> DatabaseError:
+    """A psycopg error as Django's backend raises it (its cause kept), for ``error_parts``: a
+    lost database is 503 and closes the gate, any other the contract's 500."""
+    wrapped = (OperationalError if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout)
+               else DatabaseError)(str(exc))
+    wrapped.__cause__ = exc
+    return wrapped
+
+
+def _as_in_a_request(handler: Callable[..., Answer], *args: Any, **kwargs: Any) -> Answer:
+    """A handler run on a thread as Django runs a view: the thread's connection closed before
+    and after when it is obsolete or broken (``request_started`` and ``request_finished``), so a
+    pooled one goes back to the pool with the request."""
+    close_old_connections()
+    try:
+        return handler(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+class FrontRoute:
+    """One ``AgentRoute`` of the URLconf as the front serves it to agents."""
+
+    def __init__(self, route: AgentRoute, *, executor: Executor) -> None:
+        self.route = route
+        self.executor = executor
+
+    async def answer(self, request: Request) -> Response:
+        refusal = _refusal(request)
+        raw = b""
+        if refusal is None:
+            try:
+                raw, refusal = await _body_or_refusal(request)
+            except ClientDisconnect:
+                # The client is gone: nobody reads this answer, and nothing was done.
+                refusal = _middleware_json(bad_request_error(), 400)
+        refusal = refusal or await _gate_or_host_refusal(request)
+        if refusal is not None:
+            # Given before the view: without the route's Allow, and before XFrameOptionsMiddleware.
+            return refusal
+        try:
+            response = await self._operation(request, raw)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            error = _as_django_error(exc)
+            if is_connection_failure(error):
+                await async_pool_renew()
+            response = _error(error)
+        except Exception as exc:  # noqa: BLE001 - _error answers API errors and re-raises anything else
+            response = _error(exc)
+        response.headers.update({"Allow": self.route.allow, "X-Frame-Options": settings.X_FRAME_OPTIONS})
+        return response
+
+    async def _operation(self, request: Request, raw: bytes) -> Response:
+        # As AgentRoute decides: who is calling before which method, so a stranger learns nothing.
+        method = "GET" if request.method == "HEAD" else request.method
+        pool = await async_pool()
+        async with pool.connection() as conn:
+            principal = await _authenticated(conn, request)
+            if not self.route.permission().allows(principal, method):
+                raise exceptions.PermissionDenied(self.route.permission.message)
+            operation = self.route.operations.get(method)
+            if operation is None:
+                if method == "OPTIONS":  # what the route allows: the Allow header
+                    return _json(None, 204)
+                raise exceptions.MethodNotAllowed(method)
+            read = _ON_THE_LOOP.get(operation.handler)
+            if read is not None:
+                answer = await read(conn, principal, request)
+                return _json(answer.body, answer.status, answer.headers)
+        # A write: the pool's connection is back before the handler takes a Django one.
+        answer = await self._run(operation, principal, request, raw)
+        return _json(answer.body, answer.status, answer.headers)
+
+    async def _run(self, operation: Operation, principal: Principal, request: Request, raw: bytes) -> Answer:
+        if operation.body is None:
+            data: Any = request.query_params
+        else:
+            data = operation.validated_body(raw, request.headers.get("content-type", ""))
+        call = functools.partial(_as_in_a_request, operation.handler, principal, data, **request.path_params)
+        # In this request's context (its trace, which the events it writes carry).
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self.executor, context.run, call)
+
+
+def _error(exc: Exception) -> Response:
+    parts = error_parts(exc)
+    if parts is None:
+        raise exc
+    status, body, headers = parts
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        headers = {**headers, "WWW-Authenticate": WWW_AUTHENTICATE}
+    return _json(body, status, headers)
+
+
+def _endpoint(served: FrontRoute, *, view: str, route: str) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint of one route: ``view`` names it on /metrics and ``route`` on its span, as
+    Django's URL name and route name the same path when Django serves it."""
+
+    async def endpoint(request: Request) -> Response:
+        started = time.perf_counter()
+        with server_span(f"{request.method} {route}", traceparent_header=request.headers.get("traceparent"),
+                         attributes={"http.method": request.method, "http.route": route}):
+            response = await served.answer(request)
+        response.headers.update(_security_headers(request))
+        if request.method == "HEAD":
+            # As Django answers a HEAD: the GET's headers, an empty body of length 0.
+            response.body = b""
+            response.headers["Content-Length"] = "0"
+        count_response(view=view, method=request.method, status=response.status_code,
+                       seconds=time.perf_counter() - started)
+        return response
+
+    return endpoint
+
+
+def _agent_routes(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, str, AgentRoute]]:
+    """Every URL of the URLconf whose view is an ``AgentRoute``: its route, its name, the view."""
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _agent_routes(pattern.url_patterns, prefix + str(pattern.pattern))
+        elif isinstance(pattern, URLPattern) and isinstance(pattern.callback, AgentRoute):
+            yield prefix + str(pattern.pattern), pattern.name or "", pattern.callback
+
+
+def _starlette_path(django_route: str) -> str:
+    """``api/v1/tasks/<uuid:task_id>/`` as Starlette writes it: ``/api/v1/tasks/{task_id:django_uuid}/``."""
+
+    def parameter(match: re.Match[str]) -> str:
+        converter = match["converter"] or "str"
+        if converter not in _CONVERTORS:
+            raise ValueError(f"an agent route's converter is not known to the front: {django_route}")
+        return "{" + match["parameter"] + _CONVERTORS[converter] + "}"
+
+    return "/" + _DJANGO_PARAMETER.sub(parameter, django_route)
+
+
+def agent_routes(executor: Executor) -> list[Route]:
+    """The front's routes: one for each ``AgentRoute`` in Django's URLconf, on its path; writes
+    run their handlers on ``executor``'s threads (the web process's pool, backplane/asgi.py)."""
+    return [
+        AgentTokenRoute(_starlette_path(django_route),
+                        _endpoint(FrontRoute(route, executor=executor), view=name, route=django_route))
+        for django_route, name, route in _agent_routes(get_resolver().url_patterns)
+    ]

@@ -1,0 +1,428 @@
+"""An agent's requests to the agent routes, served by the HTTP front (api/agent_front.py): each
+answer is compared with what Django's stack answers to the same request (status, body, headers).
+
+The front's answers come from its agent routes alone, behind a default that answers 418: an
+answer that is not a teapot was given by the routes under test, not by Django. Data is committed,
+since the async pool's connections, and the threads' that run the writes, are not the test's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connections
+from django.test import Client
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from starlette.responses import Response
+from starlette.routing import Router
+from starlette.types import Receive, Scope, Send
+
+from api import agent_front
+from api.base import json_bytes
+from api.middleware import too_large_error
+from api.serializers import event_as_api_dict
+from backplane.eventlog import services
+from backplane.eventlog.models import Event
+from backplane.eventlog.writer import EventDraft
+from backplane.runtime.async_pool import APPLICATION_NAME, async_pool_close
+from backplane.runtime.database_gate import PROBE_INTERVAL, gate
+from backplane.telemetry import tracing
+from backplane.telemetry.http import RESPONSES
+
+pytestmark = pytest.mark.usefixtures("committed_db")
+
+# What the two stacks must agree on, beside the status and the body (the Date and the server's
+# own headers come from uvicorn, not from either stack).
+COMPARED_HEADERS = ("content-type", "content-length", "allow", "www-authenticate", "retry-after", "x-frame-options",
+                    "x-content-type-options", "referrer-policy", "cross-origin-opener-policy",
+                    "strict-transport-security")
+
+
+async def teapot(scope: Scope, receive: Receive, send: Send) -> None:
+    await Response(b"not an agent read", status_code=418)(scope, receive, send)
+
+
+class AsyncReads:
+    """The agent routes over ASGI, on an event loop of this test's (the pool lives in it), their
+    writes on threads of a pool of the test's, as the web process runs them on its own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="front-test")
+        self.app = Router(routes=agent_front.agent_routes(self.threads), default=teapot, redirect_slashes=False)
+
+    def request(self, method: str, path: str, headers: dict[str, str], *, base_url: str,
+                content: bytes | Iterator[bytes] | None = None) -> httpx.Response:
+        async def call() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            body: Any = content
+            if content is not None and not isinstance(content, bytes):
+                chunks = list(content)
+
+                async def stream() -> Any:  # no length declared: sent chunked
+                    for chunk in chunks:
+                        yield chunk
+
+                body = stream()
+            async with httpx.AsyncClient(transport=transport, base_url=base_url) as http:
+                return await http.request(method, path, headers=headers, content=body)
+
+        return self.loop.run_until_complete(call())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(async_pool_close())
+        self.loop.close()
+        # The threads' Django connections are closed after each request (obsolete at once here).
+        self.threads.shutdown(wait=True)
+
+
+@pytest.fixture
+def reads() -> Iterator[AsyncReads]:
+    served = AsyncReads()
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+@pytest.fixture
+def agent() -> dict[str, Any]:
+    created = services.agent_create(name="reader", namespace="acme")
+    task = services.task_create(namespace="acme", kind="lead-qualification", agent="reader", input={"lead": "ü"}).task
+    for step in range(5):
+        services.event_append(namespace="acme", task_id=task.pk, agent="reader",
+                              draft=EventDraft(type="ReasoningStepCompleted", payload={"step": step, "t": "\u2028"}))
+    return {"token": created.token, "task_id": str(task.pk)}
+
+
+def both(reads: AsyncReads, method: str, path: str, *, token: str, host: str = "testserver",
+         scheme: str = "http", headers: dict[str, str] | None = None) -> httpx.Response:
+    """The request through the agent routes and through Django; asserts they agree; the first."""
+    sent = {"Authorization": f"Bearer {token}", "Host": host, **(headers or {})}
+    served = reads.request(method, path, sent, base_url=f"{scheme}://{host}")
+    assert served.status_code != 418, f"{method} {path} was not taken by the agent routes"
+    django = Client().generic(method, path, secure=scheme == "https", headers=sent)
+    assert (served.status_code, served.content) == (django.status_code, django.content), (method, path)
+    for name in COMPARED_HEADERS:
+        # Django's test client leaves out the length of an answer its middleware gave; the server
+        # would send it chunked. Every other header is compared, present or absent.
+        if name == "content-length" and name not in django.headers:
+            continue
+        assert served.headers.get(name) == django.headers.get(name), (name, method, path)
+    return served
+
+
+def test_a_task_and_its_events_are_answered_as_django_answers_them(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    task = f"/api/v1/tasks/{agent['task_id']}/"
+    read = both(reads, "GET", task, token=agent["token"])
+    assert read.status_code == 200 and read.json()["last_seq"] == 6
+    assert b"\\u2028" not in read.content  # the input has none; the events do (below)
+    head = both(reads, "HEAD", task, token=agent["token"])
+    assert head.content == b"" and head.headers["allow"] == "GET, HEAD, OPTIONS"
+
+    page = both(reads, "GET", f"{task}events/?limit=2&after_seq=1", token=agent["token"])
+    assert [e["seq"] for e in page.json()["results"]] == [2, 3] and page.json()["next_after_seq"] == 3
+    assert b"\\u2028" in page.content
+    last = both(reads, "GET", f"{task}events/?after_seq=3", token=agent["token"])
+    assert [e["seq"] for e in last.json()["results"]] == [4, 5, 6] and last.json()["next_after_seq"] is None
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=1001", "limit=x", "after_seq=-1", "after_seq=1e3",
+                                   "limit=%00"])
+def test_a_bad_query_is_the_same_400(reads: AsyncReads, agent: dict[str, Any], query: str) -> None:
+    answer = both(reads, "GET", f"/api/v1/tasks/{agent['task_id']}/events/?{query}", token=agent["token"])
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "validation_error"
+
+
+def test_a_task_of_another_namespace_or_none_is_the_same_404(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    other = services.task_create(namespace="globex", kind="lead-qualification", agent="x", input={}).task
+    for task_id in (other.pk, uuid.uuid4()):
+        for path in (f"/api/v1/tasks/{task_id}/", f"/api/v1/tasks/{task_id}/events/"):
+            answer = both(reads, "GET", path, token=agent["token"])
+            assert answer.status_code == 404 and answer.json()["error"]["details"] == {"task_id": str(task_id)}
+
+
+@pytest.mark.parametrize("token", ["not-a-token", "two words"])
+def test_a_bad_token_is_the_same_401(reads: AsyncReads, agent: dict[str, Any], token: str) -> None:
+    answer = both(reads, "GET", f"/api/v1/tasks/{agent['task_id']}/", token=token)
+    assert answer.status_code == 401 and answer.headers["www-authenticate"] == 'Bearer realm="api"'
+
+
+def test_past_the_rate_limit_it_is_the_same_429(reads: AsyncReads, agent: dict[str, Any], settings: Any) -> None:
+    settings.BACKPLANE_RATE_LIMIT = "2/h"
+    path = f"/api/v1/tasks/{agent['task_id']}/"
+    both(reads, "GET", path, token=agent["token"])  # the first two of the hour: 200 on either stack
+    answer = both(reads, "GET", path, token=agent["token"])
+    assert answer.status_code == 429 and int(answer.headers["retry-after"]) > 0
+
+
+def test_a_host_not_allowed_and_plain_http_where_https_is_required_are_refused_alike(
+        reads: AsyncReads, agent: dict[str, Any], settings: Any) -> None:
+    path = f"/api/v1/tasks/{agent['task_id']}/"
+    assert both(reads, "GET", path, token=agent["token"], host="evil.example").status_code == 400
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_HSTS_SECONDS = 3600
+    refused = both(reads, "GET", path, token=agent["token"])
+    assert refused.status_code == 403 and refused.json()["error"]["details"]["url"].startswith("https://")
+    served = both(reads, "GET", path, token=agent["token"], scheme="https")
+    assert served.status_code == 200 and served.headers["strict-transport-security"].startswith("max-age=3600")
+
+
+def test_while_the_gate_is_down_it_is_the_same_503(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    gate.mark_down("the test closed it")  # just marked: no probe is due for PROBE_INTERVAL
+    answer = both(reads, "GET", f"/api/v1/tasks/{agent['task_id']}/", token=agent["token"])
+    assert answer.status_code == 503 and answer.json()["error"]["details"] == {"problem": "the test closed it"}
+
+
+def test_a_database_it_cannot_reach_is_503_and_closes_the_gate(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    settings_dict = connections["default"].settings_dict
+    real = settings_dict["HOST"], settings_dict["PORT"]
+    settings_dict["HOST"], settings_dict["PORT"] = "127.0.0.1", str(closed_port)
+    try:
+        answer = reads.request("GET", f"/api/v1/tasks/{agent['task_id']}/",
+                               {"Authorization": f"Bearer {agent['token']}"}, base_url="http://testserver")
+    finally:
+        settings_dict["HOST"], settings_dict["PORT"] = real
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "5"
+    assert answer.json()["error"]["code"] == "unavailable"
+    assert gate.is_marked_down
+
+
+def test_each_read_is_counted_under_its_route(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    counted = RESPONSES.labels(status="200", view="task-events", method="GET")
+    before = counted._value.get()
+    reads.request("GET", f"/api/v1/tasks/{agent['task_id']}/events/", {"Authorization": f"Bearer {agent['token']}"},
+                  base_url="http://testserver")
+    assert counted._value.get() == before + 1
+
+
+@pytest.mark.parametrize(("method", "path", "headers"), [
+    ("POST", "/api/v1/tasks/{task}/events/", {}),  # no token: a staff session, or nobody
+    ("GET", "/api/v1/tasks/{task}/", {"Authorization": "Basic eDp5"}),
+    ("GET", "/api/v1/tasks/{upper}/", {"Authorization": "Bearer x"}),  # not a path Django takes either
+    ("GET", "/api/v1/tasks/{task}", {"Authorization": "Bearer x"}),  # no slash: Django's to route
+    ("POST", "/api/v1/tasks/", {"Authorization": "Bearer x"}),  # DRF's views, not agent routes
+    ("POST", "/api/v1/tasks/{task}/release/", {"Authorization": "Bearer x"}),
+    ("GET", "/api/v1/tool-calls/k/", {"Authorization": "Bearer x"}),
+])
+def test_every_other_request_on_their_paths_is_left_to_django(reads: AsyncReads, method: str, path: str,
+                                                             headers: dict[str, str]) -> None:
+    task = uuid.uuid4()
+    url = path.format(task=task, upper=str(task).upper())
+    assert reads.request(method, url, headers, base_url="http://testserver").status_code == 418
+
+
+def test_with_tracing_on_a_read_is_a_server_span_in_the_agents_trace(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    exporter = InMemorySpanExporter()
+    tracing.tracing_install(exporter, service_name="backplane-test")
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    try:
+        headers = {"Authorization": f"Bearer {agent['token']}", "traceparent": f"00-{trace_id}-{parent}-01"}
+        answer = reads.request("GET", f"/api/v1/tasks/{agent['task_id']}/", headers, base_url="http://testserver")
+    finally:
+        tracing.tracing_uninstall()
+    assert answer.status_code == 200
+    (span,) = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert span.name == "GET api/v1/tasks/<uuid:task_id>/" and span.parent is not None
+    assert (format(span.context.trace_id, "032x"), format(span.parent.span_id, "016x")) == (trace_id, parent)
+
+
+def test_a_restart_costs_one_503_then_the_pools_connections_are_new(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    path = f"/api/v1/tasks/{agent['task_id']}/"
+    sent = {"Authorization": f"Bearer {agent['token']}"}
+    assert reads.request("GET", path, sent, base_url="http://testserver").status_code == 200
+    with connections["default"].cursor() as cursor:  # a restart, as the pool's connections see it
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                       [APPLICATION_NAME])
+        assert cursor.fetchone()[0] >= 1
+    lost = reads.request("GET", path, sent, base_url="http://testserver")
+    assert lost.status_code == 503 and lost.headers["retry-after"] == "5" and gate.is_marked_down
+    time.sleep(PROBE_INTERVAL)  # the gate probes again, finds the database, opens
+    for _ in range(3):  # every connection the next reads get is new: none of them meets the restart
+        assert reads.request("GET", path, sent, base_url="http://testserver").status_code == 200
+    assert not gate.is_marked_down
+
+
+# --- writes ---------------------------------------------------------------------------------------
+
+
+def both_write(reads: AsyncReads, method: str, path: str, *, token: str, body: bytes | None = None,
+               content_type: str = "application/json", headers: dict[str, str] | None = None) -> httpx.Response:
+    """A request that changes nothing (a refusal, a replay), sent to both stacks; asserts they
+    agree as ``both`` does; the front's answer."""
+    sent = {"Authorization": f"Bearer {token}", "Host": "testserver", **(headers or {})}
+    if body is not None:
+        sent["Content-Type"] = content_type
+    served = reads.request(method, path, sent, base_url="http://testserver", content=body)
+    assert served.status_code != 418, f"{method} {path} was not taken by the agent routes"
+    django = Client().generic(method, path, data=body or b"", content_type=content_type if body is not None else None,
+                              headers=sent)
+    assert (served.status_code, served.content) == (django.status_code, django.content), (method, path)
+    for name in (*COMPARED_HEADERS, "idempotent-replay"):
+        # A 204 has no Content-Length on the front (RFC 9110 forbids one); Django adds "0".
+        if name == "content-length" and (name not in django.headers or served.status_code == 204):
+            continue
+        assert served.headers.get(name) == django.headers.get(name), (name, method, path)
+    return served
+
+
+def stored_event(task_id: str, seq: int) -> Any:
+    """The event as the log holds it, as the API answers it (JSONB orders a payload's keys its
+    own way: compared as JSON)."""
+    return json.loads(json_bytes(event_as_api_dict(Event.objects.get(task_id=task_id, seq=seq))))
+
+
+def test_an_append_is_written_once_and_its_replay_answers_alike(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    path = f"/api/v1/tasks/{agent['task_id']}/events/"
+    step = json.dumps({"type": "ReasoningStepCompleted", "payload": {"step": 9, "t": "\u2028"},
+                       "idempotency_key": "front-9", "expected_seq": 6}).encode()
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    written = reads.request("POST", path, sent, base_url="http://testserver", content=step)
+    assert written.status_code == 201 and written.json() == stored_event(agent["task_id"], 7)
+    assert written.headers["allow"] == "GET, POST, HEAD, OPTIONS" and "idempotent-replay" not in written.headers
+    replay = both_write(reads, "POST", path, token=agent["token"], body=step)
+    assert replay.status_code == 200 and replay.headers["idempotent-replay"] == "true"
+    assert replay.json() == written.json()
+    # And the other way round: written by Django's stack, replayed by the front's.
+    other = json.dumps({"type": "Noted", "payload": {}, "idempotency_key": "django-1"}).encode()
+    first = Client().post(path, other, content_type="application/json",
+                          headers={"Authorization": sent["Authorization"]})
+    assert first.status_code == 201
+    assert both_write(reads, "POST", path, token=agent["token"], body=other).content == first.content
+    assert Event.objects.filter(task_id=agent["task_id"]).count() == 8
+
+
+def test_a_batch_is_written_once_and_its_replay_answers_alike(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    path = f"/api/v1/tasks/{agent['task_id']}/events/batch/"
+    batch = json.dumps({"events": [{"type": "Noted", "payload": {"n": n}, "idempotency_key": f"b{n}"}
+                                   for n in range(3)]}).encode()
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    written = reads.request("POST", path, sent, base_url="http://testserver", content=batch)
+    assert written.status_code == 201
+    assert [e["seq"] for e in written.json()["results"]] == [7, 8, 9]
+    assert both_write(reads, "POST", path, token=agent["token"], body=batch).json() == written.json()
+
+
+def test_a_chunked_body_is_read_to_the_limit(reads: AsyncReads, agent: dict[str, Any], settings: Any) -> None:
+    path = f"/api/v1/tasks/{agent['task_id']}/events/"
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    step = b'{"type": "Noted", "payload": {"chunked": true}}'
+    written = reads.request("POST", path, sent, base_url="http://testserver", content=iter([step[:10], step[10:]]))
+    assert written.status_code == 201 and written.json()["payload"] == {"chunked": True}
+    settings.BACKPLANE_PAYLOAD_LIMIT_BYTES = 1000
+    refused = reads.request("POST", path, sent, base_url="http://testserver", content=iter([b" " * 600] * 2))
+    assert refused.status_code == 413
+    assert refused.content == json.dumps(too_large_error(1000)).encode()
+    assert Event.objects.filter(task_id=agent["task_id"]).count() == 7
+
+
+@pytest.mark.parametrize(("body", "content_type", "status"), [
+    (b"{", "application/json", 400),
+    (b'{"type": "Noted", "type": "Noted", "payload": {}}', "application/json", 400),  # duplicate keys
+    (b"[" * 70 + b"]" * 70, "application/json", 400),  # deeper than 64
+    (b'{"type": "Noted", "payload": {"a": "\\u0000"}}', "application/json", 400),
+    (b'{"type": "Noted", "payload": {}}', "text/plain", 415),
+    (b'{"type": "Noted", "payload": {}}', "application/json; charset=latin-1", 415),
+    (b'{"type": 5, "payload": {}}', "application/json", 400),
+    (b'{"type": "TaskStarted", "payload": {}}', "application/json", 400),  # reserved
+    (b'{"type": "Noted"}', "application/json", 400),  # no payload
+    (b'{"type": "Noted", "payload": {}, "expected_seq": 2}', "application/json", 409),
+    (b'{"type": "Noted", "payload": {}, "lease_epoch": 7}', "application/json", 409),
+    (b'{"type": "Noted", "payload": {}, "outbox": [{"topic": "backplane.x", "payload": {}}]}',
+     "application/json", 400),
+    (b"", "application/json", 400),  # an empty body: every required field is missing
+])
+def test_a_refused_append_is_refused_alike_and_writes_nothing(reads: AsyncReads, agent: dict[str, Any],
+                                                              body: bytes, content_type: str, status: int) -> None:
+    answer = both_write(reads, "POST", f"/api/v1/tasks/{agent['task_id']}/events/", token=agent["token"],
+                        body=body, content_type=content_type)
+    assert answer.status_code == status, answer.text
+    assert Event.objects.filter(task_id=agent["task_id"]).count() == 6
+
+
+def test_a_body_over_the_limit_is_the_same_413(reads: AsyncReads, agent: dict[str, Any], settings: Any) -> None:
+    settings.BACKPLANE_PAYLOAD_LIMIT_BYTES = 100
+    answer = both_write(reads, "POST", f"/api/v1/tasks/{agent['task_id']}/events/", token=agent["token"],
+                        body=b'{"type": "Noted", "payload": {"pad": "' + b"x" * 200 + b'"}}')
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("PUT", "/api/v1/tasks/{task}/events/", 405),
+    ("DELETE", "/api/v1/tasks/{task}/", 405),
+    ("HEAD", "/api/v1/tasks/{task}/events/batch/", 405),
+    ("GET", "/api/v1/leases/", 405),
+    ("OPTIONS", "/api/v1/tasks/{task}/heartbeat/", 204),
+    ("POST", "/api/v1/tasks/{other}/events/", 404),
+    ("POST", "/api/v1/tasks/{other}/heartbeat/", 404),
+    ("POST", "/api/v1/tool-calls/nope/result/", 404),
+])
+def test_each_route_refuses_methods_and_strangers_alike(reads: AsyncReads, agent: dict[str, Any], method: str,
+                                                       path: str, status: int) -> None:
+    bodies = {"events": b'{"type": "Noted", "payload": {}}', "heartbeat": b'{"lease_epoch": 1}',
+              "result": b'{"status": "succeeded", "result": {}}'}
+    url = path.format(task=agent["task_id"], other=uuid.uuid4())
+    body = bodies[url.rstrip("/").rsplit("/", 1)[1]] if method in ("POST", "PUT") else None
+    answer = both_write(reads, method, url, token=agent["token"], body=body)
+    assert answer.status_code == status, answer.text
+
+
+def test_claims_heartbeats_and_tool_calls_on_the_front(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+
+    def post(path: str, body: dict[str, Any]) -> httpx.Response:
+        return reads.request("POST", path, sent, base_url="http://testserver", content=json.dumps(body).encode())
+
+    claim = post("/api/v1/leases/", {"kinds": ["lead-qualification"], "lease_seconds": 60})
+    assert claim.status_code == 200 and claim.json()["task"]["task_id"] == agent["task_id"]
+    assert both_write(reads, "POST", "/api/v1/leases/", token=agent["token"], body=b"{}").status_code == 204
+    epoch = claim.json()["lease_epoch"]
+    task = f"/api/v1/tasks/{agent['task_id']}/"
+    beat = post(f"{task}heartbeat/", {"lease_epoch": epoch})
+    assert beat.status_code == 200 and beat.json()["expires_at"] > claim.json()["expires_at"]
+    assert both_write(reads, "POST", f"{task}heartbeat/", token=agent["token"],
+                      body=json.dumps({"lease_epoch": epoch + 1}).encode()).status_code == 409
+    call = {"step": 1, "tool": "crm.lookup", "input": {"id": 7}, "lease_epoch": epoch}
+    dispatched = post(f"{task}tool-calls/", call)
+    assert dispatched.status_code == 201
+    in_flight = both_write(reads, "POST", f"{task}tool-calls/", token=agent["token"], body=json.dumps(call).encode())
+    assert in_flight.json()["status"] == "in_flight"
+    key = dispatched.json()["idempotency_key"]
+    outcome = {"status": "succeeded", "result": {"found": True}, "lease_epoch": epoch}
+    recorded = post(f"/api/v1/tool-calls/{key}/result/", outcome)
+    assert recorded.status_code == 201 and recorded.json()["replayed"] is False
+    again = both_write(reads, "POST", f"/api/v1/tool-calls/{key}/result/", token=agent["token"],
+                       body=json.dumps(outcome).encode())
+    assert again.status_code == 200 and again.json()["replayed"] is True
+    assert [e.type for e in Event.objects.filter(task_id=agent["task_id"], seq__gt=6).order_by("seq")] == [
+        "TaskClaimed", "ToolCallDispatched", "ToolCallResultReceived"]
+
+
+def test_an_append_carries_the_agents_trace_with_tracing_off(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json",
+            "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    written = reads.request("POST", f"/api/v1/tasks/{agent['task_id']}/events/", sent, base_url="http://testserver",
+                            content=b'{"type": "Noted", "payload": {}}')
+    assert written.status_code == 201 and written.json()["trace_id"] == trace_id
+
+
+def test_each_write_is_counted_under_its_route(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    counted = RESPONSES.labels(status="201", view="task-events", method="POST")
+    before = counted._value.get()
+    reads.request("POST", f"/api/v1/tasks/{agent['task_id']}/events/",
+                  {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"},
+                  base_url="http://testserver", content=b'{"type": "Noted", "payload": {}}')
+    assert counted._value.get() == before + 1
