@@ -43,11 +43,13 @@ import psycopg
 import psycopg_pool
 from django.conf import settings
 from django.db import DatabaseError, OperationalError, close_old_connections
+from django.http import QueryDict
 from django.http.request import split_domain_port, validate_host
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils.encoding import iri_to_uri
 from rest_framework import exceptions
 from starlette.concurrency import run_in_threadpool
-from starlette.convertors import UUIDConvertor, register_url_convertor
+from starlette.convertors import StringConvertor, UUIDConvertor, register_url_convertor
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
@@ -91,10 +93,17 @@ class DjangoUUIDConvertor(UUIDConvertor):
     regex = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
+class DjangoSlugConvertor(StringConvertor):
+    """Django's ``<slug:...>``, which Starlette has no convertor for."""
+
+    regex = "[-a-zA-Z0-9_]+"
+
+
 register_url_convertor("django_uuid", DjangoUUIDConvertor())
+register_url_convertor("django_slug", DjangoSlugConvertor())
 # Django's path converters as Starlette writes them (``str`` is ``[^/]+`` in both), and a
 # parameter of a Django route as django.urls.resolvers reads one.
-_CONVERTORS = {"uuid": ":django_uuid", "str": ""}
+_CONVERTORS = {"uuid": ":django_uuid", "slug": ":django_slug", "str": ""}
 _DJANGO_PARAMETER = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<parameter>[^>]+)>")
 
 
@@ -164,9 +173,15 @@ def _is_secure(request: Request) -> bool:
     return request.url.scheme == "https"
 
 
+def _host(request: Request) -> str:
+    # As Django's HttpRequest.get_host() reads it (before validating it).
+    if settings.USE_X_FORWARDED_HOST and "x-forwarded-host" in request.headers:
+        return request.headers["x-forwarded-host"]
+    return request.headers.get("host", "")
+
+
 def _host_refused(request: Request) -> bool:
-    host = request.headers.get("x-forwarded-host" if settings.USE_X_FORWARDED_HOST else "host", "")
-    domain, _ = split_domain_port(host)
+    domain, _ = split_domain_port(_host(request))
     return not domain or not validate_host(domain, _allowed_hosts())
 
 
@@ -339,10 +354,15 @@ class FrontRoute:
 
     async def _run(self, operation: Operation, principal: Principal, request: Request, raw: bytes) -> Answer:
         if operation.body is None:
-            data: Any = request.query_params
+            # The query as Django parses it into request.GET, for the same handler.
+            data: Any = QueryDict(request.scope["query_string"].decode("latin-1"))
         else:
             data = operation.validated_body(raw, request.headers.get("content-type", ""))
-        call = functools.partial(_as_in_a_request, operation.handler, principal, data, **request.path_params)
+        kwargs = dict(request.path_params)
+        if operation.with_url:
+            scheme = "https" if _is_secure(request) else "http"
+            kwargs["url"] = iri_to_uri(f"{scheme}://{_host(request)}{request.url.path}")
+        call = functools.partial(_as_in_a_request, operation.handler, principal, data, **kwargs)
         # In this request's context (its trace, which the events it writes carry).
         context = contextvars.copy_context()
         return await asyncio.get_running_loop().run_in_executor(self.executor, context.run, call)

@@ -26,6 +26,7 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from api.serializers import (
     JSONObjectField,
+    StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
     StrictSerializer,
@@ -130,6 +131,18 @@ def _object_check(field: JSONObjectField) -> Check:
     return check
 
 
+def _boolean_check(field: StrictBooleanField) -> Check:
+    allow_null = field.allow_null
+    _regexes(field)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None if allow_null else _DOUBT
+        return value if type(value) is bool else _DOUBT
+
+    return check
+
+
 def _list_within(value: Any, allow_empty: bool | None, min_length: int | None, max_length: int | None) -> bool:
     """A JSON array the list's emptiness and length bounds allow."""
     if type(value) is not list or (not value and not allow_empty):
@@ -223,6 +236,8 @@ def _field_check(field: serializers.Field) -> Check:
         return _object_check(field)
     if type(field) is StrictUUIDField:
         return _uuid_check(field)
+    if type(field) is StrictBooleanField:
+        return _boolean_check(field)
     raise NotCompilable(f"{field.field_name}: {type(field).__name__} is not supported")
 
 

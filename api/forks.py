@@ -8,12 +8,13 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.base import ApiView, errors, principal_of, validated, written_or_replayed
+from api.authentication import Principal
+from api.base import Answer, ApiView, errors, principal_of, written_or_replayed_answer
 from api.permissions import AgentOrViewerOperator
+from api.routes import AgentRoute, Operation
 from api.serializers import (
     JSONObjectField,
     StrictBooleanField,
@@ -75,10 +76,27 @@ class TaskDiffOut(serializers.Serializer):
     counts = DiffCountsOut()
 
 
-class TaskForkView(ApiView):
-    permission_classes = [IsAuthenticated, AgentOrViewerOperator]
+def task_fork(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
+    outcome = forks.task_fork(
+        namespace=principal.namespace,
+        source_task_id=task_id,
+        at_seq=data["at_seq"],
+        reason=data["reason"],
+        forked_by=principal.name,
+        by_staff=principal.is_staff,
+        input=data.get("input"),
+        task_id=data.get("task_id"),
+        sandbox=data.get("sandbox", False),
+        tool_answers=[forks.ToolAnswer(**answer) for answer in data.get("tool_answers", [])],
+    )
+    return written_or_replayed_answer(task_as_api_dict(outcome.task), replayed=not outcome.created)
 
-    @extend_schema(
+
+# Agents fork in their namespace; staff operators fork too (a staff action).
+task_fork_route = AgentRoute(
+    "TaskForkView",
+    permission=AgentOrViewerOperator,
+    post=Operation(task_fork, dict(
         operation_id="tasks_fork",
         summary="Fork a task at any event: a new task that continues its history from there",
         description=(
@@ -109,23 +127,8 @@ class TaskForkView(ApiView):
         ],
         responses={201: TaskOut, 200: TaskOut,
                    **errors(404, 409, conflicts=("task_exists", "sandbox_refused"), body=True)},
-    )
-    def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        principal = principal_of(request)
-        data = validated(TaskForkIn, request.data)
-        outcome = forks.task_fork(
-            namespace=principal.namespace,
-            source_task_id=task_id,
-            at_seq=data["at_seq"],
-            reason=data["reason"],
-            forked_by=principal.name,
-            by_staff=principal.is_staff,
-            input=data.get("input"),
-            task_id=data.get("task_id"),
-            sandbox=data.get("sandbox", False),
-            tool_answers=[forks.ToolAnswer(**answer) for answer in data.get("tool_answers", [])],
-        )
-        return written_or_replayed(task_as_api_dict(outcome.task), replayed=not outcome.created)
+    )),
+)
 
 
 class TaskDiffView(ApiView):

@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import serializers, status
-from rest_framework.permissions import IsAuthenticated
-from rest_framework.request import Request
-from rest_framework.response import Response
 
 from api.authentication import Principal
 from api.base import (
     REPLAY_HEADER,
     WRITE_CONFLICTS,
     Answer,
-    ApiView,
     errors,
-    principal_of,
-    validated,
-    written_or_replayed,
     written_or_replayed_answer,
 )
-from api.permissions import AgentOrViewer, AgentWritesOnly
 from api.routes import AgentRoute, Operation
 from api.serializers import (
     JSONObjectField,
@@ -266,10 +259,15 @@ heartbeat_route = AgentRoute(
 )
 
 
-class ReleaseView(ApiView):
-    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+def lease_release(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
+    task = leases.lease_release(namespace=principal.namespace, task_id=task_id, lease_epoch=data["lease_epoch"],
+                                agent=principal.name)
+    return Answer(task_as_api_dict(task))
 
-    @extend_schema(
+
+release_route = AgentRoute(
+    "ReleaseView",
+    post=Operation(lease_release, dict(
         operation_id="tasks_release",
         summary="Give the task back to pending without counting an attempt",
         description=(
@@ -279,14 +277,8 @@ class ReleaseView(ApiView):
         request=LeaseEpochIn,
         examples=[OpenApiExample("release", request_only=True, value={"lease_epoch": 4})],
         responses={200: TaskOut, **errors(403, 404, 409, conflicts=("stale_lease",), body=True)},
-    )
-    def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        data = validated(LeaseEpochIn, request.data)
-        principal = principal_of(request)
-        task = leases.lease_release(
-            namespace=principal.namespace, task_id=task_id, lease_epoch=data["lease_epoch"], agent=principal.name
-        )
-        return Response(task_as_api_dict(task))
+    ), agents_only=True),
+)
 
 
 # --- tool calls ----------------------------------------------------------------------------
@@ -342,27 +334,44 @@ tool_call_result_route = AgentRoute(
 )
 
 
-class ToolCallDetailView(ApiView):
-    @extend_schema(
+def tool_call_read(principal: Principal, query: Mapping[str, str], *, key: str) -> Answer:
+    return Answer(tool_call_as_api_dict(selectors.tool_call_visible(namespace=principal.namespace, key=key)))
+
+
+tool_call_detail_route = AgentRoute(
+    "ToolCallDetailView",
+    get=Operation(tool_call_read, dict(
         operation_id="tool_calls_retrieve",
         summary="One tool call record",
         description="The record behind an idempotency key, for a task of the caller's namespace.",
         parameters=[OpenApiParameter("key", str, OpenApiParameter.PATH,
                                      description="the tool call's idempotency key, 64 lowercase hex digits")],
         responses={200: ToolCallOut, **errors(404)},
-    )
-    def get(self, request: Request, key: str) -> Response:
-        call = selectors.tool_call_visible(namespace=principal_of(request).namespace, key=key)
-        return Response(tool_call_as_api_dict(call))
+    )),
+)
 
 
 # --- sub-agents ----------------------------------------------------------------------------
 
 
-class SubtasksView(ApiView):
-    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+def subtask_dispatch(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
+    outcome = subtasks.subtask_dispatch(
+        namespace=principal.namespace,
+        parent_task_id=task_id,
+        step=data["step"],
+        kind=data["kind"],
+        input=data["input"],
+        agent=principal.name,
+        lease_epoch=data.get("lease_epoch"),
+        kinds=principal.kinds,
+    )
+    body = {"task": task_as_api_dict(outcome.child), "dispatch_key": outcome.dispatch_key}
+    return written_or_replayed_answer(body, replayed=not outcome.created)
 
-    @extend_schema(
+
+subtasks_route = AgentRoute(
+    "SubtasksView",
+    post=Operation(subtask_dispatch, dict(
         operation_id="tasks_subtasks_dispatch",
         summary="Hand work to a sub-agent: a child task and SubAgentDispatched in the parent",
         description=(
@@ -381,26 +390,17 @@ class SubtasksView(ApiView):
             "step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": 4})],
         responses={201: SubtaskOut, 200: SubtaskOut,
                    **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
-    )
-    def post(self, request: Request, task_id: uuid.UUID) -> Response:
-        principal = principal_of(request)
-        data = validated(SubtaskIn, request.data)
-        outcome = subtasks.subtask_dispatch(
-            namespace=principal.namespace,
-            parent_task_id=task_id,
-            step=data["step"],
-            kind=data["kind"],
-            input=data["input"],
-            agent=principal.name,
-            lease_epoch=data.get("lease_epoch"),
-            kinds=principal.kinds,
-        )
-        body = {"task": task_as_api_dict(outcome.child), "dispatch_key": outcome.dispatch_key}
-        return written_or_replayed(body, replayed=not outcome.created)
+    ), agents_only=True),
+)
 
 
-class RecoveryContextView(ApiView):
-    @extend_schema(
+def recovery_context(principal: Principal, query: Mapping[str, str], *, task_id: uuid.UUID) -> Answer:
+    return Answer(selectors.recovery_context(namespace=principal.namespace, task_id=task_id))
+
+
+recovery_context_route = AgentRoute(
+    "RecoveryContextView",
+    get=Operation(recovery_context, dict(
         operation_id="tasks_recovery_context",
         summary="What a recovering agent needs to resume (built from the event log)",
         description=(
@@ -409,10 +409,8 @@ class RecoveryContextView(ApiView):
             "a prompt that says where to pick up. Built from the event log only."
         ),
         responses={200: OpenApiResponse(description="recovery context"), **errors(404)},
-    )
-    def get(self, request: Request, task_id: uuid.UUID) -> Response:
-        context = selectors.recovery_context(namespace=principal_of(request).namespace, task_id=task_id)
-        return Response(context)
+    )),
+)
 
 
 # --- the tool gateway ----------------------------------------------------------------------
@@ -440,10 +438,26 @@ class ToolInvokeOut(serializers.Serializer):
     replayed = serializers.BooleanField()
 
 
-class ToolInvokeView(ApiView):
-    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+def tool_invoke(principal: Principal, data: dict[str, Any], *, name: str) -> Answer:
+    outcome = gateway.tool_invoke(
+        namespace=principal.namespace,
+        task_id=data["task_id"],
+        step=data["step"],
+        tool_name=name,
+        input=data["input"],
+        agent=principal.name,
+        lease_epoch=data.get("lease_epoch"),
+        kinds=principal.kinds,
+    )
+    call = outcome.call
+    body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
+            "replayed": outcome.replayed}
+    return Answer(body, status.HTTP_200_OK, {REPLAY_HEADER: "true"} if outcome.replayed else {})
 
-    @extend_schema(
+
+tool_invoke_route = AgentRoute(
+    "ToolInvokeView",
+    post=Operation(tool_invoke, dict(
         operation_id="tools_invoke",
         summary="The backplane calls a registered tool with an Idempotency-Key, or answers from the record",
         description=(
@@ -462,22 +476,5 @@ class ToolInvokeView(ApiView):
             "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "step": 3, "input": {"email": "alice@example.com"},
             "lease_epoch": 4})],
         responses={200: ToolInvokeOut, **errors(403, 404, 409, 422, 502, conflicts=WRITE_CONFLICTS, body=True)},
-    )
-    def post(self, request: Request, name: str) -> Response:
-        principal = principal_of(request)
-        data = validated(ToolInvokeIn, request.data)
-        outcome = gateway.tool_invoke(
-            namespace=principal.namespace,
-            task_id=data["task_id"],
-            step=data["step"],
-            tool_name=name,
-            input=data["input"],
-            agent=principal.name,
-            lease_epoch=data.get("lease_epoch"),
-            kinds=principal.kinds,
-        )
-        call = outcome.call
-        body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
-                "replayed": outcome.replayed}
-        headers = {REPLAY_HEADER: "true"} if outcome.replayed else None
-        return Response(body, status=status.HTTP_200_OK, headers=headers)
+    ), agents_only=True),
+)

@@ -1,18 +1,21 @@
-"""The agent routes: the API's hot paths (task read, event page, append, batch, claim, heartbeat,
-tool-call dispatch and result), each served by one plain Django view for every request.
+"""The agent routes: every route an agent calls (tasks, their events, appends and batches, claims,
+heartbeats, release, recovery context, tool calls and their results, sub-tasks, forks, the tool
+gateway), each declared once as an ``AgentRoute``: its operations by method, each a handler
+``handler(principal, body or query, **url_kwargs)`` and the documentation of its body and answers.
 
-DRF's request machinery (its Request wrapper, negotiation, authenticator, permission and
-throttle classes, serializer copies, Response rendering) is most of the Python an agent's request
-would run. A route here does the same steps as plain calls, in DRF's order, with DRF's answers:
+An agent's request (a bearer token) is served by the HTTP front (api/agent_front.py), outside
+Django's request stack; a staff session's is served by Django, with the ``AgentRoute`` itself as
+the view. Either way the same steps run, in DRF's order, with DRF's answers:
 
 1. who is calling and the rate limit's count (authentication.py: 401 with ``WWW-Authenticate``,
    403 for a write without CSRF on a session, 429 with ``Retry-After``);
 2. the method (405; every answer carries ``Allow``; HEAD is GET without its body);
-3. the body: ``application/json`` (else 415), the strict parser (parsers.py: 400), then the
-   check compiled from the operation's serializer (fastcheck.py), which takes every body it
-   accepts unchanged; every other body (an error, a value the serializer would normalise) goes
-   through the serializer itself, so every validation error is DRF's own words;
-4. the operation (views.py, recovery.py), the same function whatever the caller;
+3. the body (``Operation.validated_body``): ``application/json`` (else 415), the strict parser
+   (parsers.py: 400), then the check compiled from the operation's serializer (fastcheck.py),
+   which takes every body it accepts unchanged; every other body (an error, a value the
+   serializer would normalise) goes through the serializer itself, so every validation error is
+   DRF's own words;
+4. the operation's handler (views.py, recovery.py, forks.py), the same function whatever the caller;
 5. the answer rendered as DRF's JSONRenderer would, errors through ``errors.error_parts``.
 
 The serializers and the ``schema`` given with each operation document the route in the OpenAPI
@@ -35,7 +38,7 @@ from api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, 
 from api.base import Answer, ApiView, json_bytes, validated
 from api.errors import error_parts
 from api.parsers import InvalidJSON, charset_refused, loads_strict
-from api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer
+from api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer, PrincipalPermission
 from api.serializers import StrictSerializer
 from api.throttling import count_request
 
@@ -47,10 +50,15 @@ class Operation:
     the query. ``agents_only``: the operation writes as the calling agent (under its lease, in
     its kinds), so a staff session is 403; staff act through the staff actions."""
 
-    def __init__(self, handler: Callable[..., Answer], schema: dict[str, Any], *, agents_only: bool = False) -> None:
+    def __init__(self, handler: Callable[..., Answer], schema: dict[str, Any], *, agents_only: bool = False,
+                 with_url: bool = False) -> None:
         self.handler = handler
         self.schema = schema
         self.agents_only = agents_only
+        # The handler is also given ``url``, the request's absolute URL without its query (for
+        # the links it answers with), built from the scheme and host as Django's
+        # HttpRequest.build_absolute_uri builds it on either stack.
+        self.with_url = with_url
         self.body: type[StrictSerializer] | None = schema.get("request")
         self.check = None if self.body is None else fastcheck.compile_check(self.body)
 
@@ -88,11 +96,12 @@ class AgentRoute:
 
     # The session check enforces CSRF itself (staff_authenticate), as DRF's APIView does.
     csrf_exempt = True
-    # Who may call every agent route, checked as DRF checks a view's permission_classes (before
-    # the method): agents, and staff viewers; an ``agents_only`` operation refuses staff.
-    permission = AgentOrViewer
 
-    def __init__(self, name: str, **operations: Operation) -> None:
+    def __init__(self, name: str, *, permission: type[PrincipalPermission] = AgentOrViewer,
+                 **operations: Operation) -> None:
+        # Who may call the route, checked as DRF checks a view's permission_classes (before the
+        # method): by default agents, and staff viewers; an ``agents_only`` operation refuses staff.
+        self.permission = permission
         self.operations = {method.upper(): operation for method, operation in operations.items()}
         methods = list(self.operations)
         if "GET" in methods:
@@ -134,6 +143,8 @@ class AgentRoute:
             raise exceptions.MethodNotAllowed(method)
         if operation.agents_only and principal.agent is None:
             raise exceptions.PermissionDenied(AGENTS_ONLY_MESSAGE)
+        if operation.with_url:
+            kwargs = {**kwargs, "url": request.build_absolute_uri(request.path)}
         if operation.body is None:
             answer = operation.handler(principal, request.GET, **kwargs)
         else:

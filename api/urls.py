@@ -4,30 +4,31 @@ from api import budgets, dead_letters, fleet, forks, integrity, jobs, views
 from api import recovery as recovery_api
 
 urlpatterns = [
-    path("tasks/", views.TasksView.as_view(), name="tasks"),
-    # The agent routes (api/routes.py) beside the routes DRF serves.
+    # The agent routes (api/routes.py; served to agents by the HTTP front, api/agent_front.py)
+    # beside the routes DRF serves.
+    path("tasks/", views.tasks_route, name="tasks"),
     path("tasks/<uuid:task_id>/", views.task_detail_route, name="task-detail"),
     path("tasks/<uuid:task_id>/events/", views.task_events_route, name="task-events"),
     path("tasks/<uuid:task_id>/events/batch/", views.task_events_batch_route, name="task-events-batch"),
     path("tasks/<uuid:task_id>/verify/", views.TaskVerifyView.as_view(), name="task-verify"),
-    path("tasks/<uuid:task_id>/fork/", forks.TaskForkView.as_view(), name="task-fork"),
+    path("tasks/<uuid:task_id>/fork/", forks.task_fork_route, name="task-fork"),
     path("tasks/<uuid:task_id>/diff/<uuid:other_id>/", forks.TaskDiffView.as_view(), name="task-diff"),
     path("tasks/<uuid:task_id>/cancel/", fleet.TaskCancelView.as_view(), name="task-cancel"),
     path("pauses/", fleet.PausesView.as_view(), name="pauses"),
     path("pauses/<int:pause_id>/resume/", fleet.PauseResumeView.as_view(), name="pause-resume"),
     path("leases/", recovery_api.leases_route, name="leases"),
     path("tasks/<uuid:task_id>/heartbeat/", recovery_api.heartbeat_route, name="task-heartbeat"),
-    path("tasks/<uuid:task_id>/release/", recovery_api.ReleaseView.as_view(), name="task-release"),
+    path("tasks/<uuid:task_id>/release/", recovery_api.release_route, name="task-release"),
     path(
         "tasks/<uuid:task_id>/recovery-context/",
-        recovery_api.RecoveryContextView.as_view(),
+        recovery_api.recovery_context_route,
         name="task-recovery-context",
     ),
     path("tasks/<uuid:task_id>/tool-calls/", recovery_api.tool_calls_route, name="task-tool-calls"),
-    path("tool-calls/<str:key>/", recovery_api.ToolCallDetailView.as_view(), name="tool-call-detail"),
+    path("tool-calls/<str:key>/", recovery_api.tool_call_detail_route, name="tool-call-detail"),
     path("tool-calls/<str:key>/result/", recovery_api.tool_call_result_route, name="tool-call-result"),
-    path("tasks/<uuid:task_id>/subtasks/", recovery_api.SubtasksView.as_view(), name="task-subtasks"),
-    path("tools/<slug:name>/invoke/", recovery_api.ToolInvokeView.as_view(), name="tool-invoke"),
+    path("tasks/<uuid:task_id>/subtasks/", recovery_api.subtasks_route, name="task-subtasks"),
+    path("tools/<slug:name>/invoke/", recovery_api.tool_invoke_route, name="tool-invoke"),
     path("seals/latest/", integrity.SealLatestView.as_view(), name="seal-latest"),
     path("seals/consistency/", integrity.SealConsistencyView.as_view(), name="seal-consistency"),
     path("events/<int:position>/proof/", integrity.EventProofView.as_view(), name="event-proof"),

@@ -6,8 +6,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from django.http import QueryDict
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -19,11 +19,8 @@ from api.base import (
     errors,
     principal_of,
     query_int,
-    validated,
-    written_or_replayed,
     written_or_replayed_answer,
 )
-from api.permissions import AgentOrViewer, AgentWritesOnly
 from api.routes import AgentRoute, Operation
 from api.serializers import (
     ChainVerifyOut,
@@ -107,11 +104,49 @@ def event_append_batch(principal: Principal, data: dict[str, Any], *, task_id: u
     return written_or_replayed_answer(body, replayed=outcome.replayed)
 
 
-class TasksView(ApiView):
-    # Anyone lists; only agents create (a task is created in the creating agent's namespace).
-    permission_classes = [IsAuthenticated, AgentOrViewer, AgentWritesOnly]
+# A list (and search) of a whole namespace may come from the read replica, at most
+# BACKPLANE_REPLICA_MAX_LAG_SECONDS behind. An agent's read of its own task or events after a
+# write goes through the other agent routes, which read the primary only.
+@replica_reads
+def task_list(principal: Principal, query: QueryDict, *, url: str) -> Answer:
+    status_filter = query.get("status")
+    if status_filter is not None and status_filter not in TaskStatus.values:
+        raise InvalidInput("unknown status", {"status": f"one of {', '.join(TaskStatus.values)}"})
+    page = selectors.task_list(
+        namespace=principal.namespace,
+        status=status_filter,
+        kind=query.get("kind") or None,
+        limit=query_int(query, "limit", default=100, minimum=1, maximum=1000),
+        cursor=query.get("cursor") or None,
+    )
+    next_url = None
+    if page.next_cursor:
+        following = query.copy()
+        following["cursor"] = page.next_cursor
+        next_url = f"{url}?{following.urlencode()}"
+    return Answer({"results": [task_as_api_dict(t) for t in page.tasks], "next": next_url})
 
-    @extend_schema(
+
+def task_create(principal: Principal, data: dict[str, Any]) -> Answer:
+    assert principal.namespace is not None  # an agent's (agents_only)
+    outcome = services.task_create(
+        namespace=principal.namespace,
+        kind=data["kind"],
+        input=data["input"],
+        agent=principal.name,
+        task_id=data.get("task_id"),
+        parent_task_id=data.get("parent_task_id"),
+        max_attempts=data.get("max_attempts"),
+        metadata=data.get("metadata"),
+        kinds=principal.kinds,
+    )
+    return written_or_replayed_answer(task_as_api_dict(outcome.task), replayed=not outcome.created)
+
+
+# Anyone lists; only agents create (a task is created in the creating agent's namespace).
+tasks_route = AgentRoute(
+    "TasksView",
+    get=Operation(task_list, dict(
         operation_id="tasks_list",
         summary="List tasks of the caller's namespace, oldest first",
         description=(
@@ -126,30 +161,8 @@ class TasksView(ApiView):
             OpenApiParameter("cursor", str, description="the `next` link's cursor"),
         ],
         responses={200: TaskListOut, **errors()},
-    )
-    # A list (and search) of a whole namespace may come from the read replica, at most
-    # BACKPLANE_REPLICA_MAX_LAG_SECONDS behind. An agent's read of its own task or events after a
-    # write goes through the agent routes (api/routes.py), which read the primary only.
-    @replica_reads
-    def get(self, request: Request) -> Response:
-        status_filter = request.query_params.get("status")
-        if status_filter is not None and status_filter not in TaskStatus.values:
-            raise InvalidInput("unknown status", {"status": f"one of {', '.join(TaskStatus.values)}"})
-        page = selectors.task_list(
-            namespace=principal_of(request).namespace,
-            status=status_filter,
-            kind=request.query_params.get("kind") or None,
-            limit=query_int(request.query_params, "limit", default=100, minimum=1, maximum=1000),
-            cursor=request.query_params.get("cursor") or None,
-        )
-        next_url = None
-        if page.next_cursor:
-            query = request.query_params.copy()
-            query["cursor"] = page.next_cursor
-            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
-        return Response({"results": [task_as_api_dict(t) for t in page.tasks], "next": next_url})
-
-    @extend_schema(
+    ), with_url=True),
+    post=Operation(task_create, dict(
         operation_id="tasks_create",
         summary="Create a task (idempotent on task_id)",
         description=(
@@ -176,23 +189,8 @@ class TasksView(ApiView):
                 "parent_task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10"}),
         ],
         responses={201: TaskOut, 200: TaskOut, **errors(403, 409, conflicts=("task_exists",), body=True)},
-    )
-    def post(self, request: Request) -> Response:
-        principal = principal_of(request)
-        data = validated(TaskCreateIn, request.data)
-        assert principal.namespace is not None  # an agent's (AgentWritesOnly)
-        outcome = services.task_create(
-            namespace=principal.namespace,
-            kind=data["kind"],
-            input=data["input"],
-            agent=principal.name,
-            task_id=data.get("task_id"),
-            parent_task_id=data.get("parent_task_id"),
-            max_attempts=data.get("max_attempts"),
-            metadata=data.get("metadata"),
-            kinds=principal.kinds,
-        )
-        return written_or_replayed(task_as_api_dict(outcome.task), replayed=not outcome.created)
+    ), agents_only=True),
+)
 
 
 task_detail_route = AgentRoute(

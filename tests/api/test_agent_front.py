@@ -213,9 +213,9 @@ def test_each_read_is_counted_under_its_route(reads: AsyncReads, agent: dict[str
     ("GET", "/api/v1/tasks/{task}/", {"Authorization": "Basic eDp5"}),
     ("GET", "/api/v1/tasks/{upper}/", {"Authorization": "Bearer x"}),  # not a path Django takes either
     ("GET", "/api/v1/tasks/{task}", {"Authorization": "Bearer x"}),  # no slash: Django's to route
-    ("POST", "/api/v1/tasks/", {"Authorization": "Bearer x"}),  # DRF's views, not agent routes
-    ("POST", "/api/v1/tasks/{task}/release/", {"Authorization": "Bearer x"}),
-    ("GET", "/api/v1/tool-calls/k/", {"Authorization": "Bearer x"}),
+    ("GET", "/api/v1/tasks/{task}/verify/", {"Authorization": "Bearer x"}),  # DRF's views, not agent routes
+    ("POST", "/api/v1/tasks/{task}/cancel/", {"Authorization": "Bearer x"}),
+    ("GET", "/api/v1/seals/latest/", {"Authorization": "Bearer x"}),
 ])
 def test_every_other_request_on_their_paths_is_left_to_django(reads: AsyncReads, method: str, path: str,
                                                              headers: dict[str, str]) -> None:
@@ -426,3 +426,51 @@ def test_each_write_is_counted_under_its_route(reads: AsyncReads, agent: dict[st
                   {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"},
                   base_url="http://testserver", content=b'{"type": "Noted", "payload": {}}')
     assert counted._value.get() == before + 1
+
+
+def test_tasks_are_created_listed_and_paged_alike(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    task_id = str(uuid.uuid4())
+    create = json.dumps({"task_id": task_id, "kind": "lead-qualification", "input": {"lead": "b"}}).encode()
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    created = reads.request("POST", "/api/v1/tasks/", sent, base_url="http://testserver", content=create)
+    assert created.status_code == 201 and created.json()["task_id"] == task_id
+    replay = both_write(reads, "POST", "/api/v1/tasks/", token=agent["token"], body=create)
+    assert replay.status_code == 200 and replay.json() == created.json()
+    taken = json.dumps({"task_id": task_id, "kind": "other", "input": {}}).encode()
+    assert both_write(reads, "POST", "/api/v1/tasks/", token=agent["token"], body=taken).status_code == 409
+    first = both(reads, "GET", "/api/v1/tasks/?limit=1&kind=lead-qualification", token=agent["token"])
+    assert first.json()["next"].startswith("http://testserver/api/v1/tasks/?limit=1&kind=lead-qualification&cursor=")
+    following = first.json()["next"].removeprefix("http://testserver")
+    assert [t["task_id"] for t in both(reads, "GET", following, token=agent["token"]).json()["results"]] == [task_id]
+    assert both(reads, "GET", "/api/v1/tasks/?status=nope", token=agent["token"]).status_code == 400
+    assert both(reads, "GET", "/api/v1/tasks/?limit=1", token=agent["token"], scheme="https",
+                host="testserver").json()["next"].startswith("https://testserver/")
+
+
+def test_release_recovery_context_subtasks_and_forks_alike(reads: AsyncReads, agent: dict[str, Any]) -> None:
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+
+    def post(path: str, body: dict[str, Any]) -> httpx.Response:
+        return reads.request("POST", path, sent, base_url="http://testserver", content=json.dumps(body).encode())
+
+    task = f"/api/v1/tasks/{agent['task_id']}/"
+    epoch = post("/api/v1/leases/", {"kinds": ["lead-qualification"]}).json()["lease_epoch"]
+    assert both(reads, "GET", f"{task}recovery-context/", token=agent["token"]).status_code == 200
+    delegate = {"step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": epoch}
+    dispatched = post(f"{task}subtasks/", delegate)
+    assert dispatched.status_code == 201
+    again = both_write(reads, "POST", f"{task}subtasks/", token=agent["token"], body=json.dumps(delegate).encode())
+    assert again.status_code == 200 and again.json() == dispatched.json()
+    stale = json.dumps({"lease_epoch": epoch + 1}).encode()
+    assert both_write(reads, "POST", f"{task}release/", token=agent["token"], body=stale).status_code == 409
+    released = post(f"{task}release/", {"lease_epoch": epoch})
+    assert released.status_code == 200 and released.json()["status"] == "pending"
+    fork = {"at_seq": 3, "reason": "try again", "task_id": str(uuid.uuid4())}
+    forked = post(f"{task}fork/", fork)
+    assert forked.status_code == 201 and forked.json()["task_id"] == fork["task_id"]
+    assert both_write(reads, "POST", f"{task}fork/", token=agent["token"],
+                      body=json.dumps(fork).encode()).json() == forked.json()
+    assert both(reads, "GET", "/api/v1/tool-calls/" + "0" * 64 + "/", token=agent["token"]).status_code == 404
+    invoke = json.dumps({"task_id": agent["task_id"], "step": 1, "input": {}}).encode()
+    assert both_write(reads, "POST", "/api/v1/tools/no-such-tool/invoke/", token=agent["token"],
+                      body=invoke).status_code == 404

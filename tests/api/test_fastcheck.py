@@ -200,3 +200,35 @@ def test_the_lease_and_tool_call_bodies_agents_send_take_the_fast_path() -> None
         (ToolCallResultIn, {"status": "succeeded", "result": {"ok": True}, "lease_epoch": 4}),
     ):
         assert assert_never_looser(serializer_class, body), serializer_class
+
+
+fork_and_dispatch_fields = st.dictionaries(
+    st.sampled_from(["at_seq", "reason", "input", "task_id", "sandbox", "tool_answers", "step", "kind",
+                     "lease_epoch", "other"]),
+    st.one_of(field_values, st.booleans(), st.sampled_from(["6b1c9a7e-3f1d-4c36-9d0e-2a5c8b7d4e11", " why", "why"]),
+              st.lists(st.fixed_dictionaries({"step": st.integers(min_value=-1, max_value=2),
+                                              "tool": st.sampled_from(["t", " t", ""]),
+                                              "status": st.sampled_from(["succeeded", "failed", "x"]),
+                                              "result": st.one_of(st.just({}), st.just([]))}), max_size=2)),
+    max_size=6,
+)
+
+
+@SETTINGS
+@given(fork_and_dispatch_fields)
+def test_the_fork_sub_task_and_invoke_checks_are_never_looser_than_their_serializers(body: dict[str, Any]) -> None:
+    from api.forks import TaskForkIn
+    from api.recovery import SubtaskIn, ToolInvokeIn
+
+    for serializer_class in (TaskForkIn, SubtaskIn, ToolInvokeIn, TaskCreateIn):
+        assert_never_looser(serializer_class, body)
+
+
+def test_a_fork_with_sandbox_and_tool_answers_takes_the_fast_path() -> None:
+    from api.forks import TaskForkIn
+
+    body = {"at_seq": 3, "reason": "replay", "sandbox": True,
+            "tool_answers": [{"step": 2, "tool": "crm", "status": "succeeded", "result": {"n": 1}}]}
+    assert fastcheck.compile_check(TaskForkIn)(body) is not None
+    assert fastcheck.compile_check(TaskForkIn)({**body, "sandbox": 1}) is None
+    assert assert_never_looser(TaskForkIn, body)
