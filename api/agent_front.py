@@ -18,10 +18,12 @@ Each request, in the order Django's middleware and api/routes.py take the same s
 2. the token's agent and the request's count in one statement (401, 429), then
    ``last_seen_at`` when it is stale, on psycopg's async pool (backplane/runtime/async_pool.py);
 3. the method (405; OPTIONS is 204), then the operation: a read of a task or a page of its
-   events on the same async connection; a write has its body checked here and its handler (the
-   services, and the one writer behind them) run on a thread of the web process's pool, with a
-   Django connection managed as Django manages one around a request. A database that went away
-   is 503 and closes the gate; any other database error is the contract's 500;
+   events on the same async connection; a write has its body checked here; an append that is a
+   quiet step (backplane/eventlog/async_services.py) is written on the same connection too, and
+   any other write has its handler (the services, and the one writer behind them) run on a
+   thread of the web process's pool, with a Django connection managed as Django manages one
+   around a request. A database that went away is 503 and closes the gate; any other database
+   error is the contract's 500;
 4. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
    request counted on /metrics under its route's name.
 """
@@ -64,7 +66,7 @@ from api.authentication import (
     bearer_token_of,
     note_seen_params,
 )
-from api.base import Answer, json_bytes, query_int
+from api.base import Answer, json_bytes, query_int, written_or_replayed_answer
 from api.errors import error_parts
 from api.middleware import (
     bad_request_error,
@@ -75,8 +77,11 @@ from api.middleware import (
 )
 from api.routes import AgentRoute, Operation
 from api.serializers import event_as_api_dict, task_as_api_dict
-from api.views import events_page, task_read
+from api.views import draft_from, event_append, event_append_batch, events_page, task_read
 from backplane.eventlog import selectors
+from backplane.eventlog.async_services import event_append_batch_async
+from backplane.eventlog.services import AppendOutcome
+from backplane.eventlog.writer import EventDraft
 from backplane.runtime.async_pool import async_pool, async_pool_renew
 from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
 from backplane.telemetry.http import count_response
@@ -151,6 +156,40 @@ async def _events_page(conn: psycopg.AsyncConnection[Any], principal: Principal,
 # The operations that read on the event loop, by the handler Django's stack runs for them: the
 # same SQL, the same rows made into the same bodies.
 _ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events_page: _events_page}
+
+
+# --- the appends, on the event loop -------------------------------------------------------------
+
+Write = Callable[[psycopg.AsyncConnection[Any], Principal, dict[str, Any], Request], Awaitable[Answer | None]]
+
+
+async def _append(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any], request: Request,
+                  drafts: list[EventDraft]) -> AppendOutcome | None:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    return await event_append_batch_async(
+        conn, namespace=principal.namespace, task_id=request.path_params["task_id"], drafts=drafts,
+        agent=principal.name, expected_seq=data.get("expected_seq"), lease_epoch=data.get("lease_epoch"),
+        kinds=principal.kinds)
+
+
+async def _event_append(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                        request: Request) -> Answer | None:
+    outcome = await _append(conn, principal, data, request, [draft_from(data)])
+    return None if outcome is None else written_or_replayed_answer(event_as_api_dict(outcome.events[0]),
+                                                                   replayed=False)
+
+
+async def _event_append_batch(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                              request: Request) -> Answer | None:
+    outcome = await _append(conn, principal, data, request, [draft_from(item) for item in data["events"]])
+    return None if outcome is None else written_or_replayed_answer(
+        {"results": [event_as_api_dict(e) for e in outcome.events]}, replayed=False)
+
+
+# The appends the event loop makes itself when they are quiet steps (eventlog/async_services.py),
+# by the handler Django's stack runs for them; any other append (None) goes to that handler.
+_WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {event_append: _event_append,
+                                                           event_append_batch: _event_append_batch}
 
 
 # --- what every request goes through ------------------------------------------------------------
@@ -348,16 +387,23 @@ class FrontRoute:
             if read is not None:
                 answer = await read(conn, principal, request)
                 return _json(answer.body, answer.status, answer.headers)
-        # A write: the pool's connection is back before the handler takes a Django one.
-        answer = await self._run(operation, principal, request, raw)
+            data = self._data(operation, request, raw)
+            write = _WRITES_ON_THE_LOOP.get(operation.handler)
+            written = None if write is None else await write(conn, principal, data, request)
+            if written is not None:
+                return _json(written.body, written.status, written.headers)
+        # Any other write: the pool's connection is back before the handler takes a Django one.
+        answer = await self._run(operation, principal, request, data)
         return _json(answer.body, answer.status, answer.headers)
 
-    async def _run(self, operation: Operation, principal: Principal, request: Request, raw: bytes) -> Answer:
+    @staticmethod
+    def _data(operation: Operation, request: Request, raw: bytes) -> Any:
         if operation.body is None:
             # The query as Django parses it into request.GET, for the same handler.
-            data: Any = QueryDict(request.scope["query_string"].decode("latin-1"))
-        else:
-            data = operation.validated_body(raw, request.headers.get("content-type", ""))
+            return QueryDict(request.scope["query_string"].decode("latin-1"))
+        return operation.validated_body(raw, request.headers.get("content-type", ""))
+
+    async def _run(self, operation: Operation, principal: Principal, request: Request, data: Any) -> Answer:
         kwargs = dict(request.path_params)
         if operation.with_url:
             scheme = "https" if _is_secure(request) else "http"

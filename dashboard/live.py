@@ -1,7 +1,7 @@
 """Live notices: after an event write commits, a small notice goes to the channel layer.
 
-The event log calls ``notice_after_commit`` for every write (a writer follow-up, registered in
-``DashboardConfig.ready``). It only schedules the notice with ``transaction.on_commit``, so a
+The event log tells ``notice_after_commit`` of every write (a writer observer, registered in
+``DashboardConfig.ready``). It answers the notice to send once the write commits, so a
 rolled-back write announces nothing and nothing slow happens under the task's row lock.
 
 After commit the notice is handed to one publisher per process, which coalesces what arrived
@@ -23,6 +23,7 @@ open pages refetch everything they show.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -30,7 +31,6 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import transaction
 
 from backplane.eventlog.writer import WrittenEvents
 
@@ -58,12 +58,11 @@ def task_notice(written: WrittenEvents) -> dict[str, Any]:
     }
 
 
-def notice_after_commit(written: WrittenEvents) -> None:
-    """Writer follow-up: announce the write once (and only if) its transaction commits."""
+def notice_after_commit(written: WrittenEvents) -> Callable[[], None] | None:
+    """Writer observer: the write's notice, announced once (and only if) it commits."""
     if not written.events or not settings.BACKPLANE_LIVE_NOTICES:
-        return
-    notice = task_notice(written)
-    transaction.on_commit(lambda: publisher.publish(notice))
+        return None
+    return functools.partial(publisher.publish, task_notice(written))
 
 
 class NoticePublisher:

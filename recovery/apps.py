@@ -8,7 +8,7 @@ class RecoveryConfig(AppConfig):
     def ready(self) -> None:
         # Recovery builds on the event log, never the other way round: the log offers the
         # follow-up hook and recovery plugs its breakers, sagas and parent reports into it.
-        from backplane.eventlog.writer import register_follow_up
+        from backplane.eventlog.writer import register_follow_up, register_observer
         from backplane.metrics import register_collector
         from recovery import budgets, handlers
         from recovery.metrics import RecoveryCollector, count_committed_events
@@ -16,7 +16,7 @@ class RecoveryConfig(AppConfig):
         for follow_up in handlers.FOLLOW_UPS:
             register_follow_up(follow_up)
         register_collector(RecoveryCollector())
-        # Only observes (it counts after commit), so it sees quiet writes too: every event is counted.
-        register_follow_up(count_committed_events, on_quiet_writes=True)
-        # A model call is a quiet write (a step recorded), and budgets are spent by exactly those.
-        register_follow_up(budgets.budget_note_spending, on_quiet_writes=True)
+        # Only observes (it counts after commit): every event is counted.
+        register_observer(count_committed_events)
+        # A write that costs something is never quiet (eventlog/writer.py), so this sees them all.
+        register_follow_up(budgets.budget_note_spending)

@@ -3,8 +3,8 @@
 ``RecoveryCollector`` is added through ``backplane.metrics.register_collector``: each figure is one
 aggregate in the database (a count, a min, percentiles), whatever the number of rows behind it.
 
-``count_committed_events`` is a follow-up of the event log's writer (``RecoveryConfig.ready``
-registers it, for quiet writes too): most of what an operator counts is an event type (a claim,
+``count_committed_events`` is an observer of the event log's writer (``RecoveryConfig.ready``
+registers it; it is told of every write): most of what an operator counts is an event type (a claim,
 a stall, a compensation, a tool call), so one look at every write counts them all, after commit.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -156,11 +156,9 @@ def event_type_label(event_type: str) -> str:
     return event_type if event_type in BUILT_IN_EVENT_TYPES else "custom"
 
 
-def count_committed_events(written: WrittenEvents) -> None:
-    """Count a write's events once its transaction commits; a write rolled back is not counted.
-
-    Runs inside the writer's transaction (``transaction.on_commit`` defers the counting). The
-    figures are taken now, from the events as written."""
+def count_committed_events(written: WrittenEvents) -> Tally | None:
+    """Writer observer: count a write's events once its transaction commits; a write rolled
+    back is not counted. The figures are taken when told, from the events as written."""
     tallies: list[Tally] = [
         functools.partial(counters.events_appended_count, type_label=label, count=count)
         for label, count in Counter(event_type_label(event.type) for event in written.events).items()
@@ -169,8 +167,10 @@ def count_committed_events(written: WrittenEvents) -> None:
         apart = _COUNTED_APART.get(event.type)
         if apart is not None:
             tallies.append(apart(event, written))
-    # An agent's next step, the commonest write by far, has one tally: registered as it is.
-    transaction.on_commit(tallies[0] if len(tallies) == 1 else functools.partial(_count, tallies))
+    if not tallies:
+        return None
+    # An agent's next step, the commonest write by far, has one tally: answered as it is.
+    return tallies[0] if len(tallies) == 1 else functools.partial(_count, tallies)
 
 
 def _count(tallies: list[Tally]) -> None:

@@ -104,7 +104,9 @@ def outbox_enqueue(
 
 
 @dataclass(frozen=True)
-class _Subscription:
+class Subscription:
+    """An active webhook subscription, as the enqueue reads it (``SUBSCRIPTIONS_SQL``)."""
+
     pk: int
     topic_pattern: str
     namespaces: frozenset[str]  # empty: every namespace
@@ -116,14 +118,21 @@ class _Subscription:
         return in_scope and topic_matches(self.topic_pattern, topic)
 
 
-def _active_subscriptions() -> list[_Subscription]:
-    """The active webhook subscriptions, in id order: read in the transaction that enqueues, so
-    a subscription added a moment ago already gets messages."""
+# The active webhook subscriptions, in id order: read in the transaction that enqueues, so a
+# subscription added a moment ago already gets messages.
+SUBSCRIPTIONS_SQL = (
+    "SELECT id, topic_pattern, namespaces FROM backplane_webhooksubscription WHERE is_active ORDER BY id"
+)
+
+
+def subscriptions_from(rows: Sequence[Sequence[Any]]) -> list[Subscription]:
+    return [Subscription(pk, pattern, frozenset(namespaces)) for pk, pattern, namespaces in rows]
+
+
+def _active_subscriptions() -> list[Subscription]:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, topic_pattern, namespaces FROM backplane_webhooksubscription WHERE is_active ORDER BY id"
-        )
-        return [_Subscription(pk, pattern, frozenset(namespaces)) for pk, pattern, namespaces in cursor.fetchall()]
+        cursor.execute(SUBSCRIPTIONS_SQL)
+        return subscriptions_from(cursor.fetchall())
 
 
 def _rows_for(
@@ -135,7 +144,7 @@ def _rows_for(
     namespace: str | None,
     task_id: str | None,
     event_position: int | None,
-    subscriptions: list[_Subscription],
+    subscriptions: list[Subscription],
     first: int,
 ) -> list[dict[str, Any]]:
     """One message's rows: the broker's, then one per subscription that wants it. The broker
@@ -181,7 +190,14 @@ def outbox_enqueue_many(messages: Sequence[Message], *, now: datetime) -> int:
     INSERT, ids in the order given. Returns how many rows were written."""
     if not messages:
         return 0
-    subscriptions = _active_subscriptions()
+    rows = outbox_rows(messages, _active_subscriptions())
+    _insert_rows(rows, now=now)
+    return len(rows)
+
+
+def outbox_rows(messages: Sequence[Message], subscriptions: list[Subscription]) -> list[dict[str, Any]]:
+    """The rows of ``messages`` (each: the broker's, then one per subscription that wants it), in
+    the order their ids follow, as ``OUTBOX_INSERT_SQL`` takes them (``outbox_insert_params``)."""
     rows: list[dict[str, Any]] = []
     for message in messages:
         rows += _rows_for(
@@ -189,8 +205,7 @@ def outbox_enqueue_many(messages: Sequence[Message], *, now: datetime) -> int:
             namespace=message.namespace, task_id=message.task_id, event_position=message.event_position,
             subscriptions=subscriptions, first=len(rows),
         )
-    _insert_rows(rows, now=now)
-    return len(rows)
+    return rows
 
 
 # Every enqueue is one INSERT of a JSON array of records: its text is quoted once by the
@@ -203,7 +218,8 @@ _ENQUEUED_FIELDS = (
 
 
 @functools.cache
-def _insert_sql() -> str:
+def outbox_insert_sql() -> str:
+    """The one INSERT of every enqueue; its parameters are ``outbox_insert_params``'."""
     rows = recordset(OutboxMessage, _ENQUEUED_FIELDS)
     return f"""
 INSERT INTO backplane_outboxmessage ({rows.column_list}, status, attempts, next_attempt_at, last_error, failures,
@@ -215,7 +231,11 @@ RETURNING id, message_id
 """
 
 
+def outbox_insert_params(rows: list[dict[str, Any]], *, now: datetime) -> list[Any]:
+    return [now, now, recordset_json(rows)]
+
+
 def _insert_rows(rows: list[dict[str, Any]], *, now: datetime) -> list[tuple[int, uuid.UUID]]:
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(), [now, now, recordset_json(rows)])
+        cursor.execute(outbox_insert_sql(), outbox_insert_params(rows, now=now))
         return sorted(cursor.fetchall())

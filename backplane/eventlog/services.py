@@ -230,14 +230,7 @@ def event_append_batch(
 ) -> AppendOutcome:
     """Append client events to one task, all or nothing, as ``agent`` (limited to ``kinds``,
     when given: ``check_lease``)."""
-    if not drafts:
-        raise InvalidInput("events must not be empty", {"events": "at least one event is required"})
-    if len(drafts) > settings.BACKPLANE_BATCH_MAX_EVENTS:
-        raise InvalidInput(
-            "too many events in one batch",
-            {"events": f"at most {settings.BACKPLANE_BATCH_MAX_EVENTS} events per batch"},
-        )
-    digests = _validate_client_drafts(drafts)
+    digests = validate_client_drafts(drafts)
     with transaction.atomic(durable=True):
         task = lock_task(namespace=namespace, task_id=task_id)
         check_lease(task, lease_epoch, agent=agent, kinds=kinds)
@@ -294,8 +287,16 @@ def replay_count(*, task_id: uuid.UUID, kind: str, now: datetime) -> None:
     transaction.on_commit(functools.partial(counters.idempotent_replay_count, kind=kind))
 
 
-def _validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
-    """Check every draft before any lock is taken; return each keyed draft's request digest."""
+def validate_client_drafts(drafts: Sequence[EventDraft]) -> list[str | None]:
+    """Check a client's events (one, or a batch's) before any lock is taken; return each keyed
+    draft's request digest."""
+    if not drafts:
+        raise InvalidInput("events must not be empty", {"events": "at least one event is required"})
+    if len(drafts) > settings.BACKPLANE_BATCH_MAX_EVENTS:
+        raise InvalidInput(
+            "too many events in one batch",
+            {"events": f"at most {settings.BACKPLANE_BATCH_MAX_EVENTS} events per batch"},
+        )
     digests: list[str | None] = []
     seen_keys: set[str] = set()
     for index, draft in enumerate(drafts):

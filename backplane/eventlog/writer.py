@@ -3,15 +3,21 @@
 ``write_events`` (and its batched twin ``write_events_many`` for the backplane's own sweeps)
 runs inside the caller's transaction, on a task row the caller has locked (``lock_task``):
 
-1. number, clock and hash each event on the task's head;
-2. apply the reducer (``backplane.eventlog.reducer``), the only code that decides a task's
-   status, attempts, lease, output and error;
-3. insert the events, write the projection and add what they cost into the cost rollups
-   (backplane.eventlog.costs) in one statement, and write the events' outbox messages plus the
-   lifecycle announcement in one more;
-4. run the follow-ups other parts registered (``register_follow_up``), in registration order,
-   still inside the transaction: recovery plugs its circuit breakers, sagas and the report
-   of a sub-task's result to its parent in here, so the event log never imports recovery.
+1. plan the write (``write_plan``, no I/O): number, clock and hash each event on the task's
+   head, and apply the reducer (``backplane.eventlog.reducer``), the only code that decides a
+   task's status, attempts, lease, output and error;
+2. insert the events, write the projection and add what they cost into the cost rollups
+   (backplane.eventlog.costs) in one statement (``insert_events_sql``), and write the events'
+   outbox messages plus the lifecycle announcement in one more;
+3. run the follow-ups other parts registered (``register_follow_up``), in registration order,
+   still inside the transaction, unless the write is quiet: recovery plugs its circuit
+   breakers, sagas, budgets and the report of a sub-task's result to its parent in here, so the
+   event log never imports recovery; then tell the observers (``register_observer``), whose
+   actions run once the transaction commits.
+
+The plan and the statements are the same for the other driver of a write, an agent's quiet
+append on the event loop (backplane/eventlog/async_services.py), which runs them on an async
+connection.
 """
 
 from __future__ import annotations
@@ -24,18 +30,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.delivery.outbox import Message, outbox_enqueue_many
 from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_timestamp
-from backplane.eventlog.costs import ROLLUP_UPSERT_SQL, rollup_records
+from backplane.eventlog.costs import ROLLUP_UPSERT_SQL, costs_something, rollup_records
 from backplane.eventlog.errors import KindRefused, NotFound, SandboxRefused, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task, TaskStatus
-from backplane.eventlog.reducer import REDUCED_FIELDS, TaskState, task_reduce, task_state_apply, task_state_of
+from backplane.eventlog.reducer import (
+    REDUCED_FIELDS,
+    TRANSITION_TYPES,
+    TaskState,
+    task_reduce,
+    task_state_apply,
+    task_state_of,
+)
 from backplane.lib.sql_rows import RowLoader, recordset, recordset_json
 from backplane.telemetry.tracing import current_trace_ids, span_annotate_write, traceparent
 
@@ -84,20 +97,20 @@ class EventDraft:
 
 # The append path is the product's hot loop: building these statements through the queryset
 # API costs more Python than the database's own work, so they are written as SQL.
-_TASK_ROWS = RowLoader(Task)
-_LOCK_TASK_SQL = f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = %s FOR UPDATE"
-_LOCK_TASKS_SQL = f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
-_LOCK_TASK_IN_NAMESPACE_SQL = (
-    f"SELECT {_TASK_ROWS.columns} FROM backplane_task WHERE id = %s AND namespace = %s FOR UPDATE"
+TASK_ROWS = RowLoader(Task)
+_LOCK_TASK_SQL = f"SELECT {TASK_ROWS.columns} FROM backplane_task WHERE id = %s FOR UPDATE"
+_LOCK_TASKS_SQL = f"SELECT {TASK_ROWS.columns} FROM backplane_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
+LOCK_TASK_IN_NAMESPACE_SQL = (
+    f"SELECT {TASK_ROWS.columns} FROM backplane_task WHERE id = %s AND namespace = %s FOR UPDATE"
 )
 
 
 def lock_task(*, namespace: str | None, task_id: uuid.UUID) -> Task:
     """Lock a task row for the rest of the transaction. ``namespace=None``: staff, any namespace."""
     if namespace is None:
-        task = _TASK_ROWS.fetch_one(_LOCK_TASK_SQL, [task_id])
+        task = TASK_ROWS.fetch_one(_LOCK_TASK_SQL, [task_id])
     else:
-        task = _TASK_ROWS.fetch_one(_LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])
+        task = TASK_ROWS.fetch_one(LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])
     if task is None:
         raise NotFound("task not found", {"task_id": str(task_id)})
     return task
@@ -106,7 +119,7 @@ def lock_task(*, namespace: str | None, task_id: uuid.UUID) -> Task:
 def lock_tasks(task_ids: Sequence[uuid.UUID]) -> list[Task]:
     """Lock many task rows for the rest of the transaction, in id order (the order every
     multi-task write takes them in, so two never deadlock); the ones that exist, in that order."""
-    return _TASK_ROWS.fetch_all(_LOCK_TASKS_SQL, [list(task_ids)])
+    return TASK_ROWS.fetch_all(_LOCK_TASKS_SQL, [list(task_ids)])
 
 
 def check_lease(
@@ -202,6 +215,66 @@ def write_events(
     after the task closed (e.g. the second half of a batch) is refused here, unless the
     backplane itself records something that arrived late (``allow_closed``).
     """
+    plan = write_plan(task, drafts, agent=agent, now=now, digests=digests, allow_closed=allow_closed)
+    plan.place(_insert_events_and_update_projections([plan]))
+    outbox_enqueue_many(plan.outbox_messages(), now=now)
+    _follow_up(plan.written, quiet=plan.quiet)
+    return plan.events
+
+
+@dataclass
+class WritePlan:
+    """One task's write worked out before any statement runs (``write_plan``): its events
+    numbered, clocked and hashed, the task's projection reduced in memory, and whether it is
+    quiet. Both drivers run the same statements from it: ``write_events`` on Django's connection
+    and backplane/eventlog/async_services.py on the event loop's."""
+
+    task: Task
+    events: list[Event]
+    drafts: Sequence[EventDraft]
+    written: WrittenEvents
+    quiet: bool
+
+    def place(self, rows: Sequence[tuple[Any, int, int]]) -> None:
+        """The events' positions, from ``insert_events_sql``'s rows."""
+        place_events(self.events, rows)
+        span_annotate_write(task_id=self.task.pk, kind=self.task.kind, seq=self.task.last_seq, events=self.events,
+                            agent=self.events[0].agent if self.events else None, lease_epoch=self.task.lease_epoch)
+
+    def outbox_messages(self) -> list[Message]:
+        """The events' own messages, then the lifecycle announcement (once placed: a message
+        names its event's position): one INSERT for the whole write."""
+        task, now = self.task, self.written.now
+        messages = [
+            Message(
+                topic=item.topic,
+                key=item.key or str(task.pk),
+                payload=item.payload,
+                headers=outbox_headers(task, event, now),
+                namespace=task.namespace,  # the outbox puts it in the headers and scopes the key's order by it
+                task_id=str(task.pk),
+                event_position=event.position,
+            )
+            for draft, event in zip(self.drafts, self.events, strict=True)
+            for item in draft.outbox
+        ]
+        lifecycle = lifecycle_message(task=task, previous_status=self.written.previous_status, seq=task.last_seq,
+                                      event_hash=task.head_hash, now=now)
+        return messages if lifecycle is None else [*messages, lifecycle]
+
+
+def write_plan(
+    task: Task,
+    drafts: Sequence[EventDraft],
+    *,
+    agent: str | None,
+    now: datetime,
+    digests: Sequence[str | None] | None = None,
+    allow_closed: bool = False,
+) -> WritePlan:
+    """``write_events``' work before its statements: the events placed on the task's head,
+    hashed and reduced into ``task`` (which it updates in memory). No I/O, but for the error
+    of a write that meets a closed task, which reads who closed it (``task_closed_error``)."""
     if task.sandbox and any(draft.outbox for draft in drafts):
         raise SandboxRefused("a sandbox sends no messages: replay the agent without its outbox",
                              {"outbox": "not accepted on a sandbox task"})
@@ -214,33 +287,10 @@ def write_events(
             raise task_closed_error(task)
         events.append(_number_event(task, draft, agent=agent, now=now, digest=digests[index] if digests else None))
     task.updated_at = now
-    _insert_events_and_update_projections([task], [events])
-    span_annotate_write(task_id=task.pk, kind=task.kind, seq=task.last_seq, events=events,
-                        agent=agent, lease_epoch=task.lease_epoch)
-    # The events' own messages, then the lifecycle announcement: one INSERT for the whole write.
-    messages = [
-        Message(
-            topic=item.topic,
-            key=item.key or str(task.pk),
-            payload=item.payload,
-            headers=outbox_headers(task, event, now),
-            namespace=task.namespace,  # the outbox puts it in the headers and scopes the key's order by it
-            task_id=str(task.pk),
-            event_position=event.position,
-        )
-        for draft, event in zip(drafts, events, strict=True)
-        for item in draft.outbox
-    ]
-    lifecycle = lifecycle_message(
-        task=task, previous_status=previous_status, seq=task.last_seq, event_hash=task.head_hash, now=now
-    )
-    outbox_enqueue_many(messages if lifecycle is None else [*messages, lifecycle], now=now)
-    _follow_up(
-        WrittenEvents(task=task, events=events, previous_status=previous_status, status=task.status,
-                      was_open=was_open, now=now),
-        quiet=write_is_quiet(drafts, before, task_state_of(task)),
-    )
-    return events
+    written = WrittenEvents(task=task, events=events, previous_status=previous_status, status=task.status,
+                            was_open=was_open, now=now)
+    return WritePlan(task=task, events=events, drafts=drafts, written=written,
+                     quiet=write_is_quiet(drafts, events, before, task_state_of(task)))
 
 
 # --- quiet writes: a step recorded, nothing about the task's fate ------------------------------
@@ -251,11 +301,17 @@ HEAD_FIELDS = frozenset({"last_seq", "head_hash", "lamport", "last_event_at"})
 _FATEFUL_TYPES = frozenset({"TaskCompleted", "TaskFailed"})
 
 
-def write_is_quiet(drafts: Sequence[EventDraft], before: TaskState, after: TaskState) -> bool:
-    """A write that moves only the task's head: no status change, no lifecycle message, no outbox
-    message, no completion or failure. Only observing follow-ups run for quiet writes (nothing
-    else concerns a step being recorded; ``register_follow_up``)."""
-    if any(draft.outbox or draft.type in _FATEFUL_TYPES for draft in drafts):
+def may_be_quiet(drafts: Sequence[EventDraft]) -> bool:
+    """Whether a write of ``drafts`` can be quiet whatever the task (no transition of the
+    reducer's, nothing that costs): known before the task is read."""
+    return not any(draft.type in TRANSITION_TYPES or draft.type == et.LLM_CALLED for draft in drafts)
+
+
+def write_is_quiet(drafts: Sequence[EventDraft], events: Sequence[Event], before: TaskState, after: TaskState) -> bool:
+    """A write that moves only the task's head: no status change (so no lifecycle message), no
+    completion or failure, nothing that costs. No follow-up concerns it, only the observers
+    (``register_follow_up``); its own outbox messages concern none either."""
+    if any(draft.type in _FATEFUL_TYPES for draft in drafts) or any(costs_something(event) for event in events):
         return False
     return all(getattr(before, name) == getattr(after, name) for name in REDUCED_FIELDS if name not in HEAD_FIELDS)
 
@@ -279,28 +335,44 @@ class WrittenEvents:
 
 
 FollowUp = Callable[[WrittenEvents], None]
-_follow_ups: list[tuple[FollowUp, bool]] = []
+# An observer is told of a write and answers what to do once, and only if, it commits.
+Observer = Callable[[WrittenEvents], Callable[[], None] | None]
+_follow_ups: list[FollowUp] = []
+_observers: list[Observer] = []
 
 
-def register_follow_up(follow_up: FollowUp, *, on_quiet_writes: bool = False) -> None:
-    """Run ``follow_up`` after every write, in the writer's transaction, in registration order.
+def register_follow_up(follow_up: FollowUp) -> None:
+    """Run ``follow_up`` after every write that is not quiet (``write_is_quiet``), in the
+    writer's transaction, in registration order.
 
     Registered by an app's ``AppConfig.ready`` (recovery registers its circuit breakers,
-    sagas and parent reports). A follow-up may lock more rows and write more events
+    sagas, parent reports and budgets). A follow-up may lock more rows and write more events
     (through ``write_events``); an exception it raises rolls the whole write back.
-
-    Quiet writes (``write_is_quiet``: a step recorded, nothing about the task's fate) run only
-    the follow-ups registered ``on_quiet_writes``: those that observe every write (the
-    dashboard's live notice, sent ``on_commit``).
     """
-    if all(registered is not follow_up for registered, _ in _follow_ups):
-        _follow_ups.append((follow_up, on_quiet_writes))
+    if follow_up not in _follow_ups:
+        _follow_ups.append(follow_up)
+
+
+def register_observer(observer: Observer) -> None:
+    """Tell ``observer`` of every write, quiet or not, on either driver: what it answers (the
+    dashboard's live notice, a count on /metrics) runs once the write commits. It reads what it
+    needs from the write when told, so a task that moves on later in the transaction does not
+    change what it reports; it writes nothing."""
+    if observer not in _observers:
+        _observers.append(observer)
+
+
+def after_commit_of(written: WrittenEvents) -> list[Callable[[], None]]:
+    """What the observers will do once ``written`` commits (the async driver runs them itself)."""
+    return [action for observer in _observers if (action := observer(written)) is not None]
 
 
 def _follow_up(written: WrittenEvents, *, quiet: bool) -> None:
-    for follow_up, on_quiet_writes in _follow_ups:
-        if on_quiet_writes or not quiet:
+    if not quiet:
+        for follow_up in _follow_ups:
             follow_up(written)
+    for action in after_commit_of(written):
+        transaction.on_commit(action)
 
 
 def outbox_headers(task: Task, event: Event, now: datetime) -> dict[str, Any]:
@@ -338,35 +410,17 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
     For the backplane's own writes (the stall detector), not client appends: no request
     digests are stored, and drafts with outbox messages are refused (use ``write_events``).
     """
-    previous_status: list[str] = []
-    was_open: list[bool] = []
-    states_before: list[TaskState] = []
-    written: list[list[Event]] = []
     for write in writes:
-        task = write.task
         if any(draft.outbox for draft in write.drafts):
             raise ValueError("write_events_many does not enqueue draft outbox messages; use write_events")
-        previous_status.append(task.status)
-        states_before.append(task_state_of(task))
-        was_open.append(not task.is_closed)
-        events: list[Event] = []
-        for draft in write.drafts:
-            if task.is_closed:
-                raise task_closed_error(task)
-            events.append(_number_event(task, draft, agent=agent, now=now))
-        task.updated_at = now
-        written.append(events)
-    _insert_events_and_update_projections([write.task for write in writes], written)
-    enqueue_lifecycle_many(changes=[(write.task, before) for write, before in zip(writes, previous_status,
-                                                                                   strict=True)], now=now)
+    plans = [write_plan(write.task, write.drafts, agent=agent, now=now) for write in writes]
+    if plans:
+        place_events([event for plan in plans for event in plan.events], _insert_events_and_update_projections(plans))
+    enqueue_lifecycle_many(changes=[(plan.task, plan.written.previous_status) for plan in plans], now=now)
     # Then, per task in the order given, what write_events does after its insert.
-    after = [write.task.status for write in writes]
-    for write, events, before, status, opened, state in zip(writes, written, previous_status, after, was_open,
-                                                            states_before, strict=True):
-        _follow_up(WrittenEvents(task=write.task, events=events, previous_status=before, status=status,
-                                 was_open=opened, now=now),
-                   quiet=write_is_quiet(write.drafts, state, task_state_of(write.task)))
-    return written
+    for plan in plans:
+        _follow_up(plan.written, quiet=plan.quiet)
+    return [plan.events for plan in plans]
 
 
 def _number_event(
@@ -415,7 +469,9 @@ _PROJECTION_COLUMNS = ("id", *REDUCED_FIELDS, "updated_at")
 
 
 @functools.cache
-def _insert_events_of_tasks_sql() -> str:
+def insert_events_sql() -> str:
+    """The one statement of every write (``insert_events_params``); it answers each event's
+    (task, seq, position), for ``place_events``."""
     events = recordset(Event, _EVENT_COLUMNS)
     projection = recordset(Task, _PROJECTION_COLUMNS)
     assignments = ", ".join(f"{column} = p.{column}" for column in projection.columns[1:])
@@ -435,23 +491,27 @@ SELECT task_id, seq, position FROM inserted
 """
 
 
-def _insert_events_and_update_projections(tasks: list[Task], events_of: list[list[Event]]) -> None:
-    if not tasks:
-        return
-    events = [event for events in events_of for event in events]
+def insert_events_params(tasks: list[Task], events_of: list[list[Event]]) -> list[str]:
+    """The events of ``tasks`` (``events_of``, task by task), their projections (a task
+    without events gets its projection written all the same) and what they cost."""
     event_columns = recordset(Event, _EVENT_COLUMNS).attnames
-    event_rows = [{name: getattr(e, name) for name in event_columns} for e in events]
-    # Tasks without events still get their projection written, as write_events does.
+    event_rows = [{name: getattr(e, name) for name in event_columns} for events in events_of for e in events]
     projection_rows = [{name: getattr(t, name) for name in _PROJECTION_COLUMNS} for t in tasks]
     # What the events cost, added into the rollups (eventlog/costs.py); most writes add nothing.
     rollups = rollup_records(zip(tasks, events_of, strict=True))
-    params = [recordset_json(event_rows), recordset_json(projection_rows), recordset_json(rollups)]
+    return [recordset_json(event_rows), recordset_json(projection_rows), recordset_json(rollups)]
+
+
+def _insert_events_and_update_projections(plans: list[WritePlan]) -> list[tuple[Any, int, int]]:
     with connection.cursor() as cursor:
-        cursor.execute(_insert_events_of_tasks_sql(), params)
-        positions = {(task_id, seq): position for task_id, seq, position in cursor.fetchall()}
+        cursor.execute(insert_events_sql(), insert_events_params([p.task for p in plans], [p.events for p in plans]))
+        return cursor.fetchall()
+
+
+def place_events(events: Sequence[Event], rows: Sequence[tuple[Any, int, int]]) -> None:
+    """Each event's position, from ``insert_events_sql``'s rows, and the event marked as stored."""
+    positions = {(task_id, seq): position for task_id, seq, position in rows}
     for event in events:
         event.position = positions[(event.task_id, event.seq)]
         event._state.adding = False
         event._state.db = "default"
-
-

@@ -10,7 +10,7 @@ in the environment: settings sets it before anything imports prometheus_client.
 The call sites use the small functions below, never the metric objects, and call them once what
 they count has committed (``transaction.on_commit`` inside a transaction): a write that rolls
 back is not counted. Labels are bounded: kinds, outcomes, destination kinds and event types the
-backplane defines; the open-ended ones are folded (``event_type_label`` in the follow-up that
+backplane defines; the open-ended ones are folded (``event_type_label`` in the observer that
 counts events; ``tool_label``, ``model_label``, ``provider_label`` and ``namespace_label``
 here). No task id, agent name, URL or key is ever a label.
 """
@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from functools import partial, wraps
 from typing import ParamSpec, TypeVar
 
-from django.db import transaction
 from prometheus_client import Counter, Histogram
 
 from backplane.telemetry import gen_ai
@@ -179,10 +178,15 @@ def observe_append_duration(service: Callable[P, R]) -> Callable[P, R]:
     def timed(*args: P.args, **kwargs: P.kwargs) -> R:
         started = time.perf_counter()
         outcome = service(*args, **kwargs)
-        APPEND_DURATION.observe(time.perf_counter() - started)
+        append_duration_observe(time.perf_counter() - started)
         return outcome
 
     return timed
+
+
+def append_duration_observe(seconds: float) -> None:
+    """The time of one append that answered (the async append, which no decorator wraps)."""
+    APPEND_DURATION.observe(seconds)
 
 
 def idempotent_replay_count(*, kind: str) -> None:
@@ -265,15 +269,14 @@ def gen_ai_call_count(*, namespace: str, call: gen_ai.ModelCall) -> None:
             GEN_AI_TOKEN_USAGE.labels(token_type=token_type, provider=provider, model=model).observe(count)
 
 
-def model_calls_count_after_commit(written: gen_ai.Written) -> None:
-    """Writer follow-up (``DashboardConfig.ready`` registers it, for quiet writes too: a model
-    call is a step recorded): count the write's model calls once, and only if, it commits.
-    Sandboxes are left out, as they are of the cost rollups: a replay is not the fleet's spending."""
+def model_calls_count_after_commit(written: gen_ai.Written) -> Callable[[], None] | None:
+    """Writer observer (``DashboardConfig.ready`` registers it): count the write's model calls
+    once, and only if, it commits. Sandboxes are left out, as they are of the cost rollups: a
+    replay is not the fleet's spending."""
     if written.task.sandbox:
-        return
+        return None
     calls = gen_ai.model_calls(written.events)
-    if calls:
-        transaction.on_commit(partial(_model_calls_count, written.task.namespace, calls))
+    return partial(_model_calls_count, written.task.namespace, calls) if calls else None
 
 
 def _model_calls_count(namespace: str, calls: list[gen_ai.ModelCall]) -> None:

@@ -474,3 +474,150 @@ def test_release_recovery_context_subtasks_and_forks_alike(reads: AsyncReads, ag
     invoke = json.dumps({"task_id": agent["task_id"], "step": 1, "input": {}}).encode()
     assert both_write(reads, "POST", "/api/v1/tools/no-such-tool/invoke/", token=agent["token"],
                       body=invoke).status_code == 404
+
+
+# --- which appends the event loop writes (backplane/eventlog/async_services.py) ----------------
+
+
+@pytest.fixture
+def on_the_loop(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each append the front was sent was written on the event loop (True) or handed to
+    the service on a thread (False)."""
+    taken: list[bool] = []
+    loop_append = agent_front.event_append_batch_async
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        outcome = await loop_append(*args, **kwargs)
+        taken.append(outcome is not None)
+        return outcome
+
+    monkeypatch.setattr(agent_front, "event_append_batch_async", recorded)
+    return taken
+
+
+@pytest.mark.parametrize(("body", "loop"), [
+    ({"type": "Noted", "payload": {"step": 1}}, True),
+    ({"type": "Noted", "payload": {}, "outbox": [{"topic": "crm.leads", "payload": {"id": 1}, "key": "l1"}]}, True),
+    ({"type": "Noted", "payload": {}, "idempotency_key": "k-1", "expected_seq": 6, "lamport": 99}, True),
+    ({"type": "TaskCompleted", "payload": {"output": {"score": 1}}}, False),  # a transition: follow-ups, lifecycle
+    ({"type": "TaskFailed", "payload": {"error": "no", "retryable": False}}, False),
+    ({"type": "LLMCalled", "payload": {"model": "gpt-4o", "provider": "openai", "prompt_sha256": "0" * 64,
+                                       "output": "yes", "usage": {"input_tokens": 3, "output_tokens": 1}}},
+     False),  # it costs
+])
+def test_a_quiet_step_is_written_on_the_loop_and_any_other_append_by_the_service(
+        reads: AsyncReads, agent: dict[str, Any], on_the_loop: list[bool], body: dict[str, Any], loop: bool) -> None:
+    from backplane.delivery.models import OutboxMessage, WebhookSubscription
+    WebhookSubscription.objects.create(name="crm", url="https://crm.example/hook", topic_pattern="crm.#",
+                                       namespaces=["acme"], secret="s3cret")
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    written = reads.request("POST", f"/api/v1/tasks/{agent['task_id']}/events/", sent, base_url="http://testserver",
+                            content=json.dumps(body).encode())
+    assert written.status_code == 201, written.text
+    assert on_the_loop == [loop]
+    assert written.json() == stored_event(agent["task_id"], 7)
+    task = agent_task(agent)
+    assert (task.last_seq, task.head_hash) == (7, written.json()["hash"])
+    # The event's own messages: the broker's row and the subscription's, naming the event's place.
+    own = OutboxMessage.objects.filter(task_id=agent["task_id"], topic="crm.leads").order_by("id")
+    assert [(m.subscription_id is None, m.event_position, m.headers["seq"], m.key) for m in own] == (
+        [(True, written.json()["position"], 7, "l1"), (False, written.json()["position"], 7, "l1")]
+        if "outbox" in body else [])
+    lifecycle = OutboxMessage.objects.filter(task_id=agent["task_id"], topic__startswith="backplane.tasks.")
+    assert lifecycle.filter(created_at__gte=task.updated_at).exists() == (body["type"] != "Noted" and
+                                                                          body["type"] != "LLMCalled")
+
+
+def agent_task(agent: dict[str, Any]) -> Any:
+    from backplane.eventlog.models import Task
+    return Task.objects.get(pk=agent["task_id"])
+
+
+def test_a_replay_a_closed_task_and_a_refusal_are_answered_as_django_answers_them(
+        reads: AsyncReads, agent: dict[str, Any], on_the_loop: list[bool]) -> None:
+    path = f"/api/v1/tasks/{agent['task_id']}/events/"
+    step = json.dumps({"type": "Noted", "payload": {"n": 1}, "idempotency_key": "once"}).encode()
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    first = reads.request("POST", path, sent, base_url="http://testserver", content=step)
+    assert first.status_code == 201 and on_the_loop == [True]
+    replay = both_write(reads, "POST", path, token=agent["token"], body=step)
+    assert replay.status_code == 200 and replay.json() == first.json() and on_the_loop == [True, False]
+    other_body = both_write(reads, "POST", path, token=agent["token"],
+                            body=json.dumps({"type": "Noted", "payload": {"n": 2}, "idempotency_key": "once"}).encode())
+    assert other_body.status_code == 422 and on_the_loop[-1] is False
+    stale = both_write(reads, "POST", path, token=agent["token"], body=b'{"type": "Noted", "payload": {}, '
+                                                                         b'"expected_seq": 3}')
+    assert stale.status_code == 409 and stale.json()["error"]["details"]["last_seq"] == 7
+    services_cancel(agent)
+    closed = both_write(reads, "POST", path, token=agent["token"], body=b'{"type": "Noted", "payload": {}}')
+    assert closed.status_code == 409 and closed.json()["error"]["details"]["cancelled_by"] == "ops"
+    assert on_the_loop[-1] is False
+    assert Event.objects.filter(task_id=agent["task_id"]).count() == 8  # 6, the step, the cancellation
+
+
+def services_cancel(agent: dict[str, Any]) -> None:
+    from recovery.fleet import task_cancel
+    task_cancel(namespace=None, task_id=uuid.UUID(agent["task_id"]), cancelled_by="ops", reason="wrong lead",
+                compensate=False)
+
+
+def test_appends_on_the_loop_and_on_threads_at_once_make_one_chain(reads: AsyncReads, agent: dict[str, Any],
+                                                                   on_the_loop: list[bool]) -> None:
+    """Appends to one task over many connections at once, the loop's and the service's (a
+    transition among them, which the service writes): every one gets its own place, in one chain."""
+    from backplane.integrity.verification import chain_check
+
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    path = f"/api/v1/tasks/{agent['task_id']}/events/"
+
+    async def append(n: int) -> httpx.Response:
+        transport = httpx.ASGITransport(app=reads.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.post(path, headers=sent, content=json.dumps({"type": "Noted", "payload": {"n": n}}))
+
+    async def all_at_once() -> list[httpx.Response]:
+        return list(await asyncio.gather(*(append(n) for n in range(24))))
+
+    def by_thread(n: int) -> None:
+        try:
+            services.event_append(namespace="acme", task_id=uuid.UUID(agent["task_id"]), agent="reader",
+                                  draft=EventDraft(type="Noted", payload={"by": "thread", "n": n}))
+        finally:
+            connections.close_all()  # the thread's own connection
+
+    with ThreadPoolExecutor(max_workers=4) as threads:
+        by_service = [threads.submit(by_thread, n) for n in range(8)]
+        answers = reads.loop.run_until_complete(all_at_once())
+        for future in by_service:
+            future.result()
+    assert sorted(a.status_code for a in answers) == [201] * 24 and on_the_loop.count(True) == 24
+    seqs = sorted(a.json()["seq"] for a in answers)
+    assert len(set(seqs)) == 24 and min(seqs) > 6
+    task = agent_task(agent)
+    assert task.last_seq == 6 + 24 + 8
+    verified = chain_check(task=task)
+    assert verified.valid and verified.checked == task.last_seq
+
+
+def test_an_append_on_the_loop_is_counted_and_announced_once_it_commits(
+        reads: AsyncReads, agent: dict[str, Any], on_the_loop: list[bool], monkeypatch: pytest.MonkeyPatch,
+        settings: Any) -> None:
+    from backplane.telemetry.counters import APPEND_DURATION, EVENTS_APPENDED
+    from dashboard import live
+
+    settings.BACKPLANE_LIVE_NOTICES = True
+    notices: list[dict[str, Any]] = []
+    monkeypatch.setattr(live.publisher, "publish", notices.append)
+    counted = EVENTS_APPENDED.labels(type="custom")
+    before, timed = counted._value.get(), APPEND_DURATION._sum.get()
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    written = reads.request("POST", f"/api/v1/tasks/{agent['task_id']}/events/", sent, base_url="http://testserver",
+                            content=b'{"type": "Noted", "payload": {}}')
+    assert written.status_code == 201 and on_the_loop == [True]
+    assert counted._value.get() == before + 1 and APPEND_DURATION._sum.get() > timed
+    assert notices == [{"task_id": agent["task_id"], "seq": 7, "position": written.json()["position"], "type": "Noted",
+                        "status": "pending", "namespace": "acme", "parent_id": None}]
+    # A write the database refuses rolls back: nothing counted, nothing announced.
+    refused = reads.request("POST", f"/api/v1/tasks/{agent['task_id']}/events/", sent, base_url="http://testserver",
+                            content=b'{"type": "Noted", "payload": {}, "expected_seq": 1}')
+    assert refused.status_code == 409 and counted._value.get() == before + 1 and len(notices) == 1
