@@ -185,6 +185,13 @@ DATABASES["default"]["TIME_ZONE"] = None
 # purpose: with the database down the pool waits this long before giving up, and a caller must
 # get its 503 within 2 s (backplane/runtime/database_gate.py answers the requests after that at once).
 BACKPLANE_DB_POOL_TIMEOUT = env_float("BACKPLANE_DB_POOL_TIMEOUT", 1.0, minimum=0.1)
+# Seconds a pool keeps retrying a connection that failed before it gives that attempt up, in both
+# pools. psycopg_pool retries with a doubling delay (1, 2, 4, 8 s ...) and grows the pool by one
+# attempt at a time, so after a database restart of a few seconds its next try could be 8 s or more
+# away, every request meanwhile a 503 although the database is back. A short limit ends the
+# attempt instead; the next request that needs a connection starts a fresh one at once, and while
+# the database is still down the gate (runtime/database_gate.py) keeps requests off the pool.
+BACKPLANE_DB_POOL_RECONNECT_TIMEOUT = env_float("BACKPLANE_DB_POOL_RECONNECT_TIMEOUT", 2.0, minimum=0.5)
 if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
     from backplane.runtime import pool_checks
 
@@ -196,6 +203,7 @@ if env_bool("BACKPLANE_DB_POOL", BACKPLANE_ENV != "test"):
         "min_size": env_int("BACKPLANE_DB_POOL_MIN", 2, minimum=0),
         "max_size": env_int("BACKPLANE_DB_POOL_MAX", 20, minimum=1),
         "timeout": BACKPLANE_DB_POOL_TIMEOUT,
+        "reconnect_timeout": BACKPLANE_DB_POOL_RECONNECT_TIMEOUT,
     }
 # The async pool of the agent routes the HTTP front serves on the event loop
 # (backplane/runtime/async_pool.py): one per web process beside Django's.

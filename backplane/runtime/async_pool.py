@@ -35,7 +35,8 @@ def _connection_kwargs() -> dict[str, Any]:
 
 async def _opened() -> AsyncConnectionPool:
     pool = AsyncConnectionPool(kwargs=_connection_kwargs(), min_size=1, max_size=settings.BACKPLANE_ASYNC_DB_POOL_MAX,
-                               timeout=settings.BACKPLANE_DB_POOL_TIMEOUT, open=False,
+                               timeout=settings.BACKPLANE_DB_POOL_TIMEOUT,
+                               reconnect_timeout=settings.BACKPLANE_DB_POOL_RECONNECT_TIMEOUT, open=False,
                                name=APPLICATION_NAME)
     # wait=False: a database that is down must not hold the first request past the pool's timeout.
     await pool.open(wait=False)

@@ -12,6 +12,11 @@ and answers from it:
   pool, which is what is broken), bounded by ``PROBE_TIMEOUT``; a probe that connects opens
   the gate again.
 - ``/readyz`` always probes that way, so it answers within a second whatever the pool is doing.
+- When a probe finds the database back, Django's pool is renewed: the connections it held from
+  before the outage are dead, and psycopg_pool, finding them one by one on requests' checks,
+  sleeps out its backoff between two failed checks, past the pool's timeout, so the first
+  request after the outage would be a 503 though the database is up. (The HTTP front renews the
+  event loop's pool itself: api/agent_front.py.)
 
 The probe runs in a thread of its own so a database host that does not even refuse the
 connection (libpq's connect timeout cannot go below 2 s) still costs a caller at most
@@ -30,7 +35,7 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 logger = logging.getLogger(__name__)
@@ -67,6 +72,13 @@ def _connect_once() -> None:
         probe.execute("SELECT 1")
 
 
+def _renew_pool() -> None:
+    """Replace the idle connections of Django's pool (a process without one has none)."""
+    pool = connections["default"].pool
+    if pool is not None:
+        pool.drain()
+
+
 class DatabaseGate:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -90,9 +102,12 @@ class DatabaseGate:
 
     def mark_up(self) -> None:
         with self._lock:
-            if self._down_since is not None:
+            was_down = self._down_since is not None
+            if was_down:
                 logger.warning("database reachable again after %.1fs", time.monotonic() - self._down_since)
             self._down_since = None
+        if was_down:
+            _renew_pool()
 
     def probe(self) -> str | None:
         """Connect once, outside the pool, within ``PROBE_TIMEOUT``: None when the database
