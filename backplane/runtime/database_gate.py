@@ -74,7 +74,7 @@ def _connect_once() -> None:
 
 def _renew_pool() -> None:
     """Replace the idle connections of Django's pool (a process without one has none)."""
-    pool = connections["default"].pool
+    pool = getattr(connections["default"], "pool", None)  # the PostgreSQL backend's, None when off
     if pool is not None:
         pool.drain()
 
@@ -102,11 +102,9 @@ class DatabaseGate:
 
     def mark_up(self) -> None:
         with self._lock:
-            was_down = self._down_since is not None
-            if was_down:
-                logger.warning("database reachable again after %.1fs", time.monotonic() - self._down_since)
-            self._down_since = None
-        if was_down:
+            down_since, self._down_since = self._down_since, None
+        if down_since is not None:
+            logger.warning("database reachable again after %.1fs", time.monotonic() - down_since)
             _renew_pool()
 
     def probe(self) -> str | None:
