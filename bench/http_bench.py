@@ -400,6 +400,10 @@ def floor_server(app: str, *, log: Path) -> Iterator[str]:
             process.wait()
 
 
+# The queue the product's relay declares, bound to every topic (docs/delivery.md, "Queues").
+BENCH_QUEUE = "bench-downstream"
+
+
 class Product:
     """The launcher on a fresh var directory, as ``make run`` starts it; ``stop()`` always stops
     it and its PostgreSQL and removes the directory (unless ``keep``)."""
@@ -417,6 +421,11 @@ class Product:
         # The launcher's development layout with production's DEBUG off: DEBUG records every query
         # and has WhiteNoise look for changed files on every request.
         self.env.update(BACKPLANE_ENV="development", DEBUG="0", BACKPLANE_DEMO="0", BACKPLANE_RATE_LIMIT=RATE_LIMIT)
+        # A queue bound to every topic, as a deployment with consumers has: without one each outbox
+        # message is unroutable, retried on the relay's backoff and never delivered, and the tasks'
+        # lifecycle messages share their key (the task id) with an agent's, which per-key order
+        # holds behind them, so the outbox run would measure the retries, not a delivery.
+        self.env["BACKPLANE_OUTBOX_QUEUES"] = f"{BENCH_QUEUE}=#"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

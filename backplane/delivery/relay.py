@@ -39,7 +39,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, prefetch_related_objects
 from django.utils import timezone
 
 from backplane.delivery.announcements import announce_dead_letters
@@ -138,17 +138,29 @@ def _lane_condition(lane: Lane, alias: str = "") -> str:
     return f"{prefix}subscription_id IS NULL" if lane is BROKER_LANE else f"{prefix}subscription_id = %(lane)s"
 
 
-def _claimable_ids(*, lane: Lane, now: datetime, limit: int) -> list[int]:
-    params: dict[str, datetime | int | None] = {"now": now, "limit": limit, "window": limit * 2, "lane": lane}
+# A claim takes the rows one of the statements above finds and returns them as claimed, in one
+# statement: what it returns is exactly what it won (the lock and the lease together), and a
+# claim under steady load costs one round trip rather than a read, an update and a read back.
+# The locking read is a materialized CTE so that it runs once, whatever join the planner picks.
+_CLAIM_SQL = """
+WITH won AS MATERIALIZED ({claimable_ids})
+UPDATE backplane_outboxmessage claimed
+SET claimed_until = %(until)s, claim_token = %(token)s, attempts = claimed.attempts + 1
+FROM won WHERE claimed.id = won.id
+RETURNING claimed.*
+"""
+
+
+def _claim_rows(*, lane: Lane, now: datetime, limit: int, until: datetime, token: uuid.UUID) -> list[OutboxMessage]:
+    params: dict[str, Any] = {"now": now, "limit": limit, "window": limit * 2, "lane": lane, "until": until,
+                              "token": token}
     window_sql = _CLAIM_WINDOW_SQL.format(lane=_lane_condition(lane), earlier_lane=_lane_condition(lane, "earlier"),
                                           claimable=_CLAIMABLE)
-    with connection.cursor() as cursor:
-        cursor.execute(window_sql, params)
-        ids = [row[0] for row in cursor.fetchall()]
-        if not ids:
-            cursor.execute(_CLAIM_KEY_HEADS_SQL.format(lane=_lane_condition(lane), claimable=_CLAIMABLE), params)
-            ids = [row[0] for row in cursor.fetchall()]
-    return ids
+    messages = list(OutboxMessage.objects.raw(_CLAIM_SQL.format(claimable_ids=window_sql), params))
+    if not messages:
+        key_heads_sql = _CLAIM_KEY_HEADS_SQL.format(lane=_lane_condition(lane), claimable=_CLAIMABLE)
+        messages = list(OutboxMessage.objects.raw(_CLAIM_SQL.format(claimable_ids=key_heads_sql), params))
+    return sorted(messages, key=lambda message: message.pk)
 
 
 @dataclass
@@ -166,17 +178,15 @@ def outbox_claim(*, lane: Lane, limit: int, lease_seconds: float) -> Claim | Non
     The claim is its own short transaction: no row stays locked while anything is delivered.
     SKIP LOCKED keeps concurrent claims off each other's rows; the lease keeps later claims off
     them until it runs out."""
+    now = timezone.now()
+    token = uuid.uuid4()
+    until = now + timedelta(seconds=lease_seconds)
     with transaction.atomic(durable=True):
-        now = timezone.now()
-        ids = _claimable_ids(lane=lane, now=now, limit=limit)
-        if not ids:
-            return None
-        token = uuid.uuid4()
-        until = now + timedelta(seconds=lease_seconds)
-        OutboxMessage.objects.filter(pk__in=ids).update(
-            claimed_until=until, claim_token=token, attempts=F("attempts") + 1
-        )
-        messages = list(OutboxMessage.objects.filter(pk__in=ids).select_related("subscription").order_by("id"))
+        messages = _claim_rows(lane=lane, now=now, limit=limit, until=until, token=token)
+    if not messages:
+        return None
+    # A webhook lane's rows share one subscription: read once, not once per row.
+    prefetch_related_objects(messages, "subscription")
     return Claim(token=token, until=until, messages=messages)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from kombu import Connection, Exchange, Queue
 
@@ -81,6 +82,41 @@ def test_a_claim_leases_the_head_of_each_key_and_counts_the_attempt(db: None) ->
     assert all(rows[pk].claim_token is None and rows[pk].attempts == 0 for pk in a[1:] + b[1:])
     # Claimed rows are still undelivered: their keys' next messages are not claimable yet.
     assert claim_broker() is None
+
+
+def statements_of(queries: CaptureQueriesContext) -> list[str]:
+    """The statements run, without the transaction's own (the test's atomic makes the claim's a savepoint)."""
+    return [q["sql"] for q in queries.captured_queries
+            if not q["sql"].startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT"))]
+
+
+def test_a_claim_is_one_statement_that_returns_what_it_won_with_the_claims_values(db: None) -> None:
+    enqueue("a", 2)
+    enqueue("b", 1)
+    with CaptureQueriesContext(connection) as queries:
+        claim = claim_broker(lease_seconds=30)
+    assert claim is not None
+    # The rows come back as claimed, not read again after the update: their token and count are
+    # the ones the claim wrote (a read before the update would show attempts 0 and no token).
+    assert [(m.key, m.claim_token, m.attempts, m.claimed_until) for m in claim.messages] == [
+        ("a", claim.token, 1, claim.until), ("b", claim.token, 1, claim.until)]
+    statements = statements_of(queries)
+    assert len(statements) == 1 and statements[0].lstrip().startswith("WITH won AS"), statements
+
+
+def test_webhook_claims_read_their_subscription_once(db: None) -> None:
+    subscription = WebhookSubscription.objects.create(name="s", url="http://127.0.0.1:9/h", topic_pattern="claims.#",
+                                                      secret="s" * 32)
+    now = timezone.now()
+    with transaction.atomic():
+        for n in range(3):
+            outbox.outbox_enqueue(topic="claims.t", key=f"k{n}", payload={"n": n}, headers={}, now=now)
+    with CaptureQueriesContext(connection) as queries:
+        claim = relay.outbox_claim(lane=subscription.pk, limit=10, lease_seconds=30)
+        assert claim is not None and len(claim.messages) == 3
+        assert {m.subscription for m in claim.messages} == {subscription}
+    statements = statements_of(queries)
+    assert len(statements) == 2, statements  # the claim, and the subscription for all its rows
 
 
 def test_an_expired_claim_is_taken_by_the_next_relay_and_the_first_ones_outcome_is_dropped(db: None) -> None:

@@ -2,7 +2,7 @@
 
 What is mutated: the writer (``backplane/eventlog/writer.py``: lease checks, numbering, hashing,
 the insert of events and outbox rows), the chain (``backplane/eventlog/chain.py``), the lease
-service (``recovery/leases.py``) and the relay's claim (``outbox_claim`` and ``_claimable_ids`` in
+service (``recovery/leases.py``) and the relay's claim (``outbox_claim`` and ``_claim_rows`` in
 ``backplane/delivery/relay.py``). Against a fast subset of the suite (``TESTS``), so that a run
 finishes in minutes.
 
@@ -37,7 +37,7 @@ FILES = ["backplane/eventlog/writer.py", "backplane/eventlog/chain.py", "recover
          "backplane/delivery/relay.py"]
 # mutmut's mutant names are module.x_function__mutmut_N; the relay's claim part only.
 MUTANTS = ["backplane.eventlog.writer.*", "backplane.eventlog.chain.*", "recovery.leases.*",
-           "backplane.delivery.relay.x_outbox_claim__mutmut_*", "backplane.delivery.relay.x__claimable_ids__mutmut_*"]
+           "backplane.delivery.relay.x_outbox_claim__mutmut_*", "backplane.delivery.relay.x__claim_rows__mutmut_*"]
 TESTS = [
     "tests/backplane/test_event_append.py",
     "tests/backplane/test_chain_verify.py",
