@@ -32,8 +32,9 @@ from api.middleware import too_large_error
 from api.serializers import event_as_api_dict
 from backplane.eventlog import services
 from backplane.eventlog.models import Event
+from backplane.eventlog.selectors import TASK_ROW_SQL
 from backplane.eventlog.writer import EventDraft
-from backplane.runtime.async_pool import APPLICATION_NAME, async_pool_close
+from backplane.runtime.async_pool import APPLICATION_NAME, async_pool, async_pool_close
 from backplane.runtime.database_gate import PROBE_INTERVAL, gate
 from backplane.telemetry import tracing
 from backplane.telemetry.http import RESPONSES
@@ -253,6 +254,24 @@ def test_a_restart_costs_one_503_then_the_pools_connections_are_new(reads: Async
     for _ in range(3):  # every connection the next reads get is new: none of them meets the restart
         assert reads.request("GET", path, sent, base_url="http://testserver").status_code == 200
     assert not gate.is_marked_down
+
+
+def test_the_pools_connections_prepare_the_statements_they_run_often(reads: AsyncReads,
+                                                                     agent: dict[str, Any]) -> None:
+    path = f"/api/v1/tasks/{agent['task_id']}/"
+    # One at a time, so the pool holds one or two connections (the first request may wait for
+    # one while the pool opens another), each given enough reads to pass psycopg's threshold of 5.
+    for _ in range(24):
+        assert reads.request("GET", path, {"Authorization": f"Bearer {agent['token']}"},
+                             base_url="http://testserver").status_code == 200
+
+    async def prepared() -> list[str]:
+        async with (await async_pool()).connection() as conn:
+            return [row[0] for row in await (await conn.execute("SELECT statement FROM pg_prepared_statements"))
+                    .fetchall()]
+
+    statements = reads.loop.run_until_complete(prepared())
+    assert any(TASK_ROW_SQL.split("%s")[0].strip() in statement for statement in statements), statements
 
 
 # --- writes ---------------------------------------------------------------------------------------
