@@ -71,3 +71,33 @@ def test_a_reader_polling_while_another_process_publishes_gets_every_message() -
         assert publisher.wait(timeout=60) == 0
     assert lost_to_errors == 0
     assert sorted(received) == list(range(count))
+
+
+def test_a_queue_is_read_oldest_first_among_another_queues_pile_and_the_pile_is_left_alone(tmp_path: Path) -> None:
+    kombu_filesystem.register()
+    for name in ("queue", "control", "processed"):
+        (tmp_path / name).mkdir()
+    options = {
+        "data_folder_in": str(tmp_path / "queue"), "data_folder_out": str(tmp_path / "queue"),
+        "control_folder": str(tmp_path / "control"), "processed_folder": str(tmp_path / "processed"),
+        "store_processed": False,
+    }
+    exchange = Exchange("pile", type="topic", durable=True)
+    read = Queue("read-q", exchange, routing_key="read.#")
+    unread = Queue("unread-q", exchange, routing_key="unread.#")
+    with Connection("bpfilesystem://", transport_options=options) as conn:
+        channel = conn.channel()
+        read(channel).declare()
+        unread(channel).declare()
+        producer = conn.Producer(channel, serializer="json")
+        for n in range(300):
+            producer.publish({"n": n}, exchange=exchange, routing_key="unread.x", retry=False)
+            if n % 100 == 0:
+                producer.publish({"n": n}, exchange=exchange, routing_key="read.x", retry=False)
+        bound = read(channel)
+        received = []
+        while (message := bound.get(no_ack=True)) is not None:
+            received.append(message.payload["n"])
+        assert received == [0, 100, 200]
+        assert len(list((tmp_path / "queue").glob("*.unread-q.msg"))) == 300
+        assert unread(channel).get(no_ack=True).payload == {"n": 0}
