@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import is_valid_path
+from django.utils.http import parse_header_parameters
 
 from api.errors import error_body, json_error
 
@@ -180,6 +181,7 @@ class AnswerEveryRequest:
     JSON ``500 internal_error``, never left to the server's plain-text page; once an answer has
     started, the server closes the connection. (A request line uvicorn cannot parse, such as raw
     bytes past ASCII in the query, never reaches an application: uvicorn answers it with 400.)
+    A Content-Type Django cannot parse is answered 400 here, before either stack sees it.
     """
 
     def __init__(self, app: AsgiApp) -> None:
@@ -189,6 +191,12 @@ class AnswerEveryRequest:
                       send: Callable[[Message], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if _content_type_unparsable(scope):
+            # Django 5.2 builds its request by parsing Content-Type and raises ValueError on an
+            # RFC 2231 parameter in an encoding Python does not know (charset*=bogus''x), before
+            # any middleware: a 500 for any route. Django 6.1 answers 400 (ticket #36991); so do we.
+            await _send_json(send, 400, bad_request_error())
             return
         started = False
 
@@ -205,8 +213,21 @@ class AnswerEveryRequest:
                 raise
             logger.exception("unhandled error under the HTTP application: %s %s",
                              scope.get("method"), scope.get("path"))
-            body = json.dumps(error_body("internal_error", "internal error")).encode()
-            await send({"type": "http.response.start", "status": 500,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await _send_json(send, 500, error_body("internal_error", "internal error"))
+
+
+def _content_type_unparsable(scope: Scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            try:
+                parse_header_parameters(value.decode("latin-1"))
+            except ValueError:
+                return True
+    return False
+
+
+async def _send_json(send: Callable[[Message], Awaitable[None]], status: int, error: dict[str, Any]) -> None:
+    body = json.dumps(error).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
