@@ -211,6 +211,11 @@ BACKPLANE_ASYNC_DB_POOL_MAX = env_int("BACKPLANE_ASYNC_DB_POOL_MAX", 8, minimum=
 # libpq's connect timeout (psycopg enforces at least 2 s): a database host that does not answer
 # must not hold a request, a probe or a duty for the operating system's TCP timeout.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env_int("BACKPLANE_DB_CONNECT_TIMEOUT", 2, minimum=2))
+# Django's connections bind parameters on the server and prepare a statement run five times on a
+# connection (psycopg's threshold; Django's default binds on the client, which prepares nothing):
+# planning each statement anew cost PostgreSQL about as much as running it (docs/benchmarks.md).
+# Statements that take no parameters on the server (SET, DDL) pass values another way.
+DATABASES["default"]["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
 # An optional streaming replica of DATABASE_URL's database for the dashboard's pages and the API's
 # heavy lists; agents' routes and every write stay on the primary (backplane/runtime/replica.py
 # says which reads go there, and when a lagging or unreachable replica is passed over).
@@ -315,7 +320,9 @@ else:
     _layer_db = dict(DATABASES["default"])
     _layer_db.setdefault("PASSWORD", "")
     _layer_db["TIME_ZONE"] = None
-    _layer_db.setdefault("OPTIONS", {})
+    # Django's options, not libpq's: the layer passes OPTIONS to libpq.
+    _layer_db["OPTIONS"] = {k: v for k, v in DATABASES["default"]["OPTIONS"].items()
+                            if k not in ("server_side_binding", "prepare_threshold")}
     # Its pool holds connections per process (web, each Celery child); a few are plenty.
     _layer_db["PSYCOPG_OPTIONS"] = {"min_size": 1, "max_size": 4}
     CHANNEL_LAYERS = {

@@ -6,8 +6,8 @@ belong to the server's event loop. The pool is opened on first use, in the loop 
 (uvicorn runs one; each test runs its own and closes the pool with ``async_pool_close``), from
 the connection parameters Django would use (the same hosts, multi-host failover and connect
 timeout included). Its connections are in autocommit: each statement of a read is its own
-transaction, as in Django outside ``atomic``; unlike Django's, they prepare the statements they
-run often.
+transaction, as in Django outside ``atomic``; like Django's, they prepare the statements they
+run often (the settings' ``prepare_threshold``).
 """
 
 from __future__ import annotations
@@ -31,11 +31,6 @@ def _connection_kwargs() -> dict[str, Any]:
     params.pop("cursor_factory", None)
     params["autocommit"] = True
     params["application_name"] = APPLICATION_NAME
-    # Prepared statements, as psycopg makes them (a statement run five times on a connection is
-    # prepared there): the agent routes run the same few statements all day, and planning each
-    # anew cost PostgreSQL about as much as executing it (docs/benchmarks.md). Django turns them
-    # off for its own connections, which bind on the client and do not use them anyway.
-    params.pop("prepare_threshold", None)
     return params
 
 
