@@ -13,38 +13,15 @@ from rest_framework.response import Response
 
 from api.authentication import Principal
 from api.base import Answer, ApiView, errors, principal_of, written_or_replayed_answer
+from api.bodies import TaskForkIn
 from api.permissions import AgentOrViewerOperator
 from api.routes import AgentRoute, Operation
 from api.serializers import (
-    JSONObjectField,
-    StrictBooleanField,
-    StrictCharField,
-    StrictIntegerField,
-    StrictSerializer,
     StrictUUIDField,
     TaskOut,
     task_as_api_dict,
 )
 from backplane.eventlog import forks, lineage
-
-REASON_MAX_CHARS = 1000
-
-
-class ToolAnswerIn(StrictSerializer):
-    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
-    tool = StrictCharField(max_length=200, min_length=1)
-    status = serializers.ChoiceField(choices=["succeeded", "failed"])
-    result = JSONObjectField()
-
-
-class TaskForkIn(StrictSerializer):
-    at_seq = StrictIntegerField(min_value=1, max_value=2**31 - 1)
-    reason = StrictCharField(min_length=1, max_length=REASON_MAX_CHARS)
-    input = JSONObjectField(required=False)
-    task_id = StrictUUIDField(required=False)
-    sandbox = StrictBooleanField(required=False)
-    tool_answers: serializers.ListSerializer[Any] = serializers.ListSerializer(
-        child=ToolAnswerIn(), required=False, max_length=1000)
 
 
 class DiffSideOut(serializers.Serializer):

@@ -18,15 +18,19 @@ from api.base import (
     errors,
     written_or_replayed_answer,
 )
+from api.bodies import (
+    LeaseClaimIn,
+    LeaseEpochIn,
+    SubtaskIn,
+    ToolCallDispatchIn,
+    ToolCallResultIn,
+    ToolInvokeIn,
+)
 from api.routes import AgentRoute, Operation
 from api.serializers import (
     JSONObjectField,
-    StrictCharField,
-    StrictIntegerField,
-    StrictSerializer,
     StrictUUIDField,
     TaskOut,
-    name_field,
     optional_timestamp,
     task_as_api_dict,
 )
@@ -37,12 +41,6 @@ from recovery.models import ToolCall, ToolCallStatus
 # --- shapes --------------------------------------------------------------------------------
 
 
-class LeaseClaimIn(StrictSerializer):
-    kinds = serializers.ListField(child=name_field(), required=False, min_length=1, max_length=100)
-    lease_seconds = StrictIntegerField(required=False, min_value=1, max_value=3600)
-    task_id = StrictUUIDField(required=False)
-
-
 class LeaseClaimOut(serializers.Serializer):
     task = TaskOut()
     lease_epoch = serializers.IntegerField()
@@ -50,25 +48,8 @@ class LeaseClaimOut(serializers.Serializer):
     recovered = serializers.BooleanField()
 
 
-class LeaseEpochIn(StrictSerializer):
-    lease_epoch = StrictIntegerField(min_value=0)
-
-
 class HeartbeatOut(serializers.Serializer):
     expires_at = serializers.CharField()
-
-
-class CompensationIn(StrictSerializer):
-    tool = StrictCharField(max_length=200, min_length=1)
-    input = JSONObjectField()
-
-
-class ToolCallDispatchIn(StrictSerializer):
-    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
-    tool = StrictCharField(max_length=200, min_length=1)
-    input = JSONObjectField()
-    lease_epoch = StrictIntegerField(required=False, min_value=0)
-    compensation = CompensationIn(required=False, allow_null=True)
 
 
 class ToolCallDispatchOut(serializers.Serializer):
@@ -78,13 +59,6 @@ class ToolCallDispatchOut(serializers.Serializer):
     dispatched_at = serializers.CharField(required=False)
     result = JSONObjectField(required=False, allow_null=True)
     replayed = serializers.BooleanField()
-
-
-class ToolCallResultIn(StrictSerializer):
-    status = serializers.ChoiceField(choices=[ToolCallStatus.SUCCEEDED.value, ToolCallStatus.FAILED.value])
-    result = JSONObjectField()
-    lease_epoch = StrictIntegerField(required=False, min_value=0)
-    cost = JSONObjectField(required=False, help_text='what a paid tool charged: {"amount": "0.02", "currency": "USD"}')
 
 
 class ToolCallOut(serializers.Serializer):
@@ -101,13 +75,6 @@ class ToolCallOut(serializers.Serializer):
     completed_at = serializers.CharField(allow_null=True)
     expires_at = serializers.CharField()
     replayed = serializers.BooleanField(required=False)
-
-
-class SubtaskIn(StrictSerializer):
-    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
-    kind = name_field()
-    input = JSONObjectField()
-    lease_epoch = StrictIntegerField(required=False, min_value=0)
 
 
 class SubtaskOut(serializers.Serializer):
@@ -416,16 +383,8 @@ recovery_context_route = AgentRoute(
 # --- the tool gateway ----------------------------------------------------------------------
 
 
-class ToolInvokeIn(StrictSerializer):
-    task_id = StrictUUIDField()
-    step = StrictIntegerField(min_value=0, max_value=2**31 - 1)
-    input = JSONObjectField()
-    lease_epoch = StrictIntegerField(required=False, min_value=0)
-
-
-# A pattern, not an enum: drf-spectacular names enums by field, and a second "status" enum
-# with ToolCallResultIn's choices would rename that one's component (ENUM_NAME_OVERRIDES
-# in settings would be the other way out).
+# A pattern, not an enum: drf-spectacular names enums by field, and a third "status" enum beside
+# ToolCallDispatchOut's and ToolCallOut's would rename their components.
 @extend_schema_field({"type": "string", "pattern": "^(succeeded|failed)$", "description": "succeeded or failed"})
 class AnswerStatusField(serializers.CharField):
     pass

@@ -11,16 +11,14 @@ the view. Either way the same steps run, in DRF's order, with DRF's answers:
    403 for a write without CSRF on a session, 429 with ``Retry-After``);
 2. the method (405; every answer carries ``Allow``; HEAD is GET without its body);
 3. the body (``Operation.validated_body``): ``application/json`` (else 415), the strict parser
-   (parsers.py: 400), then the check compiled from the operation's serializer (fastcheck.py),
-   which takes every body it accepts unchanged; every other body (an error, a value the
-   serializer would normalise) goes through the serializer itself, so every validation error is
-   DRF's own words;
+   (parsers.py: 400), then the operation's body as declared in bodies.py (400 naming each field
+   at fault);
 4. the operation's handler (views.py, recovery.py, forks.py), the same function whatever the caller;
 5. the answer rendered as DRF's JSONRenderer would, errors through ``errors.error_parts``.
 
-The serializers and the ``schema`` given with each operation document the route in the OpenAPI
-document: ``AgentRoute`` builds the DRF view class drf-spectacular reads (``cls``), which no
-request ever reaches.
+The ``schema`` given with each operation (its body from bodies.py, its answers' serializers)
+documents the route in the OpenAPI document: ``AgentRoute`` builds the DRF view class
+drf-spectacular reads (``cls``), which no request ever reaches.
 """
 
 from __future__ import annotations
@@ -33,39 +31,39 @@ from django.utils.http import parse_header_parameters
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 
-from api import fastcheck
+from api import bodies
 from api.authentication import WWW_AUTHENTICATE, Principal, agent_authenticate, staff_authenticate
-from api.base import Answer, ApiView, json_bytes, validated
+from api.base import Answer, ApiView, json_bytes
 from api.errors import error_parts
 from api.parsers import InvalidJSON, charset_refused, loads_strict
 from api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer, PrincipalPermission
-from api.serializers import StrictSerializer
 from api.throttling import count_request
 
 
 class Operation:
     """One method of a route: ``handler(principal, body or query, **url_kwargs)`` and the
     arguments of drf-spectacular's ``extend_schema`` that document it. Its ``request``, when
-    given, is the serializer the body is validated with; without one (a GET) the handler gets
-    the query. ``agents_only``: the operation writes as the calling agent (under its lease, in
+    given, is the body's declaration (bodies.py) it is checked with; without one (a GET) the
+    handler gets the query. ``agents_only``: the operation writes as the calling agent (under its lease, in
     its kinds), so a staff session is 403; staff act through the staff actions."""
 
     def __init__(self, handler: Callable[..., Answer], schema: dict[str, Any], *, agents_only: bool = False,
                  with_url: bool = False) -> None:
         self.handler = handler
+        self.body: type[bodies.Body] | None = schema.get("request")
+        if self.body is not None:
+            schema = {**schema, "request": {"application/json": bodies.request_ref(self.body)}}
         self.schema = schema
         self.agents_only = agents_only
         # The handler is also given ``url``, the request's absolute URL without its query (for
         # the links it answers with), built from the scheme and host as Django's
         # HttpRequest.build_absolute_uri builds it on either stack.
         self.with_url = with_url
-        self.body: type[StrictSerializer] | None = schema.get("request")
-        self.check = None if self.body is None else fastcheck.compile_check(self.body)
 
     def validated_body(self, raw: bytes, content_type: str) -> dict[str, Any]:
         """The request's body as the operation takes it, on either stack (here and
         api/agent_front.py): ``application/json`` in UTF-8 (else 415), the strict parser (400),
-        then the compiled check, or the serializer itself for every body the check doubts."""
+        then its declaration (400)."""
         if not raw:
             body: Any = {}  # as DRF reads an empty body, whatever its type: every required field is missing
         else:
@@ -76,9 +74,8 @@ class Operation:
                 body = loads_strict(raw)
             except InvalidJSON as exc:
                 raise exceptions.ParseError(f"JSON parse error - {exc}") from None
-        assert self.body is not None and self.check is not None  # a route with a body has both
-        data = self.check(body)
-        return data if data is not None else validated(self.body, body)
+        assert self.body is not None  # only an operation with a body is given one
+        return bodies.checked(self.body, body)
 
 
 def _documented_only() -> Callable[..., Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from api import bodies
+
 PARAMETER_DESCRIPTIONS = {
     "task_id": "the task's id (a UUID); another namespace's task is 404",
     "key": "the tool call's idempotency key, 64 lowercase hex digits",
@@ -33,6 +35,23 @@ _TASK_CONSUMERS = {
     "tasks_tool_calls_dispatch": "DispatchToolCall",
     "tasks_subtasks_dispatch": "DispatchSubtask",
 }
+
+
+def add_declared_bodies(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """The agent routes' request bodies, declared in api/bodies.py, as the schema's components;
+    an operation requires its body when the body has a required field (drf-spectacular takes a
+    body given as a reference as optional; an empty body is read as ``{}``)."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    declared = bodies.openapi_components()
+    schemas.update(declared)
+    result["components"]["schemas"] = dict(sorted(schemas.items()))
+    with_required = {f"#/components/schemas/{name}" for name, schema in declared.items() if schema.get("required")}
+    for operation in _operations(result).values():
+        request_body = operation.get("requestBody", {})
+        if any(media.get("schema", {}).get("$ref") in with_required
+               for media in request_body.get("content", {}).values()):
+            request_body["required"] = True
+    return result
 
 
 def forbid_unknown_request_fields(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

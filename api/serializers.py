@@ -6,12 +6,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from backplane.eventlog.chain import event_as_api_dict, format_timestamp
-from backplane.eventlog.event_types import CLIENT_TYPE_PATTERN, SERVER_ONLY_TYPES
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.selectors import TaskRow
 
@@ -165,15 +163,6 @@ def task_as_api_dict(task: Task | TaskRow) -> dict[str, Any]:
     }
 
 
-class TaskCreateIn(StrictSerializer):
-    kind = name_field()
-    input = JSONObjectField()
-    task_id = StrictUUIDField(required=False)
-    parent_task_id = StrictUUIDField(required=False, allow_null=True)
-    max_attempts = StrictIntegerField(required=False, min_value=1, max_value=100)
-    metadata = JSONObjectField(required=False)
-
-
 class TaskListOut(serializers.Serializer):
     results = TaskOut(many=True)
     next = serializers.URLField(allow_null=True)
@@ -202,58 +191,6 @@ class EventOut(serializers.Serializer):
 
     def to_representation(self, event: Event) -> dict[str, Any]:
         return event_as_api_dict(event)
-
-
-class OutboxItemIn(StrictSerializer):
-    """One message to publish with the event. Its headers are the server's (task, seq, event hash,
-    agent, namespace): a client sets none."""
-
-    # Reserved topics are refused in the service (eventlog/services.py), as reserved event types are.
-    topic = StrictCharField(
-        max_length=255, min_length=1,
-        help_text="Routing key on the broker, matched by subscriptions' patterns. Topics beginning with "
-                  "`backplane.` (in any case) belong to the server: 400 validation_error.",
-    )
-    payload = JSONObjectField()
-    key = StrictCharField(
-        max_length=255, min_length=1, required=False,
-        help_text="Delivery order is kept per key within the writing agent's namespace (default: the task id).",
-    )
-
-
-class EventFieldsIn(StrictSerializer):
-    """One event as a client writes it."""
-
-    # The pattern is checked again, with the reserved names, in the service.
-    type = StrictCharField(
-        max_length=64, min_length=3, validators=[RegexValidator(CLIENT_TYPE_PATTERN)],
-        help_text=(
-            "PascalCase, matching ^[A-Z][A-Za-z0-9]{2,63}$. ReasoningStepCompleted needs an integer payload.step, "
-            "TaskCompleted an object payload.output, TaskFailed a string payload.error and a boolean "
-            "payload.retryable. Written only by the server, refused with 400 validation_error: "
-            + ", ".join(sorted(SERVER_ONLY_TYPES)) + "."
-        ),
-    )
-    payload = JSONObjectField(help_text="required (API.md); `{}` when the type needs nothing")
-    idempotency_key = StrictCharField(max_length=255, min_length=1, required=False, allow_null=True)
-    lamport = StrictIntegerField(required=False, min_value=0, max_value=2**62)
-    causation_id = StrictCharField(max_length=255, required=False, allow_null=True)
-    correlation_id = StrictCharField(max_length=255, required=False, allow_null=True)
-    trace_id = StrictCharField(max_length=255, required=False, allow_null=True)
-    outbox: serializers.ListSerializer[Any] = serializers.ListSerializer(
-        child=OutboxItemIn(), required=False, max_length=1000)
-
-
-class EventAppendIn(EventFieldsIn):
-    expected_seq = StrictIntegerField(required=False, min_value=0)
-    lease_epoch = StrictIntegerField(required=False, min_value=0)
-
-
-class EventBatchIn(StrictSerializer):
-    expected_seq = StrictIntegerField(required=False, min_value=0)
-    lease_epoch = StrictIntegerField(required=False, min_value=0)
-    events: serializers.ListSerializer[Any] = serializers.ListSerializer(
-        child=EventFieldsIn(), allow_empty=False, max_length=1000)
 
 
 class EventListOut(serializers.Serializer):

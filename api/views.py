@@ -21,15 +21,13 @@ from api.base import (
     query_int,
     written_or_replayed_answer,
 )
+from api.bodies import EventAppendIn, EventBatchIn, TaskCreateIn
 from api.routes import AgentRoute, Operation
 from api.serializers import (
     ChainVerifyOut,
-    EventAppendIn,
-    EventBatchIn,
     EventBatchOut,
     EventListOut,
     EventOut,
-    TaskCreateIn,
     TaskListOut,
     TaskOut,
     event_as_api_dict,

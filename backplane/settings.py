@@ -484,10 +484,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    # A tool call's answer, as an agent records it and as a sandbox's edited record gives it.
-    "ENUM_NAME_OVERRIDES": {"AnswerStatusEnum": ["succeeded", "failed"]},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
+        "api.schema.add_declared_bodies",
         "api.schema.forbid_unknown_request_fields",
         "api.schema.describe_parameters_and_link_operations",
     ],

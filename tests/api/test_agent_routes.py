@@ -81,11 +81,11 @@ def test_an_append_answers_with_its_allow_header_and_replays(alice: AgentClient)
     assert (again.status_code, again["Idempotent-Replay"], again.json()) == (200, "true", body)
 
 
-def test_a_body_the_compiled_check_declines_goes_through_the_serializer(alice: AgentClient) -> None:
+def test_a_body_is_trimmed_checked_and_refused_with_each_fault_named(alice: AgentClient) -> None:
     task = create_task(alice)
     url = f"/api/v1/tasks/{task['task_id']}/events/"
     trimmed = alice.post(url, {"type": "LeadScored", "payload": {}, "idempotency_key": "  k  "}, format="json")
-    assert trimmed.status_code == 201 and trimmed.json()["idempotency_key"] == "k"  # the serializer trims
+    assert trimmed.status_code == 201 and trimmed.json()["idempotency_key"] == "k"  # api/bodies.py trims
     error = assert_error(alice.post(url, {"type": "LeadScored", "payload": {}, "seq": 9}, format="json"),
                          400, "validation_error")
     assert error["details"] == {"seq": "Unknown field."}
