@@ -3,13 +3,14 @@ declared as an ``AgentRoute`` (api/routes.py: a task, its events, appends and ba
 heartbeats, tool calls and their results), served without Django's request stack.
 
 The HTTP front (backplane/asgi.py) hands such a request to the routes here; every other request
-on the same paths (a staff session, or nobody) goes to Django, whose ``AgentRoute`` answers it as
-before. An answer is the same whichever stack gives it (tests/api/test_agent_front.py compares
-them): the routes are read from Django's URLconf, each operation is the same ``Operation`` (its
-body checked by ``Operation.validated_body``, then its handler), the reads run the selectors'
-SQL, and the errors go through ``errors.error_parts``.
+on the same paths (a staff session, or nobody) goes to Django, where the route's DRF view
+(``AgentRoute.cls``) answers it. An answer is the same whichever stack gives it
+(tests/api/test_agent_front.py compares them): the routes are read from Django's URLconf, each
+operation is the same ``Operation`` (its body checked against its declaration in api/bodies.py,
+then its handler), the reads run the selectors' SQL, and the errors go through
+``errors.error_parts``.
 
-Each request, in the order Django's middleware and api/routes.py take the same steps:
+Each request, in the order Django's middleware and DRF's view take the same steps:
 
 1. HTTPS where it is required (403), no U+0000 in the path or the query (400), the body within
    ``BACKPLANE_PAYLOAD_LIMIT_BYTES`` whether its length is declared or it arrives chunked (413),
@@ -49,6 +50,7 @@ from django.http import QueryDict
 from django.http.request import split_domain_port, validate_host
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils.encoding import iri_to_uri
+from django.utils.http import parse_header_parameters
 from rest_framework import exceptions
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import StringConvertor, UUIDConvertor, register_url_convertor
@@ -57,6 +59,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
+from api import bodies
 from api.authentication import (
     AGENT_COUNTED_SQL,
     NOTE_SEEN_SQL,
@@ -75,6 +78,7 @@ from api.middleware import (
     nul_in_query_error,
     too_large_error,
 )
+from api.parsers import InvalidJSON, charset_refused, loads_strict
 from api.routes import AgentRoute, Operation
 from api.serializers import event_as_api_dict, task_as_api_dict
 from api.views import draft_from, event_append, event_append_batch, events_page, task_read
@@ -382,7 +386,7 @@ class FrontRoute:
             if operation is None:
                 if method == "OPTIONS":  # what the route allows: the Allow header
                     return _json(None, 204)
-                raise exceptions.MethodNotAllowed(method)
+                raise exceptions.MethodNotAllowed(request.method)  # a HEAD is named as sent
             read = _ON_THE_LOOP.get(operation.handler)
             if read is not None:
                 answer = await read(conn, principal, request)
@@ -401,7 +405,7 @@ class FrontRoute:
         if operation.body is None:
             # The query as Django parses it into request.GET, for the same handler.
             return QueryDict(request.scope["query_string"].decode("latin-1"))
-        return operation.validated_body(raw, request.headers.get("content-type", ""))
+        return _validated_body(operation, raw, request.headers.get("content-type", ""))
 
     async def _run(self, operation: Operation, principal: Principal, request: Request, data: Any) -> Answer:
         kwargs = dict(request.path_params)
@@ -412,6 +416,24 @@ class FrontRoute:
         # In this request's context (its trace, which the events it writes carry).
         context = contextvars.copy_context()
         return await asyncio.get_running_loop().run_in_executor(self.executor, context.run, call)
+
+
+def _validated_body(operation: Operation, raw: bytes, content_type: str) -> dict[str, Any]:
+    """The request's body as the operation takes it, as DRF's StrictJSONParser and
+    ``bodies.checked`` take it on Django: ``application/json`` in UTF-8 (else 415), the strict
+    parser (400), then its declaration (400)."""
+    if not raw:
+        body: Any = {}  # as DRF reads an empty body, whatever its type: every required field is missing
+    else:
+        media_type, params = parse_header_parameters(content_type)
+        if media_type != "application/json" or charset_refused(params.get("charset")):
+            raise exceptions.UnsupportedMediaType(content_type)
+        try:
+            body = loads_strict(raw)
+        except InvalidJSON as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+    assert operation.body is not None  # only an operation with a body is given one
+    return bodies.checked(operation.body, body)
 
 
 def _error(exc: Exception) -> Response:
@@ -435,9 +457,8 @@ def _endpoint(served: FrontRoute, *, view: str, route: str) -> Callable[[Request
             response = await served.answer(request)
         response.headers.update(_security_headers(request))
         if request.method == "HEAD":
-            # As Django answers a HEAD: the GET's headers, an empty body of length 0.
+            # As DRF's view answers a HEAD: the GET's headers, its Content-Length too, no body.
             response.body = b""
-            response.headers["Content-Length"] = "0"
         count_response(view=view, method=request.method, status=response.status_code,
                        seconds=time.perf_counter() - started)
         return response

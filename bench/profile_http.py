@@ -32,19 +32,18 @@ SCRIPTS = {"append": BASELINES / "append.lua", "batch": BASELINES / "batch.lua",
 
 # The parts of a request, by the frame that marks them (first match in a stack, outermost first).
 PARTS = [
-    ("agent route: auth + rate limit (one statement)", "_authenticate_and_count"),
-    ("HTTP front: auth + rate limit (one statement, async)", "_authenticated (api/agent_front.py"),
-    ("agent route: strict JSON parse", "loads_strict"),
-    ("agent route: body check", "validated_body"),
-    ("append: lock the task", "lock_task"),
-    ("writer: number, hash, reduce", "_number_event"),
-    ("writer: insert events, update the row", "_insert_events_and_update_projections"),
-    ("writer: follow-ups", "_follow_up"),
-    ("task read", "task_row_visible"),
-    ("HTTP front: task read (async)", "_task_read"),
-    ("rendering the answer", "_render"),
-    ("Django middleware + handler (outside the view)", "get_response"),
-    ("a2wsgi / uvicorn (outside Django)", ""),
+    ("HTTP front: auth + rate limit (one statement)", "_authenticated (api/agent_front.py"),
+    ("body: strict JSON parse", "loads_strict"),
+    ("body: checked against its declaration (msgspec)", "checked (api/bodies.py"),
+    ("append: the client's events checked (canonical JSON, digests)", "validate_client_drafts"),
+    ("writer: the plan (number, hash, reduce)", "write_plan"),
+    ("append on the loop: its statements and transaction", "event_append_batch_async"),
+    ("writer on a thread: insert events, update the row", "_insert_events_and_update_projections"),
+    ("task read (async)", "_task_read"),
+    ("rendering the answer", "json_bytes"),
+    ("metrics: the request counted", "count_response"),
+    ("Django middleware + handler (a thread's request)", "get_response"),
+    ("Starlette, uvicorn, the event loop (the rest)", ""),
 ]
 
 
