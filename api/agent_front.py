@@ -80,10 +80,11 @@ from api.middleware import (
 )
 from api.parsers import InvalidJSON, charset_refused, loads_strict
 from api.routes import AgentRoute, Operation
-from api.serializers import event_as_api_dict, task_as_api_dict
+from api.serializers import task_as_api_dict
 from api.views import draft_from, event_append, event_append_batch, events_page, task_read
 from backplane.eventlog import selectors
 from backplane.eventlog.async_services import event_append_batch_async
+from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.services import AppendOutcome
 from backplane.eventlog.writer import EventDraft
 from backplane.runtime.async_pool import async_pool, async_pool_renew

@@ -16,13 +16,14 @@ value (``"Expected `int` >= 0"``), under the field's path (``events[2].type``).
 
 from __future__ import annotations
 
+import enum
 import functools
 import re
 import types as pytypes
 import typing
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -42,7 +43,13 @@ ToolName = Annotated[str, Meta(min_length=1, max_length=200)]
 Step = Annotated[int, Meta(ge=0, le=STEP_MAX)]
 Epoch = Annotated[int, Meta(ge=0)]
 JSONObject = dict[str, Any]
-Outcome = Literal["succeeded", "failed"]
+
+
+class AnswerStatusEnum(enum.Enum):
+    """A tool call's answer, as an agent records it and as the gateway and a sandbox give it."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
 
 
 class Body(Struct, forbid_unknown_fields=True):
@@ -146,7 +153,7 @@ class ToolCallDispatchIn(Body):
 
 
 class ToolCallResultIn(Body):
-    status: Outcome
+    status: AnswerStatusEnum
     result: JSONObject
     lease_epoch: Epoch | UnsetType = UNSET
     cost: Annotated[JSONObject, Meta(
@@ -175,7 +182,7 @@ REASON_MAX_CHARS = 1000
 class ToolAnswerIn(Body):
     step: Step
     tool: ToolName
-    status: Outcome
+    status: AnswerStatusEnum
     result: JSONObject
 
 
@@ -186,6 +193,162 @@ class TaskForkIn(Body):
     task_id: uuid.UUID | UnsetType = UNSET
     sandbox: bool | UnsetType = UNSET
     tool_answers: Annotated[list[ToolAnswerIn], Meta(max_length=1000)] | UnsetType = UNSET
+
+
+# --- the answers -------------------------------------------------------------------------------
+# What the agent routes answer, as their handlers build it (api/serializers.py's ``*_as_api_dict``,
+# api/recovery.py's); tests/api/test_bodies.py holds each answer to its declaration. An answer
+# may gain fields in a minor release, so these take fields they do not declare.
+
+Timestamp = Annotated[str, Meta(description="RFC 3339, UTC")]
+
+
+class Answer(Struct):
+    """An answer's body."""
+
+
+class TaskOutStatusEnum(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    CANCELLED = "cancelled"
+
+
+class LeaseOut(Answer):
+    agent: str
+    epoch: int
+    expires_at: Timestamp | None
+
+
+class ForkedFromOut(Answer):
+    task_id: uuid.UUID
+    at_seq: int
+
+
+class TaskOut(Answer):
+    """The Task object of docs/api.md, with where a fork continues from (``forked_from``, null
+    for a task that is no fork) and whether it is a sandbox."""
+
+    task_id: uuid.UUID
+    namespace: str
+    kind: str
+    status: TaskOutStatusEnum
+    input: JSONObject
+    output: JSONObject | None
+    error: str | None
+    parent_task_id: uuid.UUID | None
+    attempts: int
+    max_attempts: int
+    lease: LeaseOut | None
+    last_seq: int
+    head_hash: str
+    created_at: Timestamp
+    updated_at: Timestamp
+    last_event_at: Timestamp | None
+    forked_from: ForkedFromOut | None
+    sandbox: bool
+
+
+class TaskListOut(Answer):
+    results: list[TaskOut]
+    next: Annotated[str, Meta(extra_json_schema={"format": "uri"})] | None
+
+
+class EventOut(Answer):
+    """The Event object of docs/api.md; ``hash`` covers every field but itself and ``position``."""
+
+    task_id: uuid.UUID
+    seq: int
+    position: int
+    type: str
+    payload: JSONObject
+    agent: str | None
+    idempotency_key: str | None
+    lamport: int
+    causation_id: str | None
+    correlation_id: str | None
+    trace_id: str | None
+    recorded_at: Timestamp
+    prev_hash: str
+    hash: str
+
+
+class EventListOut(Answer):
+    results: list[EventOut]
+    next_after_seq: int | None
+
+
+class EventBatchOut(Answer):
+    results: list[EventOut]
+
+
+class LeaseClaimOut(Answer):
+    task: TaskOut
+    lease_epoch: int
+    expires_at: Timestamp
+    recovered: bool
+
+
+class HeartbeatOut(Answer):
+    expires_at: Timestamp
+
+
+class ToolCallDispatchOutStatusEnum(enum.Enum):
+    DISPATCHED = "dispatched"
+    IN_FLIGHT = "in_flight"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class ToolCallDispatchOut(Answer, kw_only=True):
+    idempotency_key: str
+    effect_key: str
+    status: ToolCallDispatchOutStatusEnum
+    dispatched_at: Timestamp | UnsetType = UNSET
+    result: JSONObject | None | UnsetType = UNSET
+    replayed: bool
+
+
+class ToolCallOutStatusEnum(enum.Enum):
+    IN_FLIGHT = "in_flight"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class ToolCallOut(Answer):
+    idempotency_key: str
+    effect_key: str
+    task_id: uuid.UUID
+    step: int
+    tool: str
+    input: JSONObject
+    compensation: JSONObject | None
+    status: ToolCallOutStatusEnum
+    result: JSONObject | None
+    dispatched_at: Timestamp
+    completed_at: Timestamp | None
+    expires_at: Timestamp
+    replayed: bool | UnsetType = UNSET
+
+
+class SubtaskOut(Answer):
+    task: TaskOut
+    dispatch_key: str
+
+
+class ToolInvokeOut(Answer):
+    idempotency_key: str
+    status: AnswerStatusEnum
+    result: JSONObject
+    replayed: bool
+
+
+def answer_ref(answer_type: type[Answer]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{answer_type.__name__}"}
 
 
 # --- checking a body ----------------------------------------------------------------------------
@@ -318,36 +481,51 @@ def _trim_object(fields: dict[str, Trim], value: dict[str, Any]) -> dict[str, An
 # --- the OpenAPI document -----------------------------------------------------------------------
 
 # Each body's component in the OpenAPI document: its class name and "Request", as drf-spectacular
-# names the request half of a component it splits.
-REF_TEMPLATE = "#/components/schemas/{name}Request"
+# names the request half of a component it splits; an answer's, its class name.
+REQUEST_SUFFIX = "Request"
 
 
 def request_ref(body_type: type[Body]) -> dict[str, str]:
-    return {"$ref": REF_TEMPLATE.format(name=body_type.__name__)}
+    return {"$ref": f"#/components/schemas/{body_type.__name__}{REQUEST_SUFFIX}"}
 
 
 BODIES: tuple[type[Body], ...] = (
     TaskCreateIn, EventAppendIn, EventBatchIn, LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn,
     ToolCallResultIn, SubtaskIn, ToolInvokeIn, TaskForkIn,
 )
+ANSWERS: tuple[type[Answer], ...] = (
+    TaskOut, TaskListOut, EventOut, EventListOut, EventBatchOut, LeaseClaimOut, HeartbeatOut,
+    ToolCallDispatchOut, ToolCallOut, SubtaskOut, ToolInvokeOut,
+)
 
 
 def openapi_components() -> dict[str, dict[str, Any]]:
-    """The bodies (and the structs inside them) as OpenAPI 3.0 schema components, by name.
+    """The bodies and answers (and the structs and enums inside them) as OpenAPI 3.0 schema
+    components, by name: a body's named with ``REQUEST_SUFFIX``.
 
     msgspec writes JSON Schema 2020-12; OpenAPI 3.0 has no ``null`` type and says ``nullable``
     instead, and a ``$ref`` takes no siblings there, so a nullable reference is an ``allOf``."""
-    _, components = msgspec.json.schema_components(BODIES, ref_template=REF_TEMPLATE)
-    return {f"{name}Request": _openapi_30(schema) for name, schema in components.items()}
+    _, components = msgspec.json.schema_components((*BODIES, *ANSWERS), ref_template="#/components/schemas/{name}")
+    bodies = {name for name in components if _is_body(name)}
+    named = {name: f"{name}{REQUEST_SUFFIX}" if name in bodies else name for name in components}
+    refs = {f"#/components/schemas/{old}": f"#/components/schemas/{new}" for old, new in named.items()}
+    return {named[name]: _openapi_30(schema, refs) for name, schema in components.items()}
 
 
-def _openapi_30(schema: Any) -> Any:
+def _is_body(name: str) -> bool:
+    found = globals().get(name)
+    return isinstance(found, type) and issubclass(found, Body)
+
+
+def _openapi_30(schema: Any, refs: dict[str, str]) -> Any:
     if isinstance(schema, list):
-        return [_openapi_30(item) for item in schema]
+        return [_openapi_30(item, refs) for item in schema]
     if not isinstance(schema, dict):
         return schema
     # A title repeats the component's name; OpenAPI 3.0 wants a ``required`` list non-empty or absent.
-    schema = {key: _openapi_30(value) for key, value in schema.items() if key != "title" and value != []}
+    schema = {key: _openapi_30(value, refs) for key, value in schema.items() if key != "title" and value != []}
+    if "$ref" in schema:
+        schema["$ref"] = refs[schema["$ref"]]
     any_of = schema.get("anyOf")
     if any_of is not None and {"type": "null"} in any_of:
         others = [option for option in any_of if option != {"type": "null"}]

@@ -13,12 +13,15 @@ from rest_framework.response import Response
 
 from api.authentication import Principal
 from api.base import ApiView, errors, principal_of, validated
+from api.bodies import (
+    TaskOut,
+    answer_ref,
+)
 from api.permissions import AgentOrViewerOperator, StaffViewerOperator
 from api.serializers import (
     StrictBooleanField,
     StrictCharField,
     StrictSerializer,
-    TaskOut,
     name_field,
     optional_timestamp,
     task_as_api_dict,
@@ -107,7 +110,8 @@ class TaskCancelView(ApiView):
             OpenApiExample("cancel and undo its side effects", request_only=True,
                            value={"reason": "charged the wrong card", "compensate": True}),
         ],
-        responses={200: TaskOut, **errors(404, 409, conflicts=("task_closed", "task_cancelled"), body=True)},
+        responses={200: answer_ref(TaskOut),
+                   **errors(404, 409, conflicts=("task_closed", "task_cancelled"), body=True)},
     )
     def post(self, request: Request, task_id: uuid.UUID) -> Response:
         principal = principal_of(request)

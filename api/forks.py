@@ -13,12 +13,15 @@ from rest_framework.response import Response
 
 from api.authentication import Principal
 from api.base import Answer, ApiView, errors, principal_of, written_or_replayed_answer
-from api.bodies import TaskForkIn
+from api.bodies import (
+    TaskForkIn,
+    TaskOut,
+    answer_ref,
+)
 from api.permissions import AgentOrViewerOperator
 from api.routes import AgentRoute, Operation
 from api.serializers import (
     StrictUUIDField,
-    TaskOut,
     task_as_api_dict,
 )
 from backplane.eventlog import forks, lineage
@@ -102,7 +105,7 @@ task_fork_route = AgentRoute(
                 "tool_answers": [{"step": 2, "tool": "crm-lookup", "status": "succeeded",
                                   "result": {"employees": 12}}]}),
         ],
-        responses={201: TaskOut, 200: TaskOut,
+        responses={201: answer_ref(TaskOut), 200: answer_ref(TaskOut),
                    **errors(404, 409, conflicts=("task_exists", "sandbox_refused"), body=True)},
     )),
 )

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema_field
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse
+from rest_framework import status
 
 from api.authentication import Principal
 from api.base import (
@@ -19,18 +19,23 @@ from api.base import (
     written_or_replayed_answer,
 )
 from api.bodies import (
+    HeartbeatOut,
     LeaseClaimIn,
+    LeaseClaimOut,
     LeaseEpochIn,
     SubtaskIn,
+    SubtaskOut,
+    TaskOut,
     ToolCallDispatchIn,
+    ToolCallDispatchOut,
+    ToolCallOut,
     ToolCallResultIn,
     ToolInvokeIn,
+    ToolInvokeOut,
+    answer_ref,
 )
 from api.routes import AgentRoute, Operation
 from api.serializers import (
-    JSONObjectField,
-    StrictUUIDField,
-    TaskOut,
     optional_timestamp,
     task_as_api_dict,
 )
@@ -38,48 +43,7 @@ from backplane.eventlog.chain import format_timestamp
 from recovery import gateway, leases, selectors, subtasks, tool_calls
 from recovery.models import ToolCall, ToolCallStatus
 
-# --- shapes --------------------------------------------------------------------------------
-
-
-class LeaseClaimOut(serializers.Serializer):
-    task = TaskOut()
-    lease_epoch = serializers.IntegerField()
-    expires_at = serializers.CharField()
-    recovered = serializers.BooleanField()
-
-
-class HeartbeatOut(serializers.Serializer):
-    expires_at = serializers.CharField()
-
-
-class ToolCallDispatchOut(serializers.Serializer):
-    idempotency_key = serializers.CharField()
-    effect_key = serializers.CharField()
-    status = serializers.ChoiceField(choices=["dispatched", "in_flight", "succeeded", "failed"])
-    dispatched_at = serializers.CharField(required=False)
-    result = JSONObjectField(required=False, allow_null=True)
-    replayed = serializers.BooleanField()
-
-
-class ToolCallOut(serializers.Serializer):
-    idempotency_key = serializers.CharField()
-    effect_key = serializers.CharField()
-    task_id = StrictUUIDField()
-    step = serializers.IntegerField()
-    tool = serializers.CharField()
-    input = JSONObjectField()
-    compensation = JSONObjectField(allow_null=True)
-    status = serializers.ChoiceField(choices=["in_flight", "succeeded", "failed"])
-    result = JSONObjectField(allow_null=True)
-    dispatched_at = serializers.CharField()
-    completed_at = serializers.CharField(allow_null=True)
-    expires_at = serializers.CharField()
-    replayed = serializers.BooleanField(required=False)
-
-
-class SubtaskOut(serializers.Serializer):
-    task = TaskOut()
-    dispatch_key = serializers.CharField()
+# --- answers -------------------------------------------------------------------------------
 
 
 def _public_status(call: ToolCall) -> str:
@@ -202,7 +166,7 @@ leases_route = AgentRoute(
         request=LeaseClaimIn,
         examples=[OpenApiExample("claim", request_only=True, value={"kinds": ["lead-qualification"],
                                                                     "lease_seconds": 60})],
-        responses={200: LeaseClaimOut, 204: OpenApiResponse(description="nothing pending"),
+        responses={200: answer_ref(LeaseClaimOut), 204: OpenApiResponse(description="nothing pending"),
                    **errors(403, 409, conflicts=("budget_exceeded",), body=True)},
     ), agents_only=True),
 )
@@ -221,7 +185,7 @@ heartbeat_route = AgentRoute(
         ),
         request=LeaseEpochIn,
         examples=[OpenApiExample("heartbeat", request_only=True, value={"lease_epoch": 4})],
-        responses={200: HeartbeatOut, **errors(403, 404, 409, conflicts=("stale_lease",), body=True)},
+        responses={200: answer_ref(HeartbeatOut), **errors(403, 404, 409, conflicts=("stale_lease",), body=True)},
     ), agents_only=True),
 )
 
@@ -243,7 +207,7 @@ release_route = AgentRoute(
         ),
         request=LeaseEpochIn,
         examples=[OpenApiExample("release", request_only=True, value={"lease_epoch": 4})],
-        responses={200: TaskOut, **errors(403, 404, 409, conflicts=("stale_lease",), body=True)},
+        responses={200: answer_ref(TaskOut), **errors(403, 404, 409, conflicts=("stale_lease",), body=True)},
     ), agents_only=True),
 )
 
@@ -275,7 +239,7 @@ tool_calls_route = AgentRoute(
         examples=[OpenApiExample("dispatch", request_only=True, value={
             "step": 3, "tool": "crm.lookup", "input": {"email": "alice@example.com"}, "lease_epoch": 4,
             "compensation": {"tool": "crm.forget", "input": {"email": "alice@example.com"}}})],
-        responses={201: ToolCallDispatchOut, 200: ToolCallDispatchOut,
+        responses={201: answer_ref(ToolCallDispatchOut), 200: answer_ref(ToolCallDispatchOut),
                    **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     ), agents_only=True),
 )
@@ -296,7 +260,7 @@ tool_call_result_route = AgentRoute(
         request=ToolCallResultIn,
         examples=[OpenApiExample("succeeded", request_only=True, value={
             "status": "succeeded", "result": {"company": "Acme", "employees": 120}, "lease_epoch": 4})],
-        responses={201: ToolCallOut, 200: ToolCallOut, **errors(403, 404, 409, 422, body=True)},
+        responses={201: answer_ref(ToolCallOut), 200: answer_ref(ToolCallOut), **errors(403, 404, 409, 422, body=True)},
     ), agents_only=True),
 )
 
@@ -313,7 +277,7 @@ tool_call_detail_route = AgentRoute(
         description="The record behind an idempotency key, for a task of the caller's namespace.",
         parameters=[OpenApiParameter("key", str, OpenApiParameter.PATH,
                                      description="the tool call's idempotency key, 64 lowercase hex digits")],
-        responses={200: ToolCallOut, **errors(404)},
+        responses={200: answer_ref(ToolCallOut), **errors(404)},
     )),
 )
 
@@ -355,7 +319,7 @@ subtasks_route = AgentRoute(
         request=SubtaskIn,
         examples=[OpenApiExample("delegate", request_only=True, value={
             "step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": 4})],
-        responses={201: SubtaskOut, 200: SubtaskOut,
+        responses={201: answer_ref(SubtaskOut), 200: answer_ref(SubtaskOut),
                    **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     ), agents_only=True),
 )
@@ -381,20 +345,6 @@ recovery_context_route = AgentRoute(
 
 
 # --- the tool gateway ----------------------------------------------------------------------
-
-
-# A pattern, not an enum: drf-spectacular names enums by field, and a third "status" enum beside
-# ToolCallDispatchOut's and ToolCallOut's would rename their components.
-@extend_schema_field({"type": "string", "pattern": "^(succeeded|failed)$", "description": "succeeded or failed"})
-class AnswerStatusField(serializers.CharField):
-    pass
-
-
-class ToolInvokeOut(serializers.Serializer):
-    idempotency_key = serializers.CharField()
-    status = AnswerStatusField()
-    result = JSONObjectField()
-    replayed = serializers.BooleanField()
 
 
 def tool_invoke(principal: Principal, data: dict[str, Any], *, name: str) -> Answer:
@@ -434,6 +384,7 @@ tool_invoke_route = AgentRoute(
         examples=[OpenApiExample("invoke", request_only=True, value={
             "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "step": 3, "input": {"email": "alice@example.com"},
             "lease_epoch": 4})],
-        responses={200: ToolInvokeOut, **errors(403, 404, 409, 422, 502, conflicts=WRITE_CONFLICTS, body=True)},
+        responses={200: answer_ref(ToolInvokeOut),
+                   **errors(403, 404, 409, 422, 502, conflicts=WRITE_CONFLICTS, body=True)},
     ), agents_only=True),
 )

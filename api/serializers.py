@@ -1,5 +1,6 @@
-"""Request and response shapes of API.md. Input serializers only check types and sizes;
-the rules of the domain live in the services."""
+"""The staff routes' request shapes (DRF serializers: types and sizes; the rules of the domain
+live in the services), the answers' builders (``task_as_api_dict``) and the error's shape. The
+agent routes' bodies and answers are declared in api/bodies.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from backplane.eventlog.chain import event_as_api_dict, format_timestamp
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.models import Task
 from backplane.eventlog.selectors import TaskRow
 
 # --- strict fields: JSON types are not coerced ("5" is not an integer, 1 is not a string) ---
@@ -84,47 +85,6 @@ def name_field(**kwargs: Any) -> StrictCharField:
 # --- tasks ---------------------------------------------------------------------------------
 
 
-class LeaseOut(serializers.Serializer):
-    agent = serializers.CharField()
-    epoch = serializers.IntegerField()
-    expires_at = serializers.CharField(allow_null=True)
-
-
-class ForkedFromOut(serializers.Serializer):
-    task_id = serializers.UUIDField()
-    at_seq = serializers.IntegerField()
-
-
-class TaskOut(serializers.Serializer):
-    """The Task object of API.md, with where a fork continues from (``forked_from``, null for a
-    task that is no fork) and whether it is a sandbox."""
-
-    task_id = serializers.UUIDField()
-    namespace = serializers.CharField()
-    kind = serializers.CharField()
-    status = serializers.ChoiceField(
-        choices=["pending", "running", "completed", "failed", "dead_lettered", "compensating", "compensated",
-                 "cancelled"]
-    )
-    input = JSONObjectField()
-    output = JSONObjectField(allow_null=True)
-    error = serializers.CharField(allow_null=True)
-    parent_task_id = serializers.UUIDField(allow_null=True)
-    attempts = serializers.IntegerField()
-    max_attempts = serializers.IntegerField()
-    lease = LeaseOut(allow_null=True)
-    last_seq = serializers.IntegerField()
-    head_hash = serializers.CharField()
-    created_at = serializers.CharField()
-    updated_at = serializers.CharField()
-    last_event_at = serializers.CharField(allow_null=True)
-    forked_from = ForkedFromOut(allow_null=True)
-    sandbox = serializers.BooleanField()
-
-    def to_representation(self, task: Task) -> dict[str, Any]:
-        return task_as_api_dict(task)
-
-
 def optional_timestamp(value: Any) -> str | None:
     """RFC 3339 as the API prints times, or None."""
     return format_timestamp(value) if value is not None else None
@@ -163,43 +123,7 @@ def task_as_api_dict(task: Task | TaskRow) -> dict[str, Any]:
     }
 
 
-class TaskListOut(serializers.Serializer):
-    results = TaskOut(many=True)
-    next = serializers.URLField(allow_null=True)
-
-
 # --- events --------------------------------------------------------------------------------
-
-
-class EventOut(serializers.Serializer):
-    """The Event object of API.md; ``hash`` covers every field but itself and ``position``."""
-
-    task_id = serializers.UUIDField()
-    seq = serializers.IntegerField()
-    position = serializers.IntegerField()
-    type = serializers.CharField()
-    payload = JSONObjectField()
-    agent = serializers.CharField(allow_null=True)
-    idempotency_key = serializers.CharField(allow_null=True)
-    lamport = serializers.IntegerField()
-    causation_id = serializers.CharField(allow_null=True)
-    correlation_id = serializers.CharField(allow_null=True)
-    trace_id = serializers.CharField(allow_null=True)
-    recorded_at = serializers.CharField()
-    prev_hash = serializers.CharField()
-    hash = serializers.CharField()
-
-    def to_representation(self, event: Event) -> dict[str, Any]:
-        return event_as_api_dict(event)
-
-
-class EventListOut(serializers.Serializer):
-    results = EventOut(many=True)
-    next_after_seq = serializers.IntegerField(allow_null=True)
-
-
-class EventBatchOut(serializers.Serializer):
-    results = EventOut(many=True)
 
 
 class ChainVerifyOut(serializers.Serializer):

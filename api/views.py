@@ -21,19 +21,24 @@ from api.base import (
     query_int,
     written_or_replayed_answer,
 )
-from api.bodies import EventAppendIn, EventBatchIn, TaskCreateIn
-from api.routes import AgentRoute, Operation
-from api.serializers import (
-    ChainVerifyOut,
+from api.bodies import (
+    EventAppendIn,
+    EventBatchIn,
     EventBatchOut,
     EventListOut,
     EventOut,
+    TaskCreateIn,
     TaskListOut,
     TaskOut,
-    event_as_api_dict,
+    answer_ref,
+)
+from api.routes import AgentRoute, Operation
+from api.serializers import (
+    ChainVerifyOut,
     task_as_api_dict,
 )
 from backplane.eventlog import lineage, selectors, services
+from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.errors import InvalidInput
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.eventlog.models import TaskStatus
@@ -158,7 +163,7 @@ tasks_route = AgentRoute(
             OpenApiParameter("limit", int, description="1-1000, default 100"),
             OpenApiParameter("cursor", str, description="the `next` link's cursor"),
         ],
-        responses={200: TaskListOut, **errors()},
+        responses={200: answer_ref(TaskListOut), **errors()},
     ), with_url=True),
     post=Operation(task_create, dict(
         operation_id="tasks_create",
@@ -186,7 +191,8 @@ tasks_route = AgentRoute(
                 "kind": "research", "input": {"company": "Acme"},
                 "parent_task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10"}),
         ],
-        responses={201: TaskOut, 200: TaskOut, **errors(403, 409, conflicts=("task_exists",), body=True)},
+        responses={201: answer_ref(TaskOut), 200: answer_ref(TaskOut),
+                   **errors(403, 409, conflicts=("task_exists",), body=True)},
     ), agents_only=True),
 )
 
@@ -197,7 +203,7 @@ task_detail_route = AgentRoute(
         operation_id="tasks_retrieve",
         summary="One task",
         description="The task's current state, the projection of its event log. Another namespace's task is 404.",
-        responses={200: TaskOut, **errors(404)},
+        responses={200: answer_ref(TaskOut), **errors(404)},
     )),
 )
 
@@ -215,7 +221,7 @@ task_events_route = AgentRoute(
             OpenApiParameter("after_seq", int, description="only events after this seq; default 0"),
             OpenApiParameter("limit", int, description="1-1000, default 100"),
         ],
-        responses={200: EventListOut, **errors(404)},
+        responses={200: answer_ref(EventListOut), **errors(404)},
     )),
     post=Operation(event_append, dict(
         operation_id="tasks_events_append",
@@ -252,7 +258,8 @@ task_events_route = AgentRoute(
                 "type": "LeadScored", "payload": {"score": 0.92}, "expected_seq": 5, "lease_epoch": 4,
                 "outbox": [{"topic": "leads.scored", "payload": {"score": 0.92}, "key": "alice@example.com"}]}),
         ],
-        responses={201: EventOut, 200: EventOut, **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
+        responses={201: answer_ref(EventOut), 200: answer_ref(EventOut),
+                   **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     ), agents_only=True),
 )
 
@@ -277,8 +284,8 @@ task_events_batch_route = AgentRoute(
                     {"type": "TaskCompleted", "payload": {"output": {"score": 0.92}}, "idempotency_key": "done"},
                 ]}),
         ],
-        responses={201: EventBatchOut, 200: EventBatchOut, **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS,
-                                                                  body=True)},
+        responses={201: answer_ref(EventBatchOut), 200: answer_ref(EventBatchOut),
+                   **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
     ), agents_only=True),
 )
 

@@ -29,8 +29,8 @@ from starlette.types import Receive, Scope, Send
 from api import agent_front
 from api.base import json_bytes
 from api.middleware import too_large_error
-from api.serializers import event_as_api_dict
 from backplane.eventlog import services
+from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.models import Event
 from backplane.eventlog.selectors import TASK_ROW_SQL
 from backplane.eventlog.writer import EventDraft

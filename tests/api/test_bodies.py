@@ -1,18 +1,38 @@
-"""The agent routes' request bodies (api/bodies.py): declared once, checked from the declaration,
-every fault named by its path, the OpenAPI document's components made from the same structs."""
+"""The agent routes' bodies and answers (api/bodies.py): declared once, a body checked from its
+declaration with every fault named by its path, each answer holding to its declaration, and the
+OpenAPI document's components made from the same structs."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework import exceptions
 
 from api import bodies
-from api.bodies import EventAppendIn, EventBatchIn, TaskCreateIn, TaskForkIn, ToolCallDispatchIn, checked
+from api.bodies import (
+    EventAppendIn,
+    EventBatchIn,
+    EventBatchOut,
+    EventListOut,
+    EventOut,
+    HeartbeatOut,
+    LeaseClaimOut,
+    SubtaskOut,
+    TaskCreateIn,
+    TaskForkIn,
+    TaskListOut,
+    TaskOut,
+    ToolCallDispatchIn,
+    ToolCallDispatchOut,
+    ToolCallOut,
+    checked,
+)
+from tests.api.conftest import AgentClient
 
 
 def refusal(body_type: type[bodies.Body], data: Any) -> dict[str, str]:
@@ -91,7 +111,7 @@ json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=
 def body_of(body_type: type[bodies.Body]) -> st.SearchStrategy[Any]:
     """Dicts of the declaration's own field names (and one it does not know) with any JSON values,
     and mostly right values for the fields of an event, so acceptance is exercised too."""
-    names = [*(field.encode_name for field in bodies.msgspec.structs.fields(body_type)), "unknown"]
+    names = [*(field.encode_name for field in msgspec.structs.fields(body_type)), "unknown"]
     event = st.fixed_dictionaries({"type": st.sampled_from(["LeadScored", " LeadScored", "x"]),
                                    "payload": st.dictionaries(st.text(max_size=3), json_scalars, max_size=2)})
     value = st.one_of(json_values, event, st.lists(event, max_size=3), st.integers(min_value=-1, max_value=3))
@@ -127,4 +147,47 @@ def test_the_openapi_components_are_the_declarations_in_openapi_3_0() -> None:
     assert key == {"type": "string", "maxLength": 255, "minLength": 1, "nullable": True}
     assert "required" not in components["LeaseClaimInRequest"]  # every field optional: no empty list
     assert components["ToolCallResultInRequest"]["properties"]["status"] == {
-        "enum": ["failed", "succeeded"], "type": "string"}
+        "$ref": "#/components/schemas/AnswerStatusEnum"}
+    assert components["AnswerStatusEnum"]["enum"] == ["failed", "succeeded"]
+    assert components["TaskOut"]["properties"]["lease"] == {"allOf": [{"$ref": "#/components/schemas/LeaseOut"}],
+                                                           "nullable": True}
+    assert "additionalProperties" not in components["TaskOut"]  # an answer may gain fields
+
+
+def conforms(answer: Any, answer_type: type[bodies.Answer]) -> dict[str, Any]:
+    """The answer's body holds exactly the declared fields, each of the declared type."""
+    body = answer.json()
+    msgspec.convert(body, answer_type, strict=True)  # a wrong type or a missing field raises
+    declared = {field.encode_name for field in msgspec.structs.fields(answer_type)}
+    required = {field.encode_name for field in msgspec.structs.fields(answer_type) if field.required}
+    assert required <= set(body) <= declared, (answer_type.__name__, set(body) ^ declared)
+    return body
+
+
+@pytest.mark.django_db
+def test_every_agent_routes_answer_is_its_declaration(alice: AgentClient) -> None:
+    created = conforms(alice.post("/api/v1/tasks/", {"kind": "lead-qualification", "input": {"n": 1}},
+                                  format="json"), TaskOut)
+    task = f"/api/v1/tasks/{created['task_id']}/"
+    conforms(alice.get(task), TaskOut)
+    conforms(alice.get("/api/v1/tasks/?limit=1"), TaskListOut)
+    lease = conforms(alice.post("/api/v1/leases/", {"task_id": created["task_id"]}, format="json"), LeaseClaimOut)
+    epoch = lease["lease_epoch"]
+    conforms(alice.post(f"{task}heartbeat/", {"lease_epoch": epoch}, format="json"), HeartbeatOut)
+    step = {"type": "ReasoningStepCompleted", "payload": {"step": 1}, "lease_epoch": epoch}
+    conforms(alice.post(f"{task}events/", step, format="json"), EventOut)
+    conforms(alice.post(f"{task}events/batch/", {"events": [{"type": "Noted", "payload": {}}], "lease_epoch": epoch},
+                        format="json"), EventBatchOut)
+    conforms(alice.get(f"{task}events/"), EventListOut)
+    dispatch = {"step": 2, "tool": "crm.lookup", "input": {"q": "a"}, "lease_epoch": epoch}
+    dispatched = conforms(alice.post(f"{task}tool-calls/", dispatch, format="json"), ToolCallDispatchOut)
+    replayed = conforms(alice.post(f"{task}tool-calls/", dispatch, format="json"), ToolCallDispatchOut)
+    assert replayed["replayed"] is True
+    call = f"/api/v1/tool-calls/{dispatched['idempotency_key']}/"
+    conforms(alice.get(call), ToolCallOut)
+    conforms(alice.post(f"{call}result/", {"status": "succeeded", "result": {"ok": True}, "lease_epoch": epoch},
+                        format="json"), ToolCallOut)
+    conforms(alice.post(f"{task}subtasks/", {"step": 3, "kind": "outreach", "input": {}, "lease_epoch": epoch},
+                        format="json"), SubtaskOut)
+    conforms(alice.post(f"{task}release/", {"lease_epoch": epoch}, format="json"), TaskOut)
+    conforms(alice.post(f"{task}fork/", {"at_seq": 2, "reason": "try again"}, format="json"), TaskOut)

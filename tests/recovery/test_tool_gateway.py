@@ -14,6 +14,7 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import msgspec
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
@@ -21,6 +22,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from api.bodies import ToolInvokeOut
 from backplane.eventlog import services
 from backplane.eventlog.errors import CircuitOpen
 from backplane.eventlog.models import Event, Task
@@ -188,6 +190,7 @@ def test_it_calls_the_tool_once_with_the_key_and_records_both_events(alice, make
     assert response.status_code == 200, response.content
     assert response.json() == {"idempotency_key": key, "status": "succeeded",
                                "result": {"message_id": "m-1", "to": "bob@example.com"}, "replayed": False}
+    msgspec.convert(response.json(), ToolInvokeOut)  # the answer as api/bodies.py declares it
     assert [(s.path, s.key, s.body) for s in tool_server.seen] == [("/honest", key, {"to": "bob@example.com"})]
     assert tool_events(task) == [
         ("ToolCallDispatched", {"idempotency_key": key, "step": 4, "tool": "send-email",
