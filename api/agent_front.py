@@ -16,16 +16,18 @@ Each request, in the order Django's middleware and DRF's view take the same step
    ``BACKPLANE_PAYLOAD_LIMIT_BYTES`` whether its length is declared or it arrives chunked (413),
    the database gate (503 at once while the database is known to be down), the host against
    ``ALLOWED_HOSTS`` (400);
-2. the token's agent and the request's count in one statement (401, 429), then
+2. DRF's content negotiation: 406 for an ``Accept`` that JSON does not satisfy, 404 for a
+   ``?format=`` other than json;
+3. the token's agent and the request's count in one statement (401, 429), then
    ``last_seen_at`` when it is stale, on psycopg's async pool (backplane/runtime/async_pool.py);
-3. the method (405; OPTIONS is 204), then the operation: a read of a task or a page of its
+4. the method (405; OPTIONS is 204), then the operation: a read of a task or a page of its
    events on the same async connection; a write has its body checked here; an append that is a
    quiet step (backplane/eventlog/async_services.py) is written on the same connection too, and
    any other write has its handler (the services, and the one writer behind them) run on a
    thread of the web process's pool, with a Django connection managed as Django manages one
    around a request. A database that went away is 503 and closes the gate; any other database
    error is the contract's 500;
-4. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
+5. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
    request counted on /metrics under its route's name.
 """
 
@@ -40,7 +42,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import psycopg_pool
@@ -52,6 +54,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils.encoding import iri_to_uri
 from django.utils.http import parse_header_parameters
 from rest_framework import exceptions
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import JSONRenderer
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import StringConvertor, UUIDConvertor, register_url_convertor
 from starlette.requests import ClientDisconnect, Request
@@ -376,7 +380,9 @@ class FrontRoute:
         return response
 
     async def _operation(self, request: Request, raw: bytes) -> Response:
-        # As AgentRoute decides: who is calling before which method, so a stranger learns nothing.
+        # As DRF's view decides: whether JSON is acceptable (406), then who is calling before
+        # which method, so a stranger learns nothing.
+        _NEGOTIATION.select_renderer(cast(Any, request), _RENDERERS)  # reads its headers and query only
         method = "GET" if request.method == "HEAD" else request.method
         pool = await async_pool()
         async with pool.connection() as conn:
@@ -435,6 +441,12 @@ def _validated_body(operation: Operation, raw: bytes, content_type: str) -> dict
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None
     assert operation.body is not None  # only an operation with a body is given one
     return bodies.checked(operation.body, body)
+
+
+# DRF's content negotiation, as the route's DRF view runs it: an ``Accept`` that JSON does not
+# satisfy is 406, a ``?format=`` other than json 404. It reads only the request's headers and query.
+_NEGOTIATION = DefaultContentNegotiation()
+_RENDERERS = [JSONRenderer()]
 
 
 def _error(exc: Exception) -> Response:

@@ -152,6 +152,21 @@ def test_a_task_of_another_namespace_or_none_is_the_same_404(reads: AsyncReads, 
             assert answer.status_code == 404 and answer.json()["error"]["details"] == {"task_id": str(task_id)}
 
 
+@pytest.mark.parametrize(("accept", "query", "status"), [
+    ("text/html", "", 406), ("application/xml, text/*;q=0.5", "", 406), ("application/json", "", 200),
+    ("text/html, */*;q=0.1", "", 200), ("application/*", "", 200), ("*/*", "?format=json", 200),
+    ("*/*", "?format=xml", 404)])
+def test_what_json_cannot_satisfy_is_refused_alike_before_the_token_is_read(
+    reads: AsyncReads, agent: dict[str, Any], accept: str, query: str, status: int
+) -> None:
+    for token in (agent["token"], "not-a-token"):  # a stranger is told 406 too, as DRF tells it
+        answer = both(reads, "GET", f"/api/v1/tasks/{agent['task_id']}/{query}", token=token,
+                      headers={"Accept": accept})
+        assert answer.status_code == (401 if token == "not-a-token" and status == 200 else status)
+    if status == 406:
+        assert answer.json()["error"]["code"] == "not_acceptable"
+
+
 @pytest.mark.parametrize("token", ["not-a-token", "two words"])
 def test_a_bad_token_is_the_same_401(reads: AsyncReads, agent: dict[str, Any], token: str) -> None:
     answer = both(reads, "GET", f"/api/v1/tasks/{agent['task_id']}/", token=token)
