@@ -22,11 +22,11 @@ Each request, in the order Django's middleware and DRF's view take the same step
    ``last_seen_at`` when it is stale, on psycopg's async pool (backplane/runtime/async_pool.py);
 4. the method (405; OPTIONS is 204), then the operation: a read of a task or a page of its
    events on the same async connection; a write has its body checked here; an append that is a
-   quiet step (backplane/eventlog/async_services.py) is written on the same connection too, and
-   any other write has its handler (the services, and the one writer behind them) run on a
-   thread of the web process's pool, with a Django connection managed as Django manages one
-   around a request. A database that went away is 503 and closes the gate; any other database
-   error is the contract's 500;
+   quiet step (backplane/eventlog/async_services.py) and a heartbeat (recovery/leases.py) are
+   written on the same connection too, and any other write has its handler (the services, and
+   the one writer behind them) run on a thread of the web process's pool, with a Django
+   connection managed as Django manages one around a request. A database that went away is 503
+   and closes the gate; any other database error is the contract's 500;
 5. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
    request counted on /metrics under its route's name.
 """
@@ -83,6 +83,7 @@ from api.middleware import (
     too_large_error,
 )
 from api.parsers import InvalidJSON, charset_refused, loads_strict
+from api.recovery import heartbeat_answer, lease_heartbeat
 from api.routes import AgentRoute, Operation
 from api.serializers import task_as_api_dict
 from api.views import draft_from, event_append, event_append_batch, events_page, task_read
@@ -95,6 +96,7 @@ from backplane.runtime.async_pool import async_pool, async_pool_renew
 from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
 from backplane.telemetry.http import count_response
 from backplane.telemetry.tracing import server_span
+from recovery import leases
 
 JSON = "application/json"
 
@@ -195,10 +197,21 @@ async def _event_append_batch(conn: psycopg.AsyncConnection[Any], principal: Pri
         {"results": [event_as_api_dict(e) for e in outcome.events]}, replayed=False)
 
 
-# The appends the event loop makes itself when they are quiet steps (eventlog/async_services.py),
-# by the handler Django's stack runs for them; any other append (None) goes to that handler.
+async def _heartbeat(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                     request: Request) -> Answer | None:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    task = await leases.lease_heartbeat_async(conn, namespace=principal.namespace,
+                                              task_id=request.path_params["task_id"],
+                                              lease_epoch=data["lease_epoch"], agent=principal.name)
+    return None if task is None else heartbeat_answer(task)
+
+
+# The writes the event loop makes itself, by the handler Django's stack runs for them: appends
+# that are quiet steps (eventlog/async_services.py) and heartbeats (recovery/leases.py); any other
+# (None) goes to that handler.
 _WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {event_append: _event_append,
-                                                           event_append_batch: _event_append_batch}
+                                                           event_append_batch: _event_append_batch,
+                                                           lease_heartbeat: _heartbeat}
 
 
 # --- what every request goes through ------------------------------------------------------------

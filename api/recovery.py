@@ -40,6 +40,7 @@ from api.serializers import (
     task_as_api_dict,
 )
 from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.models import Task
 from recovery import gateway, leases, selectors, subtasks, tool_calls
 from recovery.models import ToolCall, ToolCallStatus
 
@@ -92,6 +93,11 @@ def lease_claim(principal: Principal, data: dict[str, Any]) -> Answer:
 def lease_heartbeat(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
     task = leases.lease_heartbeat(namespace=principal.namespace, task_id=task_id, lease_epoch=data["lease_epoch"],
                                   agent=principal.name)
+    return heartbeat_answer(task)
+
+
+def heartbeat_answer(task: Task) -> Answer:
+    """What a heartbeat answers, on either stack (an agent's is made on the event loop, api/agent_front.py)."""
     return Answer({"expires_at": optional_timestamp(task.lease_expires_at)})
 
 

@@ -213,6 +213,14 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         lost_note(row, read)
     rows.append(row)
 
+    # Informational: an agent's heartbeat, written by the HTTP front on the event loop.
+    heartbeat = results.get("heartbeat")
+    row = Row("an agent's heartbeat over HTTP (heartbeat.lua)", note=errors("heartbeat"))
+    if heartbeat:
+        row.figure = served(heartbeat)
+        lost_note(row, heartbeat)
+    rows.append(row)
+
     # Informational: what every route Django still serves pays before its own work.
     row = Row("minimal Django view under uvicorn + a2wsgi (the floor of Django's routes)",
               note=errors("floor_django"))
@@ -514,6 +522,7 @@ class Bench:
         self.results: dict[str, Any] = {}
         self.token = ""
         self.tasks: list[str] = []
+        self.leases: list[str] = []  # "task_id:lease_epoch", for heartbeat.lua
         self.loads: dict[str, list[float]] = {}
 
     # -- phases: each records its figures, or its error, and the run goes on --
@@ -542,12 +551,23 @@ class Bench:
                 if response.status_code != 201:
                     raise RuntimeError(f"creating a task: {response.status_code} {response.text[:300]}")
                 self.tasks.append(response.json()["task_id"])
+            # Tasks of their own for heartbeat.lua, each under a lease (the others take appends
+            # without one): long enough to outlive the run, kept alive by the heartbeats anyway.
+            for _ in range(self.args.tasks):
+                response = http.post("/api/v1/tasks/", json={"kind": "bench-beat", "input": {}})
+                if response.status_code != 201:
+                    raise RuntimeError(f"creating a task: {response.status_code} {response.text[:300]}")
+            for _ in range(self.args.tasks):
+                response = http.post("/api/v1/leases/", json={"kinds": ["bench-beat"], "lease_seconds": 3600})
+                if response.status_code != 200:
+                    raise RuntimeError(f"claiming a task: {response.status_code} {response.text[:300]}")
+                self.leases.append(f"{response.json()['task']['task_id']}:{response.json()['lease_epoch']}")
 
     def wrk(self, script: str, duration: float, log_name: str, url: str = "") -> dict[str, float]:
         """wrk with a script of bench/baselines/ (or of bench/, where the shared baselines have
         none: append_outbox.lua) against ``url`` (the product's root: the append scripts name
         their paths; healthz.lua requests the URL's own)."""
-        env = {**os.environ, "BP_TOKEN": self.token, "TASKS": ",".join(self.tasks)}
+        env = {**os.environ, "BP_TOKEN": self.token, "TASKS": ",".join(self.tasks), "LEASES": ",".join(self.leases)}
         output = run(["wrk", f"-t{self.args.threads}", f"-c{self.args.connections}", f"-d{seconds(duration)}s",
                       "--timeout", f"{self.args.wrk_timeout:g}s", "-s",
                       str(BASELINES / script if (BASELINES / script).exists() else BENCH / script),
@@ -660,6 +680,7 @@ class Bench:
         self.phase("healthz", lambda: self.wrk("healthz.lua", args.duration, "wrk-healthz.txt",
                                                f"{self.product.url}/healthz"))
         self.phase("read", lambda: self.wrk("read.lua", args.duration, "wrk-read.txt"))
+        self.phase("heartbeat", lambda: self.wrk("heartbeat.lua", args.duration, "wrk-heartbeat.txt"))
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))

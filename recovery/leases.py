@@ -8,18 +8,28 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import transaction
+import psycopg
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import InvalidInput, StaleLease
+from backplane.eventlog.errors import InvalidInput, NotFound, StaleLease
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.reducer import lease_extended, task_state_apply, task_state_of
 from backplane.eventlog.selectors import task_head_traces
-from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
+from backplane.eventlog.writer import (
+    LOCK_TASK_IN_NAMESPACE_SQL,
+    TASK_ROWS,
+    EventDraft,
+    check_lease,
+    lock_task,
+    task_closed_error,
+    write_events,
+)
 from backplane.telemetry.tracing import task_span, tracing_enabled
 from recovery.breakers import breaker_gate_claim, breaker_trial_unused
 from recovery.budgets import blocked_roots, budget_gate
@@ -156,21 +166,33 @@ def _recovery_span(*, task: Task, agent: Agent) -> AbstractContextManager[None]:
 _ENDED_BY_OTHERS = frozenset({TaskStatus.CANCELLED, TaskStatus.COMPENSATING, TaskStatus.COMPENSATED})
 
 
-def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int, agent: str) -> Task:
-    task = lock_task(namespace=namespace, task_id=task_id)
-    if not task.is_leased and task.lease_epoch == lease_epoch and task.status in _ENDED_BY_OTHERS:
-        # The holder whose lease a cancellation took (it keeps the epoch) learns why its lease is
-        # gone: task_closed naming the cancellation, not a stale_lease it would take for a lost
-        # race. Any other end keeps the contract's stale_lease: the holder wrote that end itself,
-        # or was fenced off earlier (a stall bumps the epoch).
-        closed = task_closed_error(task)
-        if "cancelled_by" in closed.details:
-            raise closed
+def _ended_by_others(task: Task, lease_epoch: int) -> bool:
+    """The lease ``lease_epoch`` names was taken by a cancellation (it keeps the epoch): its
+    holder is told who cancelled the task, which takes a read of the log (``task_closed_error``)."""
+    return not task.is_leased and task.lease_epoch == lease_epoch and task.status in _ENDED_BY_OTHERS
+
+
+def _check_held(task: Task, lease_epoch: int, agent: str) -> None:
+    """The checks of a lease's own operations that need nothing but the locked row: ``lease_epoch``
+    is the live lease and ``agent`` holds it (409 stale_lease)."""
     if not task.is_leased or task.lease_epoch != lease_epoch:
         raise StaleLease("lease epoch is not the task's current lease", {"lease_epoch": lease_epoch})
     # Only the holder renews or gives back its lease; after the deadline a heartbeat does not
     # revive it, even before the detector sweeps it.
     check_lease(task, lease_epoch, agent=agent)
+
+
+def _lock_leased(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int, agent: str) -> Task:
+    task = lock_task(namespace=namespace, task_id=task_id)
+    if _ended_by_others(task, lease_epoch):
+        # The holder whose lease a cancellation took learns why its lease is gone: task_closed
+        # naming the cancellation, not a stale_lease it would take for a lost race. Any other end
+        # keeps the contract's stale_lease: the holder wrote that end itself, or was fenced off
+        # earlier (a stall bumps the epoch).
+        closed = task_closed_error(task)
+        if "cancelled_by" in closed.details:
+            raise closed
+    _check_held(task, lease_epoch, agent)
     return task
 
 
@@ -180,11 +202,37 @@ def lease_heartbeat(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: i
 
     No event: a heartbeat is liveness, not history (see ``backplane.eventlog.reducer``); the
     reducer's ``lease_extended`` still decides the new deadline."""
-    with transaction.atomic(durable=True):
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         task = _lock_leased(namespace=namespace, task_id=task_id, lease_epoch=lease_epoch, agent=agent)
-        task_state_apply(task, lease_extended(task_state_of(task), now=timezone.now()))
-        task.save(update_fields=["lease_expires_at"])
+        cursor.execute(EXTEND_LEASE_SQL, _extended(task))
     return task
+
+
+async def lease_heartbeat_async(conn: psycopg.AsyncConnection[Any], *, namespace: str, task_id: uuid.UUID,
+                                lease_epoch: int, agent: str) -> Task | None:
+    """``lease_heartbeat`` for an agent on the event loop's connection (api/agent_front.py, in
+    autocommit): the same lock, checks and statement. None, before anything is written, when the
+    lease was taken by a cancellation: ``lease_heartbeat`` answers that from the log."""
+    async with conn.transaction():
+        row = await (await conn.execute(LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])).fetchone()
+        if row is None:
+            raise NotFound("task not found", {"task_id": str(task_id)})
+        task = TASK_ROWS.load(row)
+        if _ended_by_others(task, lease_epoch):
+            return None
+        _check_held(task, lease_epoch, agent)
+        await conn.execute(EXTEND_LEASE_SQL, _extended(task))
+    return task
+
+
+# A heartbeat's one write: the live lease's new deadline, on the row its caller has locked.
+EXTEND_LEASE_SQL = "UPDATE backplane_task SET lease_expires_at = %s WHERE id = %s"
+
+
+def _extended(task: Task) -> list[Any]:
+    """``task`` with its lease extended by the reducer, and ``EXTEND_LEASE_SQL``'s parameters."""
+    task_state_apply(task, lease_extended(task_state_of(task), now=timezone.now()))
+    return [task.lease_expires_at, task.pk]
 
 
 def lease_release(*, namespace: str | None, task_id: uuid.UUID, lease_epoch: int, agent: str) -> Task:

@@ -589,6 +589,47 @@ def test_a_replay_a_closed_task_and_a_refusal_are_answered_as_django_answers_the
     assert Event.objects.filter(task_id=agent["task_id"]).count() == 8  # 6, the step, the cancellation
 
 
+def test_a_heartbeat_is_written_on_the_loop_and_a_cancelled_holders_answered_by_the_service(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import datetime
+
+    taken: list[bool] = []
+    loop_heartbeat = agent_front.leases.lease_heartbeat_async
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        task = await loop_heartbeat(*args, **kwargs)
+        taken.append(task is not None)
+        return task
+
+    monkeypatch.setattr(agent_front.leases, "lease_heartbeat_async", recorded)
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+    claim = reads.request("POST", "/api/v1/leases/", sent, base_url="http://testserver",
+                          content=b'{"kinds": ["lead-qualification"], "lease_seconds": 60}').json()
+    path = f"/api/v1/tasks/{agent['task_id']}/heartbeat/"
+    beat = reads.request("POST", path, sent, base_url="http://testserver",
+                         content=json.dumps({"lease_epoch": claim["lease_epoch"]}).encode())
+    assert beat.status_code == 200 and taken == [True]
+    task = agent_task(agent)
+    # The row holds the deadline the answer gives, moved on from the claim's; no event was written.
+    assert task.lease_expires_at == datetime.fromisoformat(beat.json()["expires_at"])
+    assert beat.json()["expires_at"] > claim["expires_at"] and task.last_seq == 7  # 6, the claim
+    # Refusals are the same on both stacks, and change nothing.
+    wrong = both_write(reads, "POST", path, token=agent["token"],
+                       body=json.dumps({"lease_epoch": claim["lease_epoch"] + 1}).encode())
+    assert wrong.status_code == 409 and wrong.json()["error"]["code"] == "stale_lease"
+    other = services.agent_create(name="other", namespace="acme")
+    not_the_holder = both_write(reads, "POST", path, token=other.token,
+                                body=json.dumps({"lease_epoch": claim["lease_epoch"]}).encode())
+    assert not_the_holder.status_code == 409 and not_the_holder.json()["error"]["code"] == "stale_lease"
+    assert agent_task(agent).lease_expires_at == task.lease_expires_at
+    # The holder of a lease a cancellation took hears who cancelled: the service reads it from the log.
+    services_cancel(agent)
+    cancelled = both_write(reads, "POST", path, token=agent["token"],
+                           body=json.dumps({"lease_epoch": claim["lease_epoch"]}).encode())
+    assert cancelled.status_code == 409 and cancelled.json()["error"]["details"]["cancelled_by"] == "ops"
+    assert taken[-1] is False
+
+
 def services_cancel(agent: dict[str, Any]) -> None:
     from recovery.fleet import task_cancel
     task_cancel(namespace=None, task_id=uuid.UUID(agent["task_id"]), cancelled_by="ops", reason="wrong lead",
