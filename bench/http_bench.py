@@ -546,17 +546,17 @@ class Bench:
         self.token = done.strip().splitlines()[-1]
         with httpx.Client(base_url=self.product.url, timeout=30,
                           headers={"Authorization": f"Bearer {self.token}"}) as http:
-            for _ in range(self.args.tasks):
-                response = http.post("/api/v1/tasks/", json={"kind": "bench", "input": {}})
+            def created(kind: str) -> str:
+                response = http.post("/api/v1/tasks/", json={"kind": kind, "input": {}})
                 if response.status_code != 201:
                     raise RuntimeError(f"creating a task: {response.status_code} {response.text[:300]}")
-                self.tasks.append(response.json()["task_id"])
+                return str(response.json()["task_id"])
+
+            self.tasks = [created("bench") for _ in range(self.args.tasks)]
             # Tasks of their own for heartbeat.lua, each under a lease (the others take appends
             # without one): long enough to outlive the run, kept alive by the heartbeats anyway.
             for _ in range(self.args.tasks):
-                response = http.post("/api/v1/tasks/", json={"kind": "bench-beat", "input": {}})
-                if response.status_code != 201:
-                    raise RuntimeError(f"creating a task: {response.status_code} {response.text[:300]}")
+                created("bench-beat")
             for _ in range(self.args.tasks):
                 response = http.post("/api/v1/leases/", json={"kinds": ["bench-beat"], "lease_seconds": 3600})
                 if response.status_code != 200:

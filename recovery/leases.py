@@ -17,19 +17,12 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import InvalidInput, NotFound, StaleLease
+from backplane.eventlog.async_services import lock_task_async
+from backplane.eventlog.errors import InvalidInput, StaleLease
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.reducer import lease_extended, task_state_apply, task_state_of
 from backplane.eventlog.selectors import task_head_traces
-from backplane.eventlog.writer import (
-    LOCK_TASK_IN_NAMESPACE_SQL,
-    TASK_ROWS,
-    EventDraft,
-    check_lease,
-    lock_task,
-    task_closed_error,
-    write_events,
-)
+from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.telemetry.tracing import task_span, tracing_enabled
 from recovery.breakers import breaker_gate_claim, breaker_trial_unused
 from recovery.budgets import blocked_roots, budget_gate
@@ -214,10 +207,7 @@ async def lease_heartbeat_async(conn: psycopg.AsyncConnection[Any], *, namespace
     autocommit): the same lock, checks and statement. None, before anything is written, when the
     lease was taken by a cancellation: ``lease_heartbeat`` answers that from the log."""
     async with conn.transaction():
-        row = await (await conn.execute(LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])).fetchone()
-        if row is None:
-            raise NotFound("task not found", {"task_id": str(task_id)})
-        task = TASK_ROWS.load(row)
+        task = await lock_task_async(conn, namespace=namespace, task_id=task_id)
         if _ended_by_others(task, lease_epoch):
             return None
         _check_held(task, lease_epoch, agent)

@@ -33,7 +33,7 @@ from backplane.delivery.outbox import (
     subscriptions_from,
 )
 from backplane.eventlog.errors import NotFound
-from backplane.eventlog.models import TaskStatus
+from backplane.eventlog.models import Task, TaskStatus
 from backplane.eventlog.services import AppendOutcome, check_open_at, validate_client_drafts
 from backplane.eventlog.writer import (
     LOCK_TASK_IN_NAMESPACE_SQL,
@@ -50,6 +50,14 @@ from backplane.telemetry import counters
 
 # Whether any of the keys was recorded on the task already (the replay is the sync service's).
 _KNOWN_KEY_SQL = "SELECT 1 FROM backplane_event WHERE task_id = %s AND idempotency_key = ANY(%s) LIMIT 1"
+
+
+async def lock_task_async(conn: psycopg.AsyncConnection[Any], *, namespace: str, task_id: uuid.UUID) -> Task:
+    """``writer.lock_task`` on an async connection, inside its transaction: the agent's namespace only."""
+    row = await (await conn.execute(LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])).fetchone()
+    if row is None:
+        raise NotFound("task not found", {"task_id": str(task_id)})
+    return TASK_ROWS.load(row)
 
 
 class _HandOff(Exception):
@@ -75,10 +83,7 @@ async def event_append_batch_async(
         return None
     try:
         async with conn.transaction():
-            row = await (await conn.execute(LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])).fetchone()
-            if row is None:
-                raise NotFound("task not found", {"task_id": str(task_id)})
-            task = TASK_ROWS.load(row)
+            task = await lock_task_async(conn, namespace=namespace, task_id=task_id)
             if task.is_closed or task.status == TaskStatus.COMPENSATING:
                 raise _HandOff
             check_lease(task, lease_epoch, agent=agent, kinds=kinds)
