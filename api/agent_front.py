@@ -21,10 +21,11 @@ Each request, in the order Django's middleware and DRF's view take the same step
 3. the token's agent and the request's count in one statement (401, 429), then
    ``last_seen_at`` when it is stale, on psycopg's async pool (backplane/runtime/async_pool.py);
 4. the method (405; OPTIONS is 204), then the operation: a read of a task or a page of its
-   events on the same async connection; a write has its body checked here; an append that is a
-   quiet step (backplane/eventlog/async_services.py) and a heartbeat (recovery/leases.py) are
-   written on the same connection too, and any other write has its handler (the services, and
-   the one writer behind them) run on a thread of the web process's pool, with a Django
+   events on the same async connection; a write has its body checked here; a task's create and
+   an append that is a quiet write (backplane/eventlog/async_services.py), a claim, a heartbeat
+   and a release (recovery/leases.py) are written on the same connection too, and any other write
+   (or one of those handed off: ``HandOff``) has its handler (the services, and the one writer
+   behind them) run on a thread of the web process's pool, with a Django
    connection managed as Django manages one around a request. A database that went away is 503
    and closes the gate; any other database error is the contract's 500;
 5. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
@@ -83,12 +84,12 @@ from api.middleware import (
     too_large_error,
 )
 from api.parsers import InvalidJSON, charset_refused, loads_strict
-from api.recovery import heartbeat_answer, lease_heartbeat
+from api.recovery import claim_answer, heartbeat_answer, lease_claim, lease_heartbeat, lease_release
 from api.routes import AgentRoute, Operation
 from api.serializers import task_as_api_dict
-from api.views import draft_from, event_append, event_append_batch, events_page, task_read
+from api.views import draft_from, event_append, event_append_batch, events_page, task_create, task_read
 from backplane.eventlog import selectors
-from backplane.eventlog.async_services import event_append_batch_async
+from backplane.eventlog.async_services import HandOff, event_append_batch_async, task_create_async
 from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.services import AppendOutcome
 from backplane.eventlog.writer import EventDraft
@@ -171,11 +172,11 @@ _ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events
 
 # --- the appends, on the event loop -------------------------------------------------------------
 
-Write = Callable[[psycopg.AsyncConnection[Any], Principal, dict[str, Any], Request], Awaitable[Answer | None]]
+Write = Callable[[psycopg.AsyncConnection[Any], Principal, dict[str, Any], Request], Awaitable[Answer]]
 
 
 async def _append(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any], request: Request,
-                  drafts: list[EventDraft]) -> AppendOutcome | None:
+                  drafts: list[EventDraft]) -> AppendOutcome:
     assert principal.namespace is not None and principal.name is not None  # an agent's token
     return await event_append_batch_async(
         conn, namespace=principal.namespace, task_id=request.path_params["task_id"], drafts=drafts,
@@ -184,34 +185,60 @@ async def _append(conn: psycopg.AsyncConnection[Any], principal: Principal, data
 
 
 async def _event_append(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
-                        request: Request) -> Answer | None:
+                        request: Request) -> Answer:
     outcome = await _append(conn, principal, data, request, [draft_from(data)])
-    return None if outcome is None else written_or_replayed_answer(event_as_api_dict(outcome.events[0]),
-                                                                   replayed=False)
+    return written_or_replayed_answer(event_as_api_dict(outcome.events[0]), replayed=False)
 
 
 async def _event_append_batch(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
-                              request: Request) -> Answer | None:
+                              request: Request) -> Answer:
     outcome = await _append(conn, principal, data, request, [draft_from(item) for item in data["events"]])
-    return None if outcome is None else written_or_replayed_answer(
-        {"results": [event_as_api_dict(e) for e in outcome.events]}, replayed=False)
+    return written_or_replayed_answer({"results": [event_as_api_dict(e) for e in outcome.events]}, replayed=False)
+
+
+async def _task_create(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                       request: Request) -> Answer:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    task = await task_create_async(
+        conn, namespace=principal.namespace, kind=data["kind"], input=data["input"], agent=principal.name,
+        task_id=data.get("task_id"), parent_task_id=data.get("parent_task_id"),
+        max_attempts=data.get("max_attempts"), metadata=data.get("metadata"), kinds=principal.kinds)
+    return written_or_replayed_answer(task_as_api_dict(task), replayed=False)
+
+
+async def _claim(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                 request: Request) -> Answer:
+    assert principal.agent is not None  # agents_only
+    return claim_answer(await leases.lease_claim_async(
+        conn, agent=principal.agent, kinds=data.get("kinds"),
+        lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS), task_id=data.get("task_id")))
 
 
 async def _heartbeat(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
-                     request: Request) -> Answer | None:
+                     request: Request) -> Answer:
     assert principal.namespace is not None and principal.name is not None  # an agent's token
-    task = await leases.lease_heartbeat_async(conn, namespace=principal.namespace,
-                                              task_id=request.path_params["task_id"],
-                                              lease_epoch=data["lease_epoch"], agent=principal.name)
-    return None if task is None else heartbeat_answer(task)
+    return heartbeat_answer(await leases.lease_heartbeat_async(
+        conn, namespace=principal.namespace, task_id=request.path_params["task_id"],
+        lease_epoch=data["lease_epoch"], agent=principal.name))
 
 
-# The writes the event loop makes itself, by the handler Django's stack runs for them: appends
-# that are quiet steps (eventlog/async_services.py) and heartbeats (recovery/leases.py); any other
-# (None) goes to that handler.
-_WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {event_append: _event_append,
+async def _release(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                   request: Request) -> Answer:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    return Answer(task_as_api_dict(await leases.lease_release_async(
+        conn, namespace=principal.namespace, task_id=request.path_params["task_id"],
+        lease_epoch=data["lease_epoch"], agent=principal.name)))
+
+
+# The writes the event loop makes itself, by the handler Django's stack runs for them: creates and
+# quiet appends (eventlog/async_services.py), claims, heartbeats and releases (recovery/leases.py); any
+# other, and any of these that hands off (``HandOff``), goes to that handler.
+_WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {task_create: _task_create,
+                                                           event_append: _event_append,
                                                            event_append_batch: _event_append_batch,
-                                                           lease_heartbeat: _heartbeat}
+                                                           lease_claim: _claim,
+                                                           lease_heartbeat: _heartbeat,
+                                                           lease_release: _release}
 
 
 # --- what every request goes through ------------------------------------------------------------
@@ -413,9 +440,13 @@ class FrontRoute:
                 return _json(answer.body, answer.status, answer.headers)
             data = self._data(operation, request, raw)
             write = _WRITES_ON_THE_LOOP.get(operation.handler)
-            written = None if write is None else await write(conn, principal, data, request)
-            if written is not None:
-                return _json(written.body, written.status, written.headers)
+            if write is not None:
+                try:
+                    written = await write(conn, principal, data, request)
+                except HandOff:
+                    pass  # rolled back before anything was written: the handler decides it anew
+                else:
+                    return _json(written.body, written.status, written.headers)
         # Any other write: the pool's connection is back before the handler takes a Django one.
         answer = await self._run(operation, principal, request, data)
         return _json(answer.body, answer.status, answer.headers)

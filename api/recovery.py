@@ -80,6 +80,11 @@ def lease_claim(principal: Principal, data: dict[str, Any]) -> Answer:
         lease_seconds=data.get("lease_seconds", settings.BACKPLANE_LEASE_SECONDS),
         task_id=data.get("task_id"),
     )
+    return claim_answer(claim)
+
+
+def claim_answer(claim: leases.Claim | None) -> Answer:
+    """What a claim answers, on either stack (an agent's is made on the event loop, api/agent_front.py)."""
     if claim is None:
         return Answer(None, status.HTTP_204_NO_CONTENT)
     return Answer({

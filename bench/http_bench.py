@@ -221,6 +221,14 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         lost_note(row, heartbeat)
     rows.append(row)
 
+    # Informational: an agent's claims and releases, written by the HTTP front on the event loop.
+    claim = results.get("claim")
+    row = Row("an agent's claims and releases over HTTP, one each in turn (claim_release.lua)", note=errors("claim"))
+    if claim:
+        row.figure = served(claim)
+        lost_note(row, claim)
+    rows.append(row)
+
     # Informational: what every route Django still serves pays before its own work.
     row = Row("minimal Django view under uvicorn + a2wsgi (the floor of Django's routes)",
               note=errors("floor_django"))
@@ -562,6 +570,9 @@ class Bench:
                 if response.status_code != 200:
                     raise RuntimeError(f"claiming a task: {response.status_code} {response.text[:300]}")
                 self.leases.append(f"{response.json()['task']['task_id']}:{response.json()['lease_epoch']}")
+            # And pending ones for claim_release.lua, which claims them and gives them back.
+            for _ in range(self.args.tasks):
+                created("bench-claim")
 
     def wrk(self, script: str, duration: float, log_name: str, url: str = "") -> dict[str, float]:
         """wrk with a script of bench/baselines/ (or of bench/, where the shared baselines have
@@ -681,6 +692,7 @@ class Bench:
                                                f"{self.product.url}/healthz"))
         self.phase("read", lambda: self.wrk("read.lua", args.duration, "wrk-read.txt"))
         self.phase("heartbeat", lambda: self.wrk("heartbeat.lua", args.duration, "wrk-heartbeat.txt"))
+        self.phase("claim", lambda: self.wrk("claim_release.lua", args.duration, "wrk-claim.txt"))
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))

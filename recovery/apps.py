@@ -8,7 +8,7 @@ class RecoveryConfig(AppConfig):
     def ready(self) -> None:
         # Recovery builds on the event log, never the other way round: the log offers the
         # follow-up hook and recovery plugs its breakers, sagas and parent reports into it.
-        from backplane.eventlog.writer import register_follow_up, register_observer
+        from backplane.eventlog.writer import FollowUp, register_follow_up, register_observer
         from backplane.metrics import register_collector
         from recovery import budgets, handlers
         from recovery.metrics import RecoveryCollector, count_committed_events
@@ -18,5 +18,4 @@ class RecoveryConfig(AppConfig):
         register_collector(RecoveryCollector())
         # Only observes (it counts after commit): every event is counted.
         register_observer(count_committed_events)
-        # A write that costs something is never quiet (eventlog/writer.py), so this sees them all.
-        register_follow_up(budgets.budget_note_spending)
+        register_follow_up(FollowUp(concerns=budgets.spends, run=budgets.budget_note_spending))

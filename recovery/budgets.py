@@ -54,9 +54,9 @@ def period_of(budget: Budget, now: datetime) -> date:
 
 # On the path of every model call's record: SQL written once, as the writer's statements are (the
 # queryset API compiles a statement in more Python than its round trip takes).
-_BUDGET_ROWS = RowLoader(Budget)
+BUDGET_ROWS = RowLoader(Budget)
 _BUDGETS_OF_SQL = f"""
-SELECT {_BUDGET_ROWS.columns} FROM recovery_budget
+SELECT {BUDGET_ROWS.columns} FROM recovery_budget
 WHERE (scope = '{BudgetScope.NAMESPACE.value}' AND key = %s) OR (scope = '{BudgetScope.AGENT.value}' AND key = %s)
    OR (scope = '{BudgetScope.TASK.value}' AND key = %s)
 ORDER BY id
@@ -68,7 +68,7 @@ def budgets_of(*, namespace: str, agent: str | None, root_id: uuid.UUID | None, 
     """The budgets that apply to work of this namespace, agent and task tree; ``lock``: locked
     for the rest of the transaction, in id order."""
     params = [namespace, f"{namespace}/{agent}" if agent else None, str(root_id) if root_id else None]
-    return _BUDGET_ROWS.fetch_all(_LOCK_BUDGETS_OF_SQL if lock else _BUDGETS_OF_SQL, params)
+    return BUDGET_ROWS.fetch_all(_LOCK_BUDGETS_OF_SQL if lock else _BUDGETS_OF_SQL, params)
 
 
 def budget_spend(budget: Budget, *, now: datetime) -> Decimal:
@@ -112,6 +112,11 @@ def budget_gate(*, namespace: str, agent: str | None, task: Task | None, now: da
             raise _refusal(budget, now=now)
 
 
+def spends(written: WrittenEvents) -> bool:
+    """Whether ``budget_note_spending`` concerns a write: something in it costs, outside a sandbox."""
+    return not written.task.sandbox and any(costs_something(event) for event in written.events)
+
+
 def budget_note_spending(written: WrittenEvents) -> None:
     """Writer follow-up: a model call of a budgeted scope refused when the scope is spent, else
     recorded, and any line its spending crossed written into the task's log, once a period.
@@ -121,8 +126,6 @@ def budget_note_spending(written: WrittenEvents) -> None:
     that reaches the limit is the last one recorded and the next is refused."""
     spending = [event for event in written.events if costs_something(event)]
     task = written.task
-    if not spending or task.sandbox:
-        return
     now = written.now
     locked = budgets_of(namespace=task.namespace, agent=spending[0].agent, root_id=task_root_id(task), lock=True)
     if not locked:
@@ -239,8 +242,41 @@ def budget_resume(*, budget_id: int, decided_by: str, reason: str) -> Budget:
     return budget
 
 
-def blocked_roots(*, now: datetime | None = None) -> list[uuid.UUID]:
-    """Root tasks whose budget is spent: a claim passes over their trees."""
-    now = now or timezone.now()
-    return [uuid.UUID(b.key) for b in Budget.objects.filter(scope=BudgetScope.TASK, exceeded_on__isnull=False)
-            if is_spent(b, now=now)]
+# What a claim answers to, in one read on either driver (recovery/leases.py): the namespace's
+# and the agent's budgets (a spent one refuses the claim) and every task tree's that has been
+# exceeded once (a spent one's tree is passed over).
+CLAIM_BUDGETS_SQL = f"""
+SELECT {BUDGET_ROWS.columns} FROM recovery_budget
+WHERE (scope = '{BudgetScope.NAMESPACE.value}' AND key = %s) OR (scope = '{BudgetScope.AGENT.value}' AND key = %s)
+   OR (scope = '{BudgetScope.TASK.value}' AND exceeded_on IS NOT NULL)
+ORDER BY id
+"""
+
+
+@dataclass(frozen=True)
+class ClaimBudgets:
+    """``CLAIM_BUDGETS_SQL``'s rows as a claim takes them: a spent budget of the namespace or
+    the agent (the claim is refused: ``budget_refusal``), and the roots whose tree is passed over."""
+
+    spent: Budget | None
+    blocked_roots: list[uuid.UUID]
+
+
+def claim_budgets_params(*, namespace: str, agent: str) -> list[Any]:
+    return [namespace, f"{namespace}/{agent}"]
+
+
+def claim_budgets_of(rows: list[Budget], *, now: datetime) -> ClaimBudgets:
+    spent = [budget for budget in rows if is_spent(budget, now=now)]
+    return ClaimBudgets(spent=next((b for b in spent if b.scope != BudgetScope.TASK), None),
+                        blocked_roots=[uuid.UUID(b.key) for b in spent if b.scope == BudgetScope.TASK])
+
+
+def claim_budgets(*, namespace: str, agent: str, now: datetime) -> ClaimBudgets:
+    return claim_budgets_of(BUDGET_ROWS.fetch_all(CLAIM_BUDGETS_SQL, claim_budgets_params(namespace=namespace,
+                                                                                             agent=agent)), now=now)
+
+
+def budget_refusal(budget: Budget, *, now: datetime) -> BudgetExceeded:
+    """The 409 of work a spent ``budget`` stops, with what its scope has spent."""
+    return _refusal(budget, now=now)

@@ -1,30 +1,34 @@
 """Recovery's follow-ups to event writes, plugged into the event log's writer.
 
 ``RecoveryConfig.ready`` registers them with ``backplane.eventlog.writer.register_follow_up``;
-the writer runs them in this order inside its transaction, after the events and the
-projection are in. They may lock more rows: the agent behind a completion or failure, a
-sub-task's parent.
+the writer runs those a write concerns in this order inside its transaction, after the events
+and the projection are in. They may lock more rows: the agent behind a completion or failure, a
+sub-task's parent. Each one's ``concerns`` reads the write alone: a write that concerns none is
+quiet, and an agent's quiet write is made on the event loop (eventlog/async_services.py).
 """
 
 from __future__ import annotations
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.models import Task, TaskStatus
-from backplane.eventlog.writer import WrittenEvents, write_events
+from backplane.eventlog.writer import FollowUp, WrittenEvents, write_events
 from recovery.breakers import breaker_record_failure, breaker_record_success
 from recovery.sagas import saga_start_if_due
 from recovery.subtasks import adopters_of, child_result_draft
+
+
+def _breakers_concerned(written: WrittenEvents) -> bool:
+    # A sandbox's (a replay's) end says nothing about the agent's production work.
+    return not written.task.sandbox and any(event.type in (et.TASK_COMPLETED, et.TASK_FAILED)
+                                            for event in written.events)
 
 
 def feed_agent_breakers(written: WrittenEvents) -> None:
     """Completions and failures count towards the circuit breaker of the agent behind them.
 
     Expired leases count too, but the stall detector records those itself, once per agent
-    per sweep and in id order, so concurrent sweeps cannot deadlock on agent rows. A sandbox's
-    (a replay's) end says nothing about the agent's production work and counts for nothing."""
+    per sweep and in id order, so concurrent sweeps cannot deadlock on agent rows."""
     task = written.task
-    if task.sandbox:
-        return
     for event in written.events:
         if event.type == et.TASK_COMPLETED:
             breaker_record_success(namespace=task.namespace, agent_name=event.agent, task_id=task.pk,
@@ -34,20 +38,26 @@ def feed_agent_breakers(written: WrittenEvents) -> None:
                                    now=written.now, reason=f"TaskFailed: {event.payload['error'][:200]}")
 
 
-def start_saga_on_failure(written: WrittenEvents) -> None:
+def _saga_due(written: WrittenEvents) -> bool:
     """A task that has just failed for good compensates what its tool calls did; so does one
     just cancelled by someone who asked for it (``TaskCancelled`` with ``compensate``)."""
     if written.previous_status != TaskStatus.FAILED and written.status == TaskStatus.FAILED:
-        saga_start_if_due(written.task, now=written.now)
-    elif written.was_open and written.status == TaskStatus.CANCELLED and any(
-        event.type == et.TASK_CANCELLED and event.payload.get("compensate") for event in written.events
-    ):
-        saga_start_if_due(written.task, now=written.now)
+        return True
+    return written.was_open and written.status == TaskStatus.CANCELLED and any(
+        event.type == et.TASK_CANCELLED and event.payload.get("compensate") for event in written.events)
+
+
+def start_saga(written: WrittenEvents) -> None:
+    saga_start_if_due(written.task, now=written.now)
 
 
 # A child task in one of these has a result its parent must hear about.
 REPORTED_TO_PARENT = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.DEAD_LETTERED,
                                 TaskStatus.CANCELLED})
+
+
+def _parent_concerned(written: WrittenEvents) -> bool:
+    return written.was_open and written.status in REPORTED_TO_PARENT and written.task.parent_id is not None
 
 
 def report_to_parent(written: WrittenEvents) -> None:
@@ -58,8 +68,7 @@ def report_to_parent(written: WrittenEvents) -> None:
     only the parent and creates the child, which nobody else can hold yet.
     """
     child = written.task
-    if not written.was_open or written.status not in REPORTED_TO_PARENT or child.parent_id is None:
-        return
+    assert child.parent_id is not None  # _parent_concerned
     # What the child's final event made of it, even if its saga has begun since.
     result = child_result_draft(child, status=written.status)
     # A parent that already finished still gets the record: nothing is dropped.
@@ -70,4 +79,8 @@ def report_to_parent(written: WrittenEvents) -> None:
         write_events(Task.objects.get(pk=adopter), [result], agent=None, now=written.now, allow_closed=True)
 
 
-FOLLOW_UPS = (feed_agent_breakers, start_saga_on_failure, report_to_parent)
+FOLLOW_UPS = (
+    FollowUp(concerns=_breakers_concerned, run=feed_agent_breakers),
+    FollowUp(concerns=_saga_due, run=start_saga),
+    FollowUp(concerns=_parent_concerned, run=report_to_parent),
+)

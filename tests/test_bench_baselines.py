@@ -142,6 +142,7 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
         "append_outbox": http_bench.parse_wrk(done_line("append_outbox.lua", [10.0, 40.0, 540.0, 0])),
         "read": http_bench.parse_wrk(done_line("read.lua", [5.0, 20.0, 1700.0, 0])),
         "heartbeat": http_bench.parse_wrk(done_line("heartbeat.lua", [5.0, 25.0, 800.0, 0])),
+        "claim": http_bench.parse_wrk(done_line("claim_release.lua", [6.0, 30.0, 650.0, 2])),
         "batch": http_bench.parse_wrk(done_line("batch.lua", [200.0, 400.0, 40.0, 4000.0, 0])),
         "pgbench": {"tps": 2000.0},
         "append_py": {"raw": {"per_s": 1200.0}, "event_append": {"per_s": 300.0}},
@@ -149,7 +150,7 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
                   "langgraph": {"error": "exit 1: ImportError"}},
     }
     rows = {row.path.split(" (")[0]: row for row in http_bench.build_rows(results)}
-    assert len(rows) == 10  # no proof row: bench/proof.py gave no figures and no error
+    assert len(rows) == 11  # no proof row: bench/proof.py gave no figures and no error
     healthz = rows["`GET /healthz` of the product"]
     assert (healthz.ratio, healthz.met) == ("0.30", True)
     assert "3,000 req/s" in healthz.baseline
@@ -171,7 +172,9 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
     table = http_bench.markdown(list(rows.values()), ["# title"])
     assert rows["an agent's read of a task over HTTP"].figure.startswith("1,700 req/s")
     assert rows["an agent's heartbeat over HTTP"].figure.startswith("800 req/s")
-    assert table.count("\n|") == 12 and "**not met**" in table
+    claims = rows["an agent's claims and releases over HTTP, one each in turn"]
+    assert claims.figure.startswith("650 req/s") and "2 answers" in claims.note
+    assert table.count("\n|") == 13 and "**not met**" in table
 
 
 def test_lost_answers_and_a_slow_p99_fail_the_append_target(http_bench: ModuleType) -> None:

@@ -1,18 +1,21 @@
-"""An agent's appends on the event loop: the HTTP front's (api/agent_front.py), on psycopg's
-async pool (backplane/runtime/async_pool.py), so the commonest write never waits for a thread.
+"""An agent's writes on the event loop: the HTTP front's (api/agent_front.py), on psycopg's
+async pool (backplane/runtime/async_pool.py), so the commonest writes never wait for a thread.
 
-The same write as ``services.event_append_batch``, step for step: the client's events checked
-(``validate_client_drafts``), the task locked, the lease checked, the idempotency keys looked up,
-``expected_seq`` checked, then the one writer's plan (``writer.write_plan``) and its statements
-(``insert_events_sql``, the outbox's ``outbox_insert_sql``), in one transaction, and the
-observers' actions once it commits. Only the driver differs: an async connection for Django's.
+``write_events_async`` is ``writer.write_events`` on an async connection: the one writer's plan
+(``writer.write_plan``) and its statements (``insert_events_sql``, the outbox's
+``outbox_insert_sql``), and the observers' actions once the transaction commits. Only the driver
+differs. It takes a quiet write only, one that concerns no follow-up (``WritePlan.quiet``: a
+step, a lease claimed or given back, a transition no breaker, saga, budget or parent hears
+of); for any other it raises ``HandOff``, which rolls the transaction back before anything is
+written, and the HTTP front runs the sync service instead, which decides the write from scratch:
+the follow-ups run Django's ORM inside its transaction.
 
-Taken for the common write only, a step recorded on an open task: nothing replayed, no transition
-of the reducer's, nothing that costs (``writer.write_is_quiet``). Anything else returns None
-before anything is written, and the caller runs the sync service, which decides it from scratch:
-a replay answers with the original events as the ORM loads them, a closed task's 409 reads who
-closed it, and the follow-ups of a write that moves the task (breakers, sagas, parents,
-budgets) run Django's ORM inside its transaction.
+``event_append_batch_async`` is ``services.event_append_batch`` so, step for step: the client's
+events checked (``validate_client_drafts``), the task locked, the lease checked, the
+idempotency keys looked up, ``expected_seq`` checked, then the write. A replay (answered with the
+original events as the ORM loads them) and a closed task's 409 (which reads who closed it) are
+the sync service's too. ``task_create_async`` is ``services.task_create`` so (a replay of a
+known id is the service's). recovery/leases.py drives the same writer for claims and releases.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.utils import timezone
 
 from backplane.delivery.outbox import (
@@ -34,11 +39,24 @@ from backplane.delivery.outbox import (
 )
 from backplane.eventlog.errors import NotFound
 from backplane.eventlog.models import Task, TaskStatus
-from backplane.eventlog.services import AppendOutcome, check_open_at, validate_client_drafts
+from backplane.eventlog.services import (
+    PARENT_IN_NAMESPACE_SQL,
+    AppendOutcome,
+    check_open_at,
+    ensure_storable_json,
+    kind_refused,
+    new_task,
+    parent_not_found,
+    started_drafts,
+    task_insert_params,
+    task_insert_sql,
+    validate_client_drafts,
+)
 from backplane.eventlog.writer import (
     LOCK_TASK_IN_NAMESPACE_SQL,
     TASK_ROWS,
     EventDraft,
+    WritePlan,
     after_commit_of,
     check_lease,
     insert_events_params,
@@ -60,8 +78,33 @@ async def lock_task_async(conn: psycopg.AsyncConnection[Any], *, namespace: str,
     return TASK_ROWS.load(row)
 
 
-class _HandOff(Exception):
+class HandOff(Exception):
     """Raised inside the transaction to roll it back: the write is the sync service's."""
+
+
+async def write_events_async(conn: psycopg.AsyncConnection[Any], task: Task, drafts: Sequence[EventDraft], *,
+                             agent: str | None, now: datetime, digests: Sequence[str | None] | None = None,
+                             allow_closed: bool = False) -> WritePlan:
+    """``writer.write_events`` on ``conn``, inside its transaction, on a task it has locked: the
+    same plan and statements. ``HandOff`` when the write is not quiet; once the transaction
+    commits, the caller runs ``after_commit_of(plan.written)``."""
+    plan = write_plan(task, drafts, agent=agent, now=now, digests=digests, allow_closed=allow_closed)
+    if not plan.quiet:
+        raise HandOff
+    inserted = await conn.execute(insert_events_sql(), insert_events_params([task], [plan.events]))
+    plan.place(await inserted.fetchall())
+    messages = plan.outbox_messages()
+    if messages:
+        subscriptions = subscriptions_from(await (await conn.execute(SUBSCRIPTIONS_SQL)).fetchall())
+        await conn.execute(outbox_insert_sql(), outbox_insert_params(outbox_rows(messages, subscriptions), now=now))
+    return plan
+
+
+def run_after_commit(*plans: WritePlan) -> None:
+    """What the observers do once the writes of ``plans`` committed (``writer.after_commit_of``)."""
+    for plan in plans:
+        for action in after_commit_of(plan.written):
+            action()
 
 
 async def event_append_batch_async(
@@ -74,37 +117,63 @@ async def event_append_batch_async(
     expected_seq: int | None = None,
     lease_epoch: int | None = None,
     kinds: Sequence[str] = (),
-) -> AppendOutcome | None:
+) -> AppendOutcome:
     """``services.event_append_batch`` for an agent, on ``conn`` (in autocommit, out of any
-    transaction); None when the write is not a quiet step and the sync service must make it."""
+    transaction); ``HandOff`` when the sync service must make the write."""
     started = time.perf_counter()
     digests = validate_client_drafts(drafts)
     if not may_be_quiet(drafts):
-        return None
-    try:
-        async with conn.transaction():
-            task = await lock_task_async(conn, namespace=namespace, task_id=task_id)
-            if task.is_closed or task.status == TaskStatus.COMPENSATING:
-                raise _HandOff
-            check_lease(task, lease_epoch, agent=agent, kinds=kinds)
-            keys = [draft.idempotency_key for draft in drafts if draft.idempotency_key is not None]
-            if keys and await (await conn.execute(_KNOWN_KEY_SQL, [task_id, keys])).fetchone() is not None:
-                raise _HandOff
-            check_open_at(task, expected_seq)
-            now = timezone.now()
-            plan = write_plan(task, drafts, agent=agent, now=now, digests=digests)
-            if not plan.quiet:
-                raise _HandOff
-            inserted = await conn.execute(insert_events_sql(), insert_events_params([task], [plan.events]))
-            plan.place(await inserted.fetchall())
-            messages = plan.outbox_messages()
-            if messages:
-                subscriptions = subscriptions_from(await (await conn.execute(SUBSCRIPTIONS_SQL)).fetchall())
-                await conn.execute(outbox_insert_sql(), outbox_insert_params(outbox_rows(messages, subscriptions),
-                                                                             now=now))
-    except _HandOff:
-        return None
-    for action in after_commit_of(plan.written):
-        action()
+        raise HandOff
+    async with conn.transaction():
+        task = await lock_task_async(conn, namespace=namespace, task_id=task_id)
+        if task.is_closed or task.status == TaskStatus.COMPENSATING:
+            raise HandOff
+        check_lease(task, lease_epoch, agent=agent, kinds=kinds)
+        keys = [draft.idempotency_key for draft in drafts if draft.idempotency_key is not None]
+        if keys and await (await conn.execute(_KNOWN_KEY_SQL, [task_id, keys])).fetchone() is not None:
+            raise HandOff
+        check_open_at(task, expected_seq)
+        plan = await write_events_async(conn, task, drafts, agent=agent, now=timezone.now(), digests=digests)
+    run_after_commit(plan)
     counters.append_duration_observe(time.perf_counter() - started)
     return AppendOutcome(events=plan.events, replayed=False)
+
+
+async def task_create_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    namespace: str,
+    kind: str,
+    input: dict[str, Any],
+    agent: str,
+    task_id: uuid.UUID | None = None,
+    parent_task_id: uuid.UUID | None = None,
+    max_attempts: int | None = None,
+    metadata: dict[str, Any] | None = None,
+    kinds: Sequence[str] = (),
+) -> Task:
+    """``services.task_create`` for an agent, on ``conn`` (in autocommit): the same checks, the
+    same INSERT (``task_insert_sql``) and first events. ``HandOff`` when the id is taken (a
+    replay, or a conflict: the service answers either from the row there), or when a sub-task of
+    a kind the agent's token does not name needs its parent's kind read."""
+    ensure_storable_json(input, "input")
+    ensure_storable_json(metadata or {}, "metadata")
+    if kinds and kind not in kinds:
+        if parent_task_id is None:
+            raise kind_refused(kind, kinds)
+        raise HandOff
+    async with conn.transaction():
+        if parent_task_id is not None and await (
+                await conn.execute(PARENT_IN_NAMESPACE_SQL, [parent_task_id, namespace])).fetchone() is None:
+            raise parent_not_found()
+        now = timezone.now()
+        task = new_task(namespace=namespace, kind=kind, input=input, agent=agent, task_id=task_id or uuid.uuid4(),
+                        parent_task_id=parent_task_id,
+                        max_attempts=max_attempts if max_attempts is not None else settings.BACKPLANE_MAX_ATTEMPTS,
+                        metadata=metadata or {}, now=now)
+        if await (await conn.execute(task_insert_sql(), task_insert_params(task))).fetchone() is None:
+            raise HandOff
+        plan = await write_events_async(conn, task, started_drafts(task), agent=agent, now=now)
+    run_after_commit(plan)
+    return task
+

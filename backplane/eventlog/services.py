@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.delivery.outbox import RESERVED_TOPIC_WORD, topic_is_reserved
@@ -35,9 +35,9 @@ from backplane.eventlog.errors import (
     SeqConflict,
     TaskExists,
 )
-from backplane.eventlog.lifecycle import enqueue_lifecycle
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus, hash_token
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
+from backplane.lib.sql_rows import recordset, recordset_json
 from backplane.telemetry import counters
 
 
@@ -99,8 +99,7 @@ def task_create(
                   if parent_task_id is not None else None)
         # A parent that does not exist is the create's own 400, below.
         if parent_task_id is None or (parent is not None and parent.kind not in kinds and parent.created_by != agent):
-            raise KindRefused(f"this agent creates only tasks of its kinds ({', '.join(kinds)}) and their sub-tasks",
-                              {"kind": kind})
+            raise kind_refused(kind, kinds)
     with transaction.atomic(durable=True):
         return task_create_in_transaction(
             namespace=namespace,
@@ -112,6 +111,11 @@ def task_create(
             max_attempts=max_attempts if max_attempts is not None else settings.BACKPLANE_MAX_ATTEMPTS,
             metadata=metadata or {},
         )
+
+
+def kind_refused(kind: str, kinds: Sequence[str]) -> KindRefused:
+    return KindRefused(f"this agent creates only tasks of its kinds ({', '.join(kinds)}) and their sub-tasks",
+                       {"kind": kind})
 
 
 def task_create_in_transaction(
@@ -128,36 +132,23 @@ def task_create_in_transaction(
 ) -> TaskCreateOutcome:
     """Create the task row and its first events (``TaskStarted``, then ``TaskForked`` for a
     fork) in the caller's transaction; an existing ``task_id`` with the same content is a replay."""
-    parent = None
-    if parent_task_id is not None:
-        parent = Task.objects.filter(pk=parent_task_id, namespace=namespace).first()
-        if parent is None:
-            raise InvalidInput("parent task not found", {"parent_task_id": "no such task in this namespace"})
-
-    now = timezone.now()
-    try:
-        # The savepoint keeps the outer transaction usable when a concurrent create of
-        # the same task_id wins the race and our INSERT hits the primary key.
-        with transaction.atomic():
-            task = Task.objects.create(
-                id=task_id,
-                namespace=namespace,
-                kind=kind,
-                input=input,
-                metadata=metadata,
-                parent=parent,
-                max_attempts=max_attempts,
-                forked_from=fork.source if fork else None,
-                forked_at_seq=fork.at_seq if fork else None,
-                sandbox=fork.sandbox if fork else False,
-                created_by=agent,
-                created_at=now,
-                updated_at=now,
-            )
-    except IntegrityError:
-        existing = Task.objects.filter(pk=task_id).first()
-        if existing is None:  # pragma: no cover - the conflicting row must exist once we see the error
-            raise
+    with connection.cursor() as cursor:
+        if parent_task_id is not None:
+            cursor.execute(PARENT_IN_NAMESPACE_SQL, [parent_task_id, namespace])
+            if cursor.fetchone() is None:
+                raise parent_not_found()
+        now = timezone.now()
+        task = new_task(namespace=namespace, kind=kind, input=input, agent=agent, task_id=task_id,
+                        parent_task_id=parent_task_id, max_attempts=max_attempts, metadata=metadata, now=now,
+                        fork=fork)
+        # A concurrent create of the same task_id that committed first leaves no row here; one
+        # still in flight makes this statement wait for its end.
+        cursor.execute(task_insert_sql(), task_insert_params(task))
+        inserted = cursor.fetchone() is not None
+    existing = None if inserted else Task.objects.filter(pk=task_id).first()
+    if existing is None and not inserted:  # taken, then deleted meanwhile (retention): taken all the same
+        raise TaskExists(TASK_ID_TAKEN, {"task_id": "already taken; use a new UUID"})
+    if existing is not None:
         # Task ids are global (the primary key), so an id can be taken by another namespace.
         # That conflict answers word for word like a same-namespace one with other content,
         # whatever the content: the caller learns that the id is not available, never where
@@ -166,30 +157,62 @@ def task_create_in_transaction(
         same_origin = (existing.forked_from_id, existing.forked_at_seq, existing.sandbox) == (
             (fork.source.pk, fork.at_seq, fork.sandbox) if fork else (None, None, False))
         if existing.namespace != namespace or existing.kind != kind or existing.input != input or not same_origin:
-            raise TaskExists(TASK_ID_TAKEN, {"task_id": "already taken; use a new UUID"}) from None
+            raise TaskExists(TASK_ID_TAKEN, {"task_id": "already taken; use a new UUID"})
         replay_count(task_id=existing.pk, kind="task_create", now=now)
         return TaskCreateOutcome(task=existing, created=False)
-
-    write_events(
-        task,
-        [
-            EventDraft(
-                type=et.TASK_STARTED,
-                payload={
-                    "kind": kind,
-                    "input": input,
-                    "parent_task_id": str(parent.pk) if parent else None,
-                    "max_attempts": max_attempts,
-                    "metadata": metadata,
-                },
-            ),
-            *([EventDraft(type=et.TASK_FORKED, payload=fork.payload)] if fork else []),
-        ],
-        agent=agent,
-        now=now,
-    )
-    enqueue_lifecycle(task=task, previous_status=None, seq=task.last_seq, event_hash=task.head_hash, now=now)
+    write_events(task, started_drafts(task, fork=fork), agent=agent, now=now)
     return TaskCreateOutcome(task=task, created=True)
+
+
+# Whether the parent a task names is a task of its namespace (``parent_not_found`` if not).
+PARENT_IN_NAMESPACE_SQL = "SELECT 1 FROM backplane_task WHERE id = %s AND namespace = %s"
+
+
+def parent_not_found() -> InvalidInput:
+    return InvalidInput("parent task not found", {"parent_task_id": "no such task in this namespace"})
+
+
+def new_task(*, namespace: str, kind: str, input: dict[str, Any], agent: str | None, task_id: uuid.UUID,
+             parent_task_id: uuid.UUID | None, max_attempts: int, metadata: dict[str, Any], now: datetime,
+             fork: ForkOrigin | None = None) -> Task:
+    """The row a create inserts (``task_insert_sql``): the model's defaults for everything else."""
+    return Task(id=task_id, namespace=namespace, kind=kind, input=input, metadata=metadata, parent_id=parent_task_id,
+                max_attempts=max_attempts, forked_from=fork.source if fork else None,
+                forked_at_seq=fork.at_seq if fork else None, sandbox=fork.sandbox if fork else False,
+                created_by=agent, created_at=now, updated_at=now)
+
+
+def started_drafts(task: Task, *, fork: ForkOrigin | None = None) -> list[EventDraft]:
+    """A new task's first events: ``TaskStarted``, then ``TaskForked`` for a fork. The writer
+    announces the new task (its lifecycle message), as it announces every task now pending."""
+    return [
+        EventDraft(
+            type=et.TASK_STARTED,
+            payload={
+                "kind": task.kind,
+                "input": task.input,
+                "parent_task_id": str(task.parent_id) if task.parent_id else None,
+                "max_attempts": task.max_attempts,
+                "metadata": task.metadata,
+            },
+        ),
+        *([EventDraft(type=et.TASK_FORKED, payload=fork.payload)] if fork else []),
+    ]
+
+
+# Every create's one INSERT, on either driver: the row, unless its id is taken (no row comes back).
+_TASK_FIELDS = tuple(field.name for field in Task._meta.concrete_fields)
+
+
+@functools.cache
+def task_insert_sql() -> str:
+    columns = recordset(Task, _TASK_FIELDS)
+    return (f"INSERT INTO backplane_task ({columns.column_list}) SELECT {columns.column_list} "
+            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('t')} ON CONFLICT (id) DO NOTHING RETURNING id")
+
+
+def task_insert_params(task: Task) -> list[str]:
+    return [recordset_json([{name: getattr(task, name) for name in recordset(Task, _TASK_FIELDS).attnames}])]
 
 
 # --- appends -------------------------------------------------------------------------------

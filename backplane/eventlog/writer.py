@@ -9,15 +9,15 @@ runs inside the caller's transaction, on a task row the caller has locked (``loc
 2. insert the events, write the projection and add what they cost into the cost rollups
    (backplane.eventlog.costs) in one statement (``insert_events_sql``), and write the events'
    outbox messages plus the lifecycle announcement in one more;
-3. run the follow-ups other parts registered (``register_follow_up``), in registration order,
-   still inside the transaction, unless the write is quiet: recovery plugs its circuit
-   breakers, sagas, budgets and the report of a sub-task's result to its parent in here, so the
-   event log never imports recovery; then tell the observers (``register_observer``), whose
-   actions run once the transaction commits.
+3. run the follow-ups other parts registered (``register_follow_up``) that the write concerns,
+   in registration order, still inside the transaction: recovery plugs its circuit breakers,
+   sagas, budgets and the report of a sub-task's result to its parent in here, so the event log
+   never imports recovery; then tell the observers (``register_observer``), whose actions run
+   once the transaction commits.
 
 The plan and the statements are the same for the other driver of a write, an agent's quiet
-append on the event loop (backplane/eventlog/async_services.py), which runs them on an async
-connection.
+write on the event loop (one that concerns no follow-up: backplane/eventlog/async_services.py),
+which runs them on an async connection.
 """
 
 from __future__ import annotations
@@ -37,14 +37,12 @@ from backplane.delivery.outbox import Message, outbox_enqueue_many
 from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import compute_hash, event_hashed_fields, format_timestamp
-from backplane.eventlog.costs import ROLLUP_UPSERT_SQL, costs_something, rollup_records
+from backplane.eventlog.costs import ROLLUP_UPSERT_SQL, rollup_records
 from backplane.eventlog.errors import KindRefused, NotFound, SandboxRefused, StaleLease, TaskClosed
 from backplane.eventlog.lifecycle import enqueue_lifecycle_many, lifecycle_message
 from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.eventlog.reducer import (
     REDUCED_FIELDS,
-    TRANSITION_TYPES,
-    TaskState,
     task_reduce,
     task_state_apply,
     task_state_of,
@@ -218,22 +216,27 @@ def write_events(
     plan = write_plan(task, drafts, agent=agent, now=now, digests=digests, allow_closed=allow_closed)
     plan.place(_insert_events_and_update_projections([plan]))
     outbox_enqueue_many(plan.outbox_messages(), now=now)
-    _follow_up(plan.written, quiet=plan.quiet)
+    _follow_up(plan)
     return plan.events
 
 
 @dataclass
 class WritePlan:
     """One task's write worked out before any statement runs (``write_plan``): its events
-    numbered, clocked and hashed, the task's projection reduced in memory, and whether it is
-    quiet. Both drivers run the same statements from it: ``write_events`` on Django's connection
-    and backplane/eventlog/async_services.py on the event loop's."""
+    numbered, clocked and hashed, the task's projection reduced in memory, and the follow-ups
+    it concerns. Both drivers run the same statements from it: ``write_events`` on Django's
+    connection and backplane/eventlog/async_services.py on the event loop's."""
 
     task: Task
     events: list[Event]
     drafts: Sequence[EventDraft]
     written: WrittenEvents
-    quiet: bool
+    follow_ups: list[FollowUp]
+
+    @property
+    def quiet(self) -> bool:
+        """No follow-up concerns the write: the event loop may make it (only observers are told)."""
+        return not self.follow_ups
 
     def place(self, rows: Sequence[tuple[Any, int, int]]) -> None:
         """The events' positions, from ``insert_events_sql``'s rows."""
@@ -273,14 +276,15 @@ def write_plan(
     allow_closed: bool = False,
 ) -> WritePlan:
     """``write_events``' work before its statements: the events placed on the task's head,
-    hashed and reduced into ``task`` (which it updates in memory). No I/O, but for the error
-    of a write that meets a closed task, which reads who closed it (``task_closed_error``)."""
+    hashed and reduced into ``task`` (which it updates in memory), and the follow-ups it
+    concerns. No I/O, but for the error of a write that meets a closed task, which reads who
+    closed it (``task_closed_error``)."""
     if task.sandbox and any(draft.outbox for draft in drafts):
         raise SandboxRefused("a sandbox sends no messages: replay the agent without its outbox",
                              {"outbox": "not accepted on a sandbox task"})
     was_open = not task.is_closed
-    previous_status = task.status
-    before = task_state_of(task)
+    # A task's first write finds it with no status yet: it is announced as new (lifecycle.py).
+    previous_status = task.status if task.last_seq else None
     events: list[Event] = []
     for index, draft in enumerate(drafts):
         if task.is_closed and not allow_closed:
@@ -290,30 +294,23 @@ def write_plan(
     written = WrittenEvents(task=task, events=events, previous_status=previous_status, status=task.status,
                             was_open=was_open, now=now)
     return WritePlan(task=task, events=events, drafts=drafts, written=written,
-                     quiet=write_is_quiet(drafts, events, before, task_state_of(task)))
+                     follow_ups=[f for f in _follow_ups if f.concerns(written)])
 
 
-# --- quiet writes: a step recorded, nothing about the task's fate ------------------------------
+# --- quiet writes: no follow-up concerns them ---------------------------------------------------
 
-# The task columns every event moves, and nothing else moves them.
-HEAD_FIELDS = frozenset({"last_seq", "head_hash", "lamport", "last_event_at"})
-# Client events that decide a task's fate; the breakers count them (recovery/handlers.py).
+# Client events that decide a task's fate; the breakers count them outside a sandbox
+# (recovery/handlers.py), so a write of one is almost never quiet.
 _FATEFUL_TYPES = frozenset({"TaskCompleted", "TaskFailed"})
 
 
 def may_be_quiet(drafts: Sequence[EventDraft]) -> bool:
-    """Whether a write of ``drafts`` can be quiet whatever the task (no transition of the
-    reducer's, nothing that costs): known before the task is read."""
-    return not any(draft.type in TRANSITION_TYPES or draft.type == et.LLM_CALLED for draft in drafts)
+    """Whether a client's write of ``drafts`` may be quiet, known before the task is read: the
+    event loop hands any other to the sync service at once, without a round trip. A model call
+    is never quiet there: the sync service prices it (``services._settled``) and budgets it."""
+    return not any(draft.type in _FATEFUL_TYPES or draft.type == et.LLM_CALLED for draft in drafts)
 
 
-def write_is_quiet(drafts: Sequence[EventDraft], events: Sequence[Event], before: TaskState, after: TaskState) -> bool:
-    """A write that moves only the task's head: no status change (so no lifecycle message), no
-    completion or failure, nothing that costs. No follow-up concerns it, only the observers
-    (``register_follow_up``); its own outbox messages concern none either."""
-    if any(draft.type in _FATEFUL_TYPES for draft in drafts) or any(costs_something(event) for event in events):
-        return False
-    return all(getattr(before, name) == getattr(after, name) for name in REDUCED_FIELDS if name not in HEAD_FIELDS)
 
 
 # --- follow-ups: what other parts do when events are written ---------------------------------
@@ -326,7 +323,7 @@ class WrittenEvents:
 
     task: Task
     events: list[Event]
-    previous_status: str
+    previous_status: str | None  # None: the task's first events
     # The status these events left the task in. ``task.status`` may move on while follow-ups
     # run (a saga's own events make a failed task compensating); this one does not.
     status: str
@@ -334,7 +331,16 @@ class WrittenEvents:
     now: datetime
 
 
-FollowUp = Callable[[WrittenEvents], None]
+@dataclass(frozen=True)
+class FollowUp:
+    """What another part does when events are written (``register_follow_up``): ``run``, for a
+    write that ``concerns`` it. ``concerns`` reads only the write (no I/O), so whether a write
+    concerns any follow-up is known from its plan, before a statement runs, on either driver."""
+
+    concerns: Callable[[WrittenEvents], bool]
+    run: Callable[[WrittenEvents], None]
+
+
 # An observer is told of a write and answers what to do once, and only if, it commits.
 Observer = Callable[[WrittenEvents], Callable[[], None] | None]
 _follow_ups: list[FollowUp] = []
@@ -342,8 +348,8 @@ _observers: list[Observer] = []
 
 
 def register_follow_up(follow_up: FollowUp) -> None:
-    """Run ``follow_up`` after every write that is not quiet (``write_is_quiet``), in the
-    writer's transaction, in registration order.
+    """Run ``follow_up`` after every write that concerns it, in the writer's transaction, in
+    registration order.
 
     Registered by an app's ``AppConfig.ready`` (recovery registers its circuit breakers,
     sagas, parent reports and budgets). A follow-up may lock more rows and write more events
@@ -367,10 +373,10 @@ def after_commit_of(written: WrittenEvents) -> list[Callable[[], None]]:
     return [action for observer in _observers if (action := observer(written)) is not None]
 
 
-def _follow_up(written: WrittenEvents, *, quiet: bool) -> None:
-    if not quiet:
-        for follow_up in _follow_ups:
-            follow_up(written)
+def _follow_up(plan: WritePlan) -> None:
+    written = plan.written
+    for follow_up in plan.follow_ups:
+        follow_up.run(written)
     for action in after_commit_of(written):
         transaction.on_commit(action)
 
@@ -419,7 +425,7 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
     enqueue_lifecycle_many(changes=[(plan.task, plan.written.previous_status) for plan in plans], now=now)
     # Then, per task in the order given, what write_events does after its insert.
     for plan in plans:
-        _follow_up(plan.written, quiet=plan.quiet)
+        _follow_up(plan)
     return [plan.events for plan in plans]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -53,7 +53,7 @@ class RowLoader(Generic[M]):
                 values[index] = convert(values[index], column, connection)
         return self.model.from_db(connection.alias, self.attnames, values)
 
-    def fetch_one(self, sql: str, params: Sequence[Any]) -> M | None:
+    def fetch_one(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> M | None:
         """Run ``sql`` (which selects ``self.columns``) and load its first row, if any."""
         with connection.cursor() as cursor:
             cursor.execute(sql, params)

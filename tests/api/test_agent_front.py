@@ -29,7 +29,9 @@ from starlette.types import Receive, Scope, Send
 from api import agent_front
 from api.base import json_bytes
 from api.middleware import too_large_error
+from api.serializers import task_as_api_dict
 from backplane.eventlog import services
+from backplane.eventlog.async_services import HandOff
 from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.models import Event
 from backplane.eventlog.selectors import TASK_ROW_SQL
@@ -521,8 +523,12 @@ def on_the_loop(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     loop_append = agent_front.event_append_batch_async
 
     async def recorded(*args: Any, **kwargs: Any) -> Any:
-        outcome = await loop_append(*args, **kwargs)
-        taken.append(outcome is not None)
+        try:
+            outcome = await loop_append(*args, **kwargs)
+        except HandOff:
+            taken.append(False)
+            raise
+        taken.append(True)
         return outcome
 
     monkeypatch.setattr(agent_front, "event_append_batch_async", recorded)
@@ -597,8 +603,12 @@ def test_a_heartbeat_is_written_on_the_loop_and_a_cancelled_holders_answered_by_
     loop_heartbeat = agent_front.leases.lease_heartbeat_async
 
     async def recorded(*args: Any, **kwargs: Any) -> Any:
-        task = await loop_heartbeat(*args, **kwargs)
-        taken.append(task is not None)
+        try:
+            task = await loop_heartbeat(*args, **kwargs)
+        except HandOff:
+            taken.append(False)
+            raise
+        taken.append(True)
         return task
 
     monkeypatch.setattr(agent_front.leases, "lease_heartbeat_async", recorded)
@@ -696,3 +706,249 @@ def test_an_append_on_the_loop_is_counted_and_announced_once_it_commits(
     refused = reads.request("POST", f"/api/v1/tasks/{agent['task_id']}/events/", sent, base_url="http://testserver",
                             content=b'{"type": "Noted", "payload": {}, "expected_seq": 1}')
     assert refused.status_code == 409 and counted._value.get() == before + 1 and len(notices) == 1
+
+
+# --- claims and releases on the event loop (recovery/leases.py) ----------------------------------
+
+
+def record_loop(monkeypatch: pytest.MonkeyPatch, name: str, module: Any = agent_front.leases) -> list[bool]:
+    """Whether each call of ``module``'s ``name`` the front made wrote on the event loop (True)
+    or handed the write to the service on a thread (False)."""
+    taken: list[bool] = []
+    on_the_loop = getattr(module, name)
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            outcome = await on_the_loop(*args, **kwargs)
+        except HandOff:
+            taken.append(False)
+            raise
+        taken.append(True)
+        return outcome
+
+    monkeypatch.setattr(module, name, recorded)
+    return taken
+
+
+def post(reads: AsyncReads, token: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    sent = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    return reads.request("POST", path, sent, base_url="http://testserver", content=json.dumps(body).encode())
+
+
+def test_a_claim_and_a_release_are_written_on_the_loop_as_the_services_write_them(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from backplane.delivery.models import OutboxMessage
+    from backplane.eventlog.models import Task
+
+    claims, releases = record_loop(monkeypatch, "lease_claim_async"), record_loop(monkeypatch, "lease_release_async")
+    claimed = post(reads, agent["token"], "/api/v1/leases/", {"kinds": ["lead-qualification"], "lease_seconds": 60})
+    assert claimed.status_code == 200 and claims == [True]
+    task = agent_task(agent)
+    assert claimed.json() == json.loads(json_bytes({
+        "task": task_as_api_dict(task), "lease_epoch": 1, "expires_at": claimed.json()["expires_at"],
+        "recovered": False}))
+    assert (task.status, task.lease_holder, task.lease_epoch, task.last_seq) == ("running", "reader", 1, 7)
+    event = Event.objects.get(task_id=agent["task_id"], seq=7)
+    assert (event.type, event.agent, event.payload["attempt"], event.payload["lease_seconds"]) == (
+        "TaskClaimed", "reader", 1, 60)
+    assert task.lease_expires_at.isoformat() == event.payload["expires_at"]
+    # Nothing else pending: 204 on both stacks; kinds the agent may not claim: 400 on both.
+    assert both_write(reads, "POST", "/api/v1/leases/", token=agent["token"], body=b"{}").status_code == 204
+    researcher = services.agent_create(name="researcher", namespace="acme", kinds=["research"])
+    refused = both_write(reads, "POST", "/api/v1/leases/", token=researcher.token,
+                         body=b'{"kinds": ["lead-qualification"]}')
+    assert refused.status_code == 400 and refused.json()["error"]["details"]["kinds"] == "allowed: ['research']"
+    released = post(reads, agent["token"], f"/api/v1/tasks/{agent['task_id']}/release/", {"lease_epoch": 1})
+    assert released.status_code == 200 and releases == [True]
+    assert released.json() == json.loads(json_bytes(task_as_api_dict(agent_task(agent))))
+    assert released.json()["status"] == "pending" and released.json()["attempts"] == 0
+    # Pending again is announced (a claim's running is not), as the service announces it.
+    announced = OutboxMessage.objects.get(task_id=agent["task_id"], topic="backplane.tasks.lead-qualification",
+                                          headers__seq=8)
+    assert (announced.payload["status"], announced.payload["previous_status"]) == ("pending", "running")
+    # Claimed again after a release: the log is read for a reviewer's requeue; no recovery.
+    again = post(reads, agent["token"], "/api/v1/leases/", {})
+    assert again.status_code == 200 and again.json()["lease_epoch"] == 2 and again.json()["recovered"] is False
+    # A claimed task that a failure sent back to pending is a recovery, on the loop as well.
+    services.event_append(namespace="acme", task_id=uuid.UUID(agent["task_id"]), agent="reader", lease_epoch=2,
+                          draft=EventDraft(type="TaskFailed", payload={"error": "flaky", "retryable": True}))
+    recovered = post(reads, agent["token"], "/api/v1/leases/", {})
+    assert recovered.status_code == 200 and recovered.json()["recovered"] is True and claims[-1] is True
+    assert Task.objects.get(pk=agent["task_id"]).attempts == 1
+
+
+def test_a_sub_tasks_first_claim_on_the_loop_tells_its_parent(reads: AsyncReads, agent: dict[str, Any],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from recovery.subtasks import subtask_dispatch
+
+    claims = record_loop(monkeypatch, "lease_claim_async")
+    epoch = post(reads, agent["token"], "/api/v1/leases/", {"kinds": ["lead-qualification"]}).json()["lease_epoch"]
+    child = subtask_dispatch(namespace="acme", parent_task_id=uuid.UUID(agent["task_id"]), step=3, kind="research",
+                             input={"company": "Acme"}, agent="reader", lease_epoch=epoch).child
+    worker = services.agent_create(name="researcher", namespace="acme", kinds=["research"])
+    claimed = post(reads, worker.token, "/api/v1/leases/", {})
+    assert claimed.status_code == 200 and claimed.json()["task"]["task_id"] == str(child.pk)
+    assert claims == [True, True]
+    accepted = Event.objects.filter(task_id=agent["task_id"]).order_by("-seq").first()
+    assert accepted is not None and accepted.type == "SubAgentAccepted"
+    assert accepted.payload == {"child_task_id": str(child.pk), "dispatch_key": child.dispatch_key,
+                                "agent": "researcher"}
+
+
+def test_spent_budgets_open_breakers_and_pauses_are_decided_as_the_service_decides_them(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from backplane.eventlog.models import Agent
+    from recovery import budgets
+    from recovery.fleet import pause_lift, pause_set
+    from recovery.models import Budget
+
+    claims = record_loop(monkeypatch, "lease_claim_async")
+    today = timezone.now().date()
+    # Paused work is passed over on the loop: nothing to claim, and nothing handed off.
+    pause = pause_set(namespace="acme", kind="lead-qualification", paused_by="ops", reason="a fix goes out")
+    assert both_write(reads, "POST", "/api/v1/leases/", token=agent["token"], body=b"{}").status_code == 204
+    assert claims == [True]
+    pause_lift(pause_id=pause.pk, resumed_by="ops", reason="fixed")
+    # So is the tree of a spent task budget.
+    tree = budgets.budget_set(scope="task", key=agent["task_id"], period="task", unit="tokens", limit=Decimal(10),
+                              decided_by="ops", reason="cap")
+    Budget.objects.filter(pk=tree.pk).update(exceeded_on=budgets.period_of(tree, timezone.now()))
+    assert both_write(reads, "POST", "/api/v1/leases/", token=agent["token"], body=b"{}").status_code == 204
+    assert claims[-1:] == [True]
+    Budget.objects.filter(pk=tree.pk).update(exceeded_on=None)
+    # A spent namespace budget is the service's 409, which reads the spend; nothing is taken.
+    spent = budgets.budget_set(scope="namespace", key="acme", period="day", unit="tokens", limit=Decimal(10),
+                               decided_by="ops", reason="cap")
+    Budget.objects.filter(pk=spent.pk).update(exceeded_on=today)
+    refused = both_write(reads, "POST", "/api/v1/leases/", token=agent["token"], body=b"{}")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "budget_exceeded"
+    assert claims[-1:] == [False]
+    Budget.objects.filter(pk=spent.pk).update(exceeded_on=None)
+    # An open breaker is the service's too (its refusal, or the half-open trial it takes).
+    Agent.objects.filter(name="reader").update(breaker_state="open", breaker_opened_at=timezone.now())
+    opened = both_write(reads, "POST", "/api/v1/leases/", token=agent["token"], body=b"{}")
+    assert opened.status_code == 503 and claims[-1:] == [False]
+    assert agent_task(agent).status == "pending" and agent_task(agent).last_seq == 6
+
+
+def test_claims_on_the_loop_and_on_threads_at_once_never_win_one_task_twice(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty claimers at once over separate connections, sixteen on the loop's pool and four by
+    the service on threads, for eleven pending tasks: each task is won once, the rest hear 204."""
+    from backplane.eventlog.models import Agent, Task
+    from recovery.leases import lease_claim
+
+    claims = record_loop(monkeypatch, "lease_claim_async")
+    for n in range(10):
+        services.task_create(namespace="acme", kind="lead-qualification", agent="reader", input={"n": n})
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+
+    async def claim() -> httpx.Response:
+        transport = httpx.ASGITransport(app=reads.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.post("/api/v1/leases/", headers=sent, content=b"{}")
+
+    async def all_at_once() -> list[httpx.Response]:
+        return list(await asyncio.gather(*(claim() for _ in range(16))))
+
+    def by_thread() -> str | None:
+        try:
+            won = lease_claim(agent=Agent.objects.get(name="reader"), kinds=None, lease_seconds=30)
+            return None if won is None else str(won.task.pk)
+        finally:
+            connections.close_all()  # the thread's own connection
+
+    with ThreadPoolExecutor(max_workers=4) as threads:
+        by_service = [threads.submit(by_thread) for _ in range(4)]
+        answers = reads.loop.run_until_complete(all_at_once())
+        won_by_service = [future.result() for future in by_service]
+    assert claims.count(True) == 16  # none handed off
+    won = [a.json()["task"]["task_id"] for a in answers if a.status_code == 200] + [
+        task for task in won_by_service if task is not None]
+    assert len(won) == 11 and len(set(won)) == 11
+    assert all(a.status_code in (200, 204) for a in answers)
+    assert Task.objects.filter(namespace="acme", status="running", lease_epoch=1).count() == 11
+    assert Event.objects.filter(type="TaskClaimed").count() == 11
+
+
+def test_a_task_is_created_on_the_loop_as_the_service_creates_it(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from backplane.delivery.models import OutboxMessage
+    from backplane.eventlog.models import Task
+
+    creates = record_loop(monkeypatch, "task_create_async", agent_front)
+    body = {"task_id": str(uuid.uuid4()), "kind": "research", "input": {"company": "Acme", "n": 2 ** 70},
+            "metadata": {"source": "crm"}, "max_attempts": 5, "parent_task_id": agent["task_id"]}
+    created = post(reads, agent["token"], "/api/v1/tasks/", body)
+    assert created.status_code == 201 and creates == [True], created.text
+    task = Task.objects.get(pk=body["task_id"])
+    assert created.json() == json.loads(json_bytes(task_as_api_dict(task)))
+    assert (task.namespace, task.kind, task.input, task.metadata, task.max_attempts, str(task.parent_id),
+            task.created_by, task.status, task.last_seq) == (
+        "acme", "research", body["input"], {"source": "crm"}, 5, agent["task_id"], "reader", "pending", 1)
+    started = Event.objects.get(task_id=task.pk, seq=1)
+    assert (started.type, started.agent, started.payload) == ("TaskStarted", "reader", {
+        "kind": "research", "input": body["input"], "parent_task_id": agent["task_id"], "max_attempts": 5,
+        "metadata": {"source": "crm"}})
+    # A new task is announced, as the service announces one: no status before it.
+    announced = OutboxMessage.objects.get(task_id=task.pk, topic="backplane.tasks.research")
+    assert (announced.payload["status"], announced.payload["previous_status"], announced.headers["seq"]) == (
+        "pending", None, 1)
+    # The same id again: the service's replay (200, the header) or its 409, answered alike.
+    replay = both_write(reads, "POST", "/api/v1/tasks/", token=agent["token"], body=json.dumps(body).encode())
+    assert replay.status_code == 200 and replay.json() == created.json() and creates[-1:] == [False]
+    taken = both_write(reads, "POST", "/api/v1/tasks/", token=agent["token"],
+                       body=json.dumps({**body, "input": {"company": "Other"}}).encode())
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "task_exists"
+    # A parent that is no task of the namespace, and a kind the token does not name: refused alike.
+    orphan = json.dumps({"kind": "research", "input": {}, "parent_task_id": str(uuid.uuid4())}).encode()
+    assert both_write(reads, "POST", "/api/v1/tasks/", token=agent["token"], body=orphan).status_code == 400
+    narrow = services.agent_create(name="narrow", namespace="acme", kinds=["research"])
+    other_kind = json.dumps({"kind": "billing", "input": {}}).encode()
+    assert both_write(reads, "POST", "/api/v1/tasks/", token=narrow.token, body=other_kind).status_code == 403
+    # (refusals made on the loop are not handed off: nothing is recorded for them)
+    assert Task.objects.filter(namespace="acme").count() == 2 and creates == [True, False, False]
+    # Of another kind under a parent of its own kind: the service reads the parent's kind.
+    own = post(reads, narrow.token, "/api/v1/tasks/", {"kind": "research", "input": {}}).json()["task_id"]
+    sub = post(reads, narrow.token, "/api/v1/tasks/", {"kind": "billing", "input": {}, "parent_task_id": own})
+    assert sub.status_code == 201 and creates[-2:] == [True, False]
+
+
+def test_one_id_created_at_once_on_the_loop_and_on_threads_is_one_task(reads: AsyncReads,
+                                                                       agent: dict[str, Any]) -> None:
+    """Ten creates of one task id at once over separate connections, eight on the loop's pool and
+    two by the service on threads: one task with one first event; every other create is its replay."""
+    from backplane.eventlog.models import Task
+
+    task_id = uuid.uuid4()
+    body = json.dumps({"task_id": str(task_id), "kind": "research", "input": {"company": "Acme"}}).encode()
+    sent = {"Authorization": f"Bearer {agent['token']}", "Content-Type": "application/json"}
+
+    async def create() -> httpx.Response:
+        transport = httpx.ASGITransport(app=reads.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.post("/api/v1/tasks/", headers=sent, content=body)
+
+    async def all_at_once() -> list[httpx.Response]:
+        return list(await asyncio.gather(*(create() for _ in range(8))))
+
+    def by_thread() -> bool:
+        try:
+            return services.task_create(namespace="acme", kind="research", input={"company": "Acme"}, agent="reader",
+                                        task_id=task_id).created
+        finally:
+            connections.close_all()  # the thread's own connection
+
+    with ThreadPoolExecutor(max_workers=2) as threads:
+        by_service = [threads.submit(by_thread) for _ in range(2)]
+        answers = reads.loop.run_until_complete(all_at_once())
+        created_by_service = [future.result() for future in by_service]
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses.count(201) + created_by_service.count(True) == 1
+    assert statuses.count(200) + created_by_service.count(False) == 9 and set(statuses) <= {200, 201}
+    assert Task.objects.filter(pk=task_id).count() == 1
+    assert list(Event.objects.filter(task_id=task_id).values_list("type", flat=True)) == ["TaskStarted"]
