@@ -20,10 +20,11 @@ Each request, in the order Django's middleware and DRF's view take the same step
    ``?format=`` other than json;
 3. the token's agent and the request's count in one statement (401, 429), then
    ``last_seen_at`` when it is stale, on psycopg's async pool (backplane/runtime/async_pool.py);
-4. the method (405; OPTIONS is 204), then the operation: a read of a task or a page of its
-   events on the same async connection; a write has its body checked here; a task's create and
+4. the method (405; OPTIONS is 204), then the operation: a read of a task, a page of its
+   events or a tool call's record on the same async connection; a write has its body checked here; a task's create and
    an append that is a quiet write (backplane/eventlog/async_services.py), a claim, a heartbeat
-   and a release (recovery/leases.py) are written on the same connection too, and any other write
+   and a release (recovery/leases.py), a new tool call and its first answer
+   (recovery/tool_calls.py) are written on the same connection too, and any other write
    (or one of those handed off: ``HandOff``) has its handler (the services, and the one writer
    behind them) run on a thread of the web process's pool, with a Django
    connection managed as Django manages one around a request. A database that went away is 503
@@ -84,7 +85,19 @@ from api.middleware import (
     too_large_error,
 )
 from api.parsers import InvalidJSON, charset_refused, loads_strict
-from api.recovery import claim_answer, heartbeat_answer, lease_claim, lease_heartbeat, lease_release
+from api.recovery import (
+    claim_answer,
+    dispatch_answer,
+    heartbeat_answer,
+    lease_claim,
+    lease_heartbeat,
+    lease_release,
+    result_answer,
+    tool_call_as_api_dict,
+    tool_call_dispatch,
+    tool_call_read,
+    tool_call_result,
+)
 from api.routes import AgentRoute, Operation
 from api.serializers import task_as_api_dict
 from api.views import draft_from, event_append, event_append_batch, events_page, task_create, task_read
@@ -97,7 +110,8 @@ from backplane.runtime.async_pool import async_pool, async_pool_renew
 from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
 from backplane.telemetry.http import count_response
 from backplane.telemetry.tracing import server_span
-from recovery import leases
+from recovery import leases, tool_calls
+from recovery.selectors import TOOL_CALL_VISIBLE_SQL, tool_call_from
 
 JSON = "application/json"
 
@@ -165,9 +179,16 @@ async def _events_page(conn: psycopg.AsyncConnection[Any], principal: Principal,
     return Answer({"results": [event_as_api_dict(e) for e in page.events], "next_after_seq": page.next_after_seq})
 
 
+async def _tool_call_read(conn: psycopg.AsyncConnection[Any], principal: Principal, request: Request) -> Answer:
+    key: str = request.path_params["key"]
+    found = await conn.execute(TOOL_CALL_VISIBLE_SQL, {"key": key, "namespace": principal.namespace})
+    return Answer(tool_call_as_api_dict(tool_call_from(await found.fetchone(), key=key)))
+
+
 # The operations that read on the event loop, by the handler Django's stack runs for them: the
 # same SQL, the same rows made into the same bodies.
-_ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events_page: _events_page}
+_ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events_page: _events_page,
+                                                   tool_call_read: _tool_call_read}
 
 
 # --- the appends, on the event loop -------------------------------------------------------------
@@ -230,15 +251,38 @@ async def _release(conn: psycopg.AsyncConnection[Any], principal: Principal, dat
         lease_epoch=data["lease_epoch"], agent=principal.name)))
 
 
+async def _tool_call_dispatch(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                              request: Request) -> Answer:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    call = await tool_calls.tool_call_dispatch_async(
+        conn, namespace=principal.namespace, task_id=request.path_params["task_id"], step=data["step"],
+        tool=data["tool"], input=data["input"], agent=principal.name, lease_epoch=data.get("lease_epoch"),
+        compensation=dict(data["compensation"]) if data.get("compensation") else None, kinds=principal.kinds)
+    return dispatch_answer(tool_calls.ToolCallOutcome(call=call, replayed=False))
+
+
+async def _tool_call_result(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                            request: Request) -> Answer:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    call = await tool_calls.tool_call_record_result_async(
+        conn, namespace=principal.namespace, key=request.path_params["key"], status=data["status"],
+        result=data["result"], agent=principal.name, lease_epoch=data.get("lease_epoch"), cost=data.get("cost"),
+        kinds=principal.kinds)
+    return result_answer(tool_calls.ToolCallOutcome(call=call, replayed=False))
+
+
 # The writes the event loop makes itself, by the handler Django's stack runs for them: creates and
-# quiet appends (eventlog/async_services.py), claims, heartbeats and releases (recovery/leases.py); any
-# other, and any of these that hands off (``HandOff``), goes to that handler.
+# quiet appends (eventlog/async_services.py), claims, heartbeats and releases (recovery/leases.py),
+# new tool calls and their first answers (recovery/tool_calls.py); any other, and any of these
+# that hands off (``HandOff``), goes to that handler.
 _WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {task_create: _task_create,
                                                            event_append: _event_append,
                                                            event_append_batch: _event_append_batch,
                                                            lease_claim: _claim,
                                                            lease_heartbeat: _heartbeat,
-                                                           lease_release: _release}
+                                                           lease_release: _release,
+                                                           tool_call_dispatch: _tool_call_dispatch,
+                                                           tool_call_result: _tool_call_result}
 
 
 # --- what every request goes through ------------------------------------------------------------

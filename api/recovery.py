@@ -118,6 +118,11 @@ def tool_call_dispatch(principal: Principal, data: dict[str, Any], *, task_id: u
         compensation=dict(data["compensation"]) if data.get("compensation") else None,
         kinds=principal.kinds,
     )
+    return dispatch_answer(outcome)
+
+
+def dispatch_answer(outcome: tool_calls.ToolCallOutcome) -> Answer:
+    """What a dispatch answers, on either stack (an agent's new call is made on the event loop)."""
     call = outcome.call
     if not outcome.replayed:
         return Answer({
@@ -152,6 +157,11 @@ def tool_call_result(principal: Principal, data: dict[str, Any], *, key: str) ->
         cost=data.get("cost"),
         kinds=principal.kinds,
     )
+    return result_answer(outcome)
+
+
+def result_answer(outcome: tool_calls.ToolCallOutcome) -> Answer:
+    """What recording a tool's answer answers, on either stack."""
     body = {**tool_call_as_api_dict(outcome.call), "replayed": outcome.replayed}
     return written_or_replayed_answer(body, replayed=outcome.replayed)
 

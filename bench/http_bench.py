@@ -229,6 +229,15 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         lost_note(row, claim)
     rows.append(row)
 
+    # Informational: an agent's tool calls, each dispatched and then answered, on the event loop.
+    calls = results.get("tool_calls")
+    row = Row("an agent's new tool calls and their answers over HTTP, one each in turn (tool_calls.lua)",
+              note=errors("tool_calls"))
+    if calls:
+        row.figure = served(calls)
+        lost_note(row, calls)
+    rows.append(row)
+
     # Informational: what every route Django still serves pays before its own work.
     row = Row("minimal Django view under uvicorn + a2wsgi (the floor of Django's routes)",
               note=errors("floor_django"))
@@ -693,6 +702,7 @@ class Bench:
         self.phase("read", lambda: self.wrk("read.lua", args.duration, "wrk-read.txt"))
         self.phase("heartbeat", lambda: self.wrk("heartbeat.lua", args.duration, "wrk-heartbeat.txt"))
         self.phase("claim", lambda: self.wrk("claim_release.lua", args.duration, "wrk-claim.txt"))
+        self.phase("tool_calls", lambda: self.wrk("tool_calls.lua", args.duration, "wrk-tool-calls.txt"))
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))

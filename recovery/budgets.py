@@ -30,12 +30,14 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.costs import ALL_TIME, costs_something, task_root_id
+from backplane.eventlog.async_services import HandOff
+from backplane.eventlog.costs import ALL_TIME, TASK_ROOT_SQL, costs_something, task_root_id
 from backplane.eventlog.errors import BudgetExceeded, InvalidInput, NotFound
 from backplane.eventlog.models import CostRollup, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
@@ -67,8 +69,28 @@ _LOCK_BUDGETS_OF_SQL = _BUDGETS_OF_SQL + " FOR UPDATE"
 def budgets_of(*, namespace: str, agent: str | None, root_id: uuid.UUID | None, lock: bool = False) -> list[Budget]:
     """The budgets that apply to work of this namespace, agent and task tree; ``lock``: locked
     for the rest of the transaction, in id order."""
-    params = [namespace, f"{namespace}/{agent}" if agent else None, str(root_id) if root_id else None]
-    return BUDGET_ROWS.fetch_all(_LOCK_BUDGETS_OF_SQL if lock else _BUDGETS_OF_SQL, params)
+    return BUDGET_ROWS.fetch_all(_LOCK_BUDGETS_OF_SQL if lock else _BUDGETS_OF_SQL,
+                                 _budgets_of_params(namespace=namespace, agent=agent, root_id=root_id))
+
+
+def _budgets_of_params(*, namespace: str, agent: str | None, root_id: uuid.UUID | None) -> list[Any]:
+    return [namespace, f"{namespace}/{agent}" if agent else None, str(root_id) if root_id else None]
+
+
+async def budget_gate_async(conn: psycopg.AsyncConnection[Any], *, namespace: str, agent: str | None, task: Task,
+                            now: datetime) -> None:
+    """``budget_gate`` of work on ``task`` on an async connection (the HTTP front's): the same
+    statements; ``HandOff`` when a budget is spent, whose 409 the sync service gives (it reads
+    the spend)."""
+    root_id = task.pk
+    if task.parent_id is not None:
+        root = await (await conn.execute(TASK_ROOT_SQL, [task.pk])).fetchone()
+        assert root is not None  # every tree has its root: a parent is never deleted before its children
+        root_id = root[0]
+    rows = await (await conn.execute(_BUDGETS_OF_SQL, _budgets_of_params(namespace=namespace, agent=agent,
+                                                                         root_id=root_id))).fetchall()
+    if any(is_spent(BUDGET_ROWS.load(row), now=now) for row in rows):
+        raise HandOff
 
 
 def budget_spend(budget: Budget, *, now: datetime) -> Decimal:

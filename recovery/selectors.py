@@ -20,17 +20,29 @@ from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.lineage import history_of
 from backplane.eventlog.models import Agent, BreakerTransition, Task
 from backplane.eventlog.selectors import task_visible
+from backplane.lib.sql_rows import RowLoader
 from recovery.models import BulkItemStatus, BulkJob, BulkJobItem, StaffScope, Tool, ToolCall
+
+TOOL_CALL_ROWS = RowLoader(ToolCall)
+# A tool call of a task of the namespace (any, for staff: None), on either driver (the HTTP front
+# reads it on the event loop, api/agent_front.py); ``tool_call_from`` makes its row the answer.
+TOOL_CALL_VISIBLE_SQL = (
+    f"SELECT {TOOL_CALL_ROWS.columns} FROM recovery_toolcall JOIN backplane_task ON backplane_task.id = "
+    "recovery_toolcall.task_id WHERE recovery_toolcall.idempotency_key = %(key)s "
+    "AND (%(namespace)s::text IS NULL OR backplane_task.namespace = %(namespace)s)"
+)
 
 
 def tool_call_visible(*, namespace: str | None, key: str) -> ToolCall:
-    calls = ToolCall.objects.filter(pk=key)
-    if namespace is not None:
-        calls = calls.filter(task__namespace=namespace)
-    call = calls.first()
-    if call is None:
+    with connection.cursor() as cursor:
+        cursor.execute(TOOL_CALL_VISIBLE_SQL, {"key": key, "namespace": namespace})
+        return tool_call_from(cursor.fetchone(), key=key)
+
+
+def tool_call_from(row: Any, *, key: str) -> ToolCall:
+    if row is None:
         raise NotFound("tool call not found", {"idempotency_key": key})
-    return call
+    return TOOL_CALL_ROWS.load(row)
 
 
 def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, Any]:

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
+from backplane.eventlog.async_services import HandOff, lock_task_async, run_after_commit, write_events_async
 from backplane.eventlog.costs import decimal_text
 from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, SandboxRefused
 from backplane.eventlog.event_types import reported_cost
@@ -32,11 +34,12 @@ from backplane.eventlog.lineage import (
 from backplane.eventlog.models import Task
 from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
+from backplane.lib.sql_rows import json_text, recordset, recordset_json
 from backplane.telemetry import counters
-from recovery.budgets import budget_gate
+from recovery.budgets import budget_gate, budget_gate_async
 from recovery.models import ToolCall, ToolCallStatus
 from recovery.sagas import saga_record_compensation_result
-from recovery.selectors import tool_call_visible
+from recovery.selectors import TOOL_CALL_ROWS, TOOL_CALL_VISIBLE_SQL, tool_call_from, tool_call_visible
 
 logger = logging.getLogger(__name__)
 
@@ -104,36 +107,79 @@ def tool_call_dispatch(
                 return ToolCallOutcome(call=call, replayed=True)
         # A new call spends: a spent budget of its scope refuses it (answers on record cost nothing).
         budget_gate(namespace=task.namespace, agent=agent, task=task, now=now)
-        call = ToolCall.objects.create(
-            idempotency_key=key,
-            effect_key=key,
-            task=task,
-            step=step,
-            tool=tool,
-            input=input,
-            compensation=compensation,
-            dispatched_by=agent,
-            dispatched_at=now,
-            expires_at=now + ttl,
-        )
-        write_events(
-            task,
-            [
-                EventDraft(
-                    type=et.TOOL_CALL_DISPATCHED,
-                    payload={
-                        "idempotency_key": key,
-                        "step": step,
-                        "tool": tool,
-                        "input": input,
-                        "compensation": compensation,
-                    },
-                )
-            ],
-            agent=agent,
-            now=now,
-        )
+        call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
+                        now=now, ttl=ttl)
+        with connection.cursor() as cursor:
+            # The task's row lock serializes the dispatches of its calls: the key is free.
+            cursor.execute(tool_call_insert_sql(), tool_call_insert_params(call))
+        write_events(task, [dispatched(call)], agent=agent, now=now)
     return ToolCallOutcome(call=call, replayed=False)
+
+
+async def tool_call_dispatch_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    namespace: str,
+    task_id: uuid.UUID,
+    step: int,
+    tool: str,
+    input: dict[str, Any],
+    agent: str,
+    lease_epoch: int | None,
+    compensation: dict[str, Any] | None = None,
+    kinds: Sequence[str] = (),
+) -> ToolCall:
+    """``tool_call_dispatch`` of a new call by an agent, on the event loop's connection (in
+    autocommit): the same lock, checks, statements and event. ``HandOff`` before anything is
+    written for what the service answers from what it reads: a key already dispatched (a replay,
+    or another input's 422), a closed task (who closed it), a fork's call (its record), a spent
+    budget (the spend)."""
+    ensure_storable_json(input, "input")
+    ensure_storable_json(compensation, "compensation")
+    key = tool_call_key(task_id=task_id, step=step, tool=tool)
+    async with conn.transaction():
+        task = await lock_task_async(conn, namespace=namespace, task_id=task_id)
+        check_lease(task, lease_epoch, agent=agent, kinds=kinds)
+        if task.is_closed or task.forked_from_id is not None:
+            raise HandOff
+        now = timezone.now()
+        await budget_gate_async(conn, namespace=task.namespace, agent=agent, task=task, now=now)
+        call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
+                        now=now, ttl=timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TTL_SECONDS))
+        if await (await conn.execute(tool_call_insert_sql(), tool_call_insert_params(call))).fetchone() is None:
+            raise HandOff
+        plan = await write_events_async(conn, task, [dispatched(call)], agent=agent, now=now)
+    run_after_commit(plan)
+    return call
+
+
+def new_call(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any],
+             compensation: dict[str, Any] | None, agent: str | None, now: datetime, ttl: timedelta) -> ToolCall:
+    """A call the task makes itself (its effect's key is its own), as ``tool_call_insert_sql`` inserts it."""
+    return ToolCall(idempotency_key=key, effect_key=key, task=task, step=step, tool=tool, input=input,
+                    compensation=compensation, dispatched_by=agent, dispatched_at=now, expires_at=now + ttl)
+
+
+def dispatched(call: ToolCall) -> EventDraft:
+    return EventDraft(type=et.TOOL_CALL_DISPATCHED, payload={
+        "idempotency_key": call.idempotency_key, "step": call.step, "tool": call.tool, "input": call.input,
+        "compensation": call.compensation})
+
+
+# A new call's one INSERT, on either driver; no row comes back when its key is taken.
+_TOOL_CALL_FIELDS = tuple(field.name for field in ToolCall._meta.concrete_fields)
+
+
+@functools.cache
+def tool_call_insert_sql() -> str:
+    columns = recordset(ToolCall, _TOOL_CALL_FIELDS)
+    return (f"INSERT INTO recovery_toolcall ({columns.column_list}) SELECT {columns.column_list} "
+            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('c')} "
+            "ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key")
+
+
+def tool_call_insert_params(call: ToolCall) -> list[str]:
+    return [recordset_json([{name: getattr(call, name) for name in recordset(ToolCall, _TOOL_CALL_FIELDS).attnames}])]
 
 
 def tool_call_record_result(
@@ -154,23 +200,15 @@ def tool_call_record_result(
     is a fact whichever lease is current by now; refusing it would make the next holder call
     the tool again.
     """
-    if status not in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
-        raise InvalidInput("status must be succeeded or failed", {"status": "must be succeeded or failed"})
-    ensure_storable_json(result, "result")
-    charged = None
-    if cost is not None:
-        try:
-            amount, currency = reported_cost(cost)
-        except InvalidInput as exc:  # the same rules as a model call's, named for this body
-            raise InvalidInput(exc.message.replace("payload.", ""),
-                               {k.replace("payload.", ""): v for k, v in exc.details.items()}) from None
-        charged = {"amount": decimal_text(amount), "currency": currency, "source": "provider"}
-    with transaction.atomic(durable=True):
+    charged = _checked_answer(status, result, cost)
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         call = tool_call_visible(namespace=namespace, key=key)
         task = lock_task(namespace=namespace, task_id=call.task_id)
         if fenced:
             check_lease(task, lease_epoch, agent=agent, kinds=kinds)
-        call = ToolCall.objects.select_for_update().get(pk=key)
+        cursor.execute(LOCK_TOOL_CALL_SQL, [key])
+        # Expired meanwhile (the sweep deletes records past their TTL): 404, as if never read.
+        call = tool_call_from(cursor.fetchone(), key=key)
         if call.status != ToolCallStatus.DISPATCHED:
             if call.status == status and call.result == result:
                 replay_count(task_id=task.pk, kind="tool_result", now=timezone.now())
@@ -182,24 +220,95 @@ def tool_call_record_result(
         if task.is_closed:
             raise task_closed_error(task)
         now = timezone.now()
-        call.status = status
-        call.result = result
-        call.completed_at = now
-        call.save(update_fields=["status", "result", "completed_at"])
-        transaction.on_commit(functools.partial(counters.tool_call_result_count, tool=call.tool, status=status,
-                                                seconds=(now - call.dispatched_at).total_seconds()))
+        cursor.execute(ANSWER_SQL, _answered(call, status=status, result=result, now=now))
+        transaction.on_commit(functools.partial(_count_result, call))
         if call.compensation_of is not None:
             saga_record_compensation_result(task, call, agent=agent, now=now)
             return ToolCallOutcome(call=call, replayed=False)
-        payload = {"idempotency_key": key, "step": call.step, "tool": call.tool, "status": status, "result": result}
-        if call.effect_key != key:
-            # A fork's answer to a call its source dispatched: the key the tool saw, so the
-            # recovery context pairs this answer with the inherited dispatch.
-            payload["effect_key"] = call.effect_key
-        if charged is not None:
-            payload["cost"] = charged  # a paid tool: summed into the cost rollups with the event
-        write_events(task, [EventDraft(type=et.TOOL_CALL_RESULT_RECEIVED, payload=payload)], agent=agent, now=now)
+        write_events(task, [_result_received(call, charged)], agent=agent, now=now)
     return ToolCallOutcome(call=call, replayed=False)
+
+
+async def tool_call_record_result_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    namespace: str,
+    key: str,
+    status: str,
+    result: dict[str, Any],
+    agent: str,
+    lease_epoch: int | None,
+    cost: dict[str, Any] | None = None,
+    kinds: Sequence[str] = (),
+) -> ToolCall:
+    """``tool_call_record_result`` of an agent's first answer to a call of its task, on the
+    event loop's connection (in autocommit): the same reads, lock, checks, statements and event.
+    ``HandOff`` before anything is written for what the service answers from what it reads: a
+    call answered already (a replay, or another answer's 422), a closed task (who closed it), a
+    compensation (the saga's record), a paid answer (budgets hear of it)."""
+    if _checked_answer(status, result, cost) is not None:
+        raise HandOff  # a paid answer is never quiet: budgets hear of what it costs
+    async with conn.transaction():
+        visible = await conn.execute(TOOL_CALL_VISIBLE_SQL, {"key": key, "namespace": namespace})
+        call = tool_call_from(await visible.fetchone(), key=key)
+        task = await lock_task_async(conn, namespace=namespace, task_id=call.task_id)
+        check_lease(task, lease_epoch, agent=agent, kinds=kinds)
+        # Expired meanwhile (the sweep deletes records past their TTL): 404, as if never read.
+        call = tool_call_from(await (await conn.execute(LOCK_TOOL_CALL_SQL, [key])).fetchone(), key=key)
+        if call.status != ToolCallStatus.DISPATCHED or task.is_closed or call.compensation_of is not None:
+            raise HandOff
+        now = timezone.now()
+        await conn.execute(ANSWER_SQL, _answered(call, status=status, result=result, now=now))
+        plan = await write_events_async(conn, task, [_result_received(call, None)], agent=agent, now=now)
+    run_after_commit(plan)
+    _count_result(call)
+    return call
+
+
+def _checked_answer(status: str, result: dict[str, Any], cost: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An answer's status and result checked before any lock is taken; what a paid tool's answer
+    costs, as the event records it (None: nothing reported)."""
+    if status not in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
+        raise InvalidInput("status must be succeeded or failed", {"status": "must be succeeded or failed"})
+    ensure_storable_json(result, "result")
+    if cost is None:
+        return None
+    try:
+        amount, currency = reported_cost(cost)
+    except InvalidInput as exc:  # the same rules as a model call's, named for this body
+        raise InvalidInput(exc.message.replace("payload.", ""),
+                           {k.replace("payload.", ""): v for k, v in exc.details.items()}) from None
+    return {"amount": decimal_text(amount), "currency": currency, "source": "provider"}
+
+
+# The call's row, locked; and its answer, written once: on either driver.
+LOCK_TOOL_CALL_SQL = f"SELECT {TOOL_CALL_ROWS.columns} FROM recovery_toolcall WHERE idempotency_key = %s FOR UPDATE"
+ANSWER_SQL = ("UPDATE recovery_toolcall SET status = %s, result = %s::jsonb, completed_at = %s "
+              "WHERE idempotency_key = %s")
+
+
+def _answered(call: ToolCall, *, status: str, result: dict[str, Any], now: datetime) -> list[Any]:
+    """``call`` answered, and ``ANSWER_SQL``'s parameters."""
+    call.status, call.result, call.completed_at = status, result, now
+    return [status, json_text(result), now, call.idempotency_key]
+
+
+def _count_result(call: ToolCall) -> None:
+    assert call.completed_at is not None
+    counters.tool_call_result_count(tool=call.tool, status=call.status,
+                                    seconds=(call.completed_at - call.dispatched_at).total_seconds())
+
+
+def _result_received(call: ToolCall, charged: dict[str, Any] | None) -> EventDraft:
+    payload = {"idempotency_key": call.idempotency_key, "step": call.step, "tool": call.tool, "status": call.status,
+               "result": call.result}
+    if call.effect_key != call.idempotency_key:
+        # A fork's answer to a call its source dispatched: the key the tool saw, so the
+        # recovery context pairs this answer with the inherited dispatch.
+        payload["effect_key"] = call.effect_key
+    if charged is not None:
+        payload["cost"] = charged  # a paid tool: summed into the cost rollups with the event
+    return EventDraft(type=et.TOOL_CALL_RESULT_RECEIVED, payload=payload)
 
 
 # --- forks: calls answered from the record -------------------------------------------------------

@@ -171,18 +171,19 @@ def task_root_id(task: Task) -> uuid.UUID:
     if task.parent_id is None:
         return task.pk
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH RECURSIVE up(id, parent_id) AS (
-                SELECT id, parent_id FROM backplane_task WHERE id = %s
-                UNION ALL
-                SELECT t.id, t.parent_id FROM backplane_task t JOIN up ON t.id = up.parent_id
-            )
-            SELECT id FROM up WHERE parent_id IS NULL
-            """,
-            [task.pk],
-        )
+        cursor.execute(TASK_ROOT_SQL, [task.pk])
         return uuid.UUID(str(cursor.fetchone()[0]))
+
+
+# The topmost parent of a task that has one, on either driver (``task_root_id``).
+TASK_ROOT_SQL = """
+WITH RECURSIVE up(id, parent_id) AS (
+    SELECT id, parent_id FROM backplane_task WHERE id = %s
+    UNION ALL
+    SELECT t.id, t.parent_id FROM backplane_task t JOIN up ON t.id = up.parent_id
+)
+SELECT id FROM up WHERE parent_id IS NULL
+"""
 
 
 # A rollup row's identity: scope, key, hour (ISO 8601), shard, currency.

@@ -119,7 +119,12 @@ def _as_json_value(value: Any) -> Any:
 
 
 def recordset_json(rows: Sequence[Any]) -> str:
-    """The JSON text of a ``Recordset`` statement's rows, as one parameter.
+    """``json_text`` of a ``Recordset`` statement's rows, as one parameter."""
+    return json_text(rows)
+
+
+def json_text(value: Any) -> str:
+    """The JSON text of ``value`` (a ``Recordset`` statement's rows, a ``jsonb`` column's value).
 
     orjson writes it: it encodes UUIDs and times itself (in the same ISO form), where the
     standard library's encoder calls back into Python for each. orjson refuses integers beyond
@@ -127,6 +132,6 @@ def recordset_json(rows: Sequence[Any]) -> str:
     exactly); the standard library writes those.
     """
     try:
-        return orjson.dumps(rows, default=_as_json_value).decode()
+        return orjson.dumps(value, default=_as_json_value).decode()
     except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits
-        return json.dumps(rows, default=_as_json_value)
+        return json.dumps(value, default=_as_json_value)

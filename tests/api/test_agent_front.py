@@ -952,3 +952,78 @@ def test_one_id_created_at_once_on_the_loop_and_on_threads_is_one_task(reads: As
     assert statuses.count(200) + created_by_service.count(False) == 9 and set(statuses) <= {200, 201}
     assert Task.objects.filter(pk=task_id).count() == 1
     assert list(Event.objects.filter(task_id=task_id).values_list("type", flat=True)) == ["TaskStarted"]
+
+
+def test_a_new_tool_call_and_its_answer_are_written_on_the_loop_as_the_services_write_them(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from recovery import tool_calls
+    from recovery.models import ToolCall
+
+    dispatches = record_loop(monkeypatch, "tool_call_dispatch_async", agent_front.tool_calls)
+    answers = record_loop(monkeypatch, "tool_call_record_result_async", agent_front.tool_calls)
+    task = f"/api/v1/tasks/{agent['task_id']}/"
+    epoch = post(reads, agent["token"], "/api/v1/leases/", {}).json()["lease_epoch"]
+    call = {"step": 3, "tool": "crm.update", "input": {"lead": 8812, "n": 2 ** 70}, "lease_epoch": epoch,
+            "compensation": {"tool": "crm.revert", "input": {"lead": 8812}}}
+    dispatched = post(reads, agent["token"], f"{task}tool-calls/", call)
+    assert dispatched.status_code == 201 and dispatches == [True], dispatched.text
+    key = dispatched.json()["idempotency_key"]
+    assert key == tool_calls.tool_call_key(task_id=uuid.UUID(agent["task_id"]), step=3, tool="crm.update")
+    record = ToolCall.objects.get(pk=key)
+    assert (record.effect_key, record.input, record.compensation, record.status, record.dispatched_by) == (
+        key, call["input"], call["compensation"], "dispatched", "reader")
+    event = Event.objects.get(task_id=agent["task_id"], seq=8)  # 6, the claim, the dispatch
+    assert (event.type, event.payload) == ("ToolCallDispatched", {
+        "idempotency_key": key, "step": 3, "tool": "crm.update", "input": call["input"],
+        "compensation": call["compensation"]})
+    # The same call again is the service's replay; another input its 422: alike on both stacks.
+    replay = both_write(reads, "POST", f"{task}tool-calls/", token=agent["token"], body=json.dumps(call).encode())
+    assert replay.status_code == 200 and replay.json()["status"] == "in_flight" and dispatches[-1:] == [False]
+    other = json.dumps({**call, "input": {"lead": 1}}).encode()
+    assert both_write(reads, "POST", f"{task}tool-calls/", token=agent["token"], body=other).status_code == 422
+    # The record reads alike on both stacks, on the loop for an agent.
+    read = both(reads, "GET", f"/api/v1/tool-calls/{key}/", token=agent["token"])
+    assert read.status_code == 200 and read.json()["status"] == "in_flight"
+    answer = {"status": "succeeded", "result": {"ok": True}, "lease_epoch": epoch}
+    answered = post(reads, agent["token"], f"/api/v1/tool-calls/{key}/result/", answer)
+    assert answered.status_code == 201 and answers == [True], answered.text
+    record = ToolCall.objects.get(pk=key)
+    assert (record.status, record.result, record.completed_at is not None) == ("succeeded", {"ok": True}, True)
+    assert answered.json() == json.loads(json_bytes({**agent_front.tool_call_as_api_dict(record), "replayed": False}))
+    received = Event.objects.get(task_id=agent["task_id"], seq=9)
+    assert (received.type, received.payload) == ("ToolCallResultReceived", {
+        "idempotency_key": key, "step": 3, "tool": "crm.update", "status": "succeeded", "result": {"ok": True}})
+    again = both_write(reads, "POST", f"/api/v1/tool-calls/{key}/result/", token=agent["token"],
+                       body=json.dumps(answer).encode())
+    assert again.status_code == 200 and again.headers["idempotent-replay"] == "true" and answers[-1:] == [False]
+    differently = json.dumps({**answer, "status": "failed"}).encode()
+    assert both_write(reads, "POST", f"/api/v1/tool-calls/{key}/result/", token=agent["token"],
+                      body=differently).status_code == 422
+    assert both(reads, "GET", "/api/v1/tool-calls/" + "0" * 64 + "/", token=agent["token"]).status_code == 404
+    # A paid tool's answer is the service's (budgets hear of what it costs).
+    paid = post(reads, agent["token"], f"{task}tool-calls/", {"step": 4, "tool": "search", "input": {},
+                                                               "lease_epoch": epoch}).json()["idempotency_key"]
+    cost = {"status": "succeeded", "result": {}, "lease_epoch": epoch, "cost": {"amount": "0.01", "currency": "USD"}}
+    assert post(reads, agent["token"], f"/api/v1/tool-calls/{paid}/result/", cost).status_code == 201
+    assert answers[-1:] == [False] and Event.objects.filter(task_id=agent["task_id"]).count() == 11
+
+
+def test_a_dispatch_a_spent_budget_refuses_is_the_services_409(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from recovery import budgets
+    from recovery.models import Budget, ToolCall
+
+    dispatches = record_loop(monkeypatch, "tool_call_dispatch_async", agent_front.tool_calls)
+    tree = budgets.budget_set(scope="task", key=agent["task_id"], period="task", unit="tokens", limit=Decimal(10),
+                              decided_by="ops", reason="cap")
+    Budget.objects.filter(pk=tree.pk).update(exceeded_on=budgets.period_of(tree, timezone.now()))
+    body = json.dumps({"step": 1, "tool": "search", "input": {}}).encode()
+    refused = both_write(reads, "POST", f"/api/v1/tasks/{agent['task_id']}/tool-calls/", token=agent["token"],
+                         body=body)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "budget_exceeded"
+    assert dispatches == [False]
+    assert not ToolCall.objects.exists() and agent_task(agent).last_seq == 6
