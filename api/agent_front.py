@@ -24,7 +24,8 @@ Each request, in the order Django's middleware and DRF's view take the same step
    events or a tool call's record on the same async connection; a write has its body checked here; a task's create and
    an append that is a quiet write (backplane/eventlog/async_services.py), a claim, a heartbeat
    and a release (recovery/leases.py), a new tool call and its first answer
-   (recovery/tool_calls.py) are written on the same connection too, and any other write
+   (recovery/tool_calls.py), a new sub-task (recovery/subtasks.py) are written on the same
+   connection too, and any other write
    (or one of those handed off: ``HandOff``) has its handler (the services, and the one writer
    behind them) run on a thread of the web process's pool, with a Django
    connection managed as Django manages one around a request. A database that went away is 503
@@ -93,6 +94,8 @@ from api.recovery import (
     lease_heartbeat,
     lease_release,
     result_answer,
+    subtask_answer,
+    subtask_dispatch,
     tool_call_as_api_dict,
     tool_call_dispatch,
     tool_call_read,
@@ -110,7 +113,7 @@ from backplane.runtime.async_pool import async_pool, async_pool_renew
 from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
 from backplane.telemetry.http import count_response
 from backplane.telemetry.tracing import server_span
-from recovery import leases, tool_calls
+from recovery import leases, subtasks, tool_calls
 from recovery.selectors import TOOL_CALL_VISIBLE_SQL, tool_call_from
 
 JSON = "application/json"
@@ -271,10 +274,22 @@ async def _tool_call_result(conn: psycopg.AsyncConnection[Any], principal: Princ
     return result_answer(tool_calls.ToolCallOutcome(call=call, replayed=False))
 
 
+async def _subtask_dispatch(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                            request: Request) -> Answer:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    child = await subtasks.subtask_dispatch_async(
+        conn, namespace=principal.namespace, parent_task_id=request.path_params["task_id"], step=data["step"],
+        kind=data["kind"], input=data["input"], agent=principal.name, lease_epoch=data.get("lease_epoch"),
+        kinds=principal.kinds)
+    assert child.dispatch_key is not None
+    return subtask_answer(subtasks.SubtaskOutcome(child=child, dispatch_key=child.dispatch_key, created=True))
+
+
 # The writes the event loop makes itself, by the handler Django's stack runs for them: creates and
 # quiet appends (eventlog/async_services.py), claims, heartbeats and releases (recovery/leases.py),
-# new tool calls and their first answers (recovery/tool_calls.py); any other, and any of these
-# that hands off (``HandOff``), goes to that handler.
+# new tool calls and their first answers (recovery/tool_calls.py), new sub-tasks
+# (recovery/subtasks.py); any other, and any of these that hands off (``HandOff``), goes to that
+# handler.
 _WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {task_create: _task_create,
                                                            event_append: _event_append,
                                                            event_append_batch: _event_append_batch,
@@ -282,7 +297,8 @@ _WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {task_create: _task_cr
                                                            lease_heartbeat: _heartbeat,
                                                            lease_release: _release,
                                                            tool_call_dispatch: _tool_call_dispatch,
-                                                           tool_call_result: _tool_call_result}
+                                                           tool_call_result: _tool_call_result,
+                                                           subtask_dispatch: _subtask_dispatch}
 
 
 # --- what every request goes through ------------------------------------------------------------

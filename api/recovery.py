@@ -317,6 +317,11 @@ def subtask_dispatch(principal: Principal, data: dict[str, Any], *, task_id: uui
         lease_epoch=data.get("lease_epoch"),
         kinds=principal.kinds,
     )
+    return subtask_answer(outcome)
+
+
+def subtask_answer(outcome: subtasks.SubtaskOutcome) -> Answer:
+    """What a hand-off answers, on either stack (an agent's new one is made on the event loop)."""
     body = {"task": task_as_api_dict(outcome.child), "dispatch_key": outcome.dispatch_key}
     return written_or_replayed_answer(body, replayed=not outcome.created)
 

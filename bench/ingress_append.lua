@@ -10,11 +10,20 @@ request = function()
   return wrk.format("POST", "/tasks/" .. id .. "/events/",
     {["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json"}, body)
 end
-local bad = 0
+-- Counted in each thread's own Lua state; done() (the main state) sums them.
+bad = 0
+local threads = {}
+setup = function(thread)
+  threads[#threads + 1] = thread
+end
 response = function(status, headers, body)
   if status ~= 201 then bad = bad + 1 end
 end
 done = function(summary, latency, requests)
+  local bad = 0
+  for _, thread in ipairs(threads) do
+    bad = bad + thread:get("bad")
+  end
   io.write(string.format("p50_ms=%.1f p99_ms=%.1f rps=%.0f non201=%d\n",
     latency:percentile(50) / 1000, latency:percentile(99) / 1000,
     summary.requests / (summary.duration / 1e6), bad))

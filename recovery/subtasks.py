@@ -11,17 +11,26 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
+from backplane.eventlog.async_services import HandOff, lock_task_async, run_after_commit, write_events_async
 from backplane.eventlog.errors import IdempotencyMismatch, SandboxRefused
 from backplane.eventlog.lineage import TO_HEAD, SeqRange, find_in_history, history_ranges, inherited_ranges
 from backplane.eventlog.models import Task, TaskStatus
-from backplane.eventlog.services import ensure_storable_json, task_create_in_transaction
+from backplane.eventlog.services import (
+    ensure_storable_json,
+    new_task,
+    started_drafts,
+    task_insert_params,
+    task_insert_sql,
+)
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 
 logger = logging.getLogger(__name__)
@@ -47,7 +56,7 @@ def subtask_dispatch(
 ) -> SubtaskOutcome:
     """First phase of the hand-off: the child task and ``SubAgentDispatched`` in the parent, together."""
     ensure_storable_json(input, "input")
-    dispatch_key = hashlib.sha256(f"{parent_task_id}:{step}:subagent:{kind}".encode()).hexdigest()
+    dispatch_key = _dispatch_key(parent_task_id, step=step, kind=kind)
     with transaction.atomic(durable=True):
         parent = lock_task(namespace=namespace, task_id=parent_task_id)
         check_lease(parent, lease_epoch, agent=agent, kinds=kinds)
@@ -67,31 +76,66 @@ def subtask_dispatch(
             return SubtaskOutcome(child=existing, dispatch_key=dispatch_key, created=False)
         if parent.is_closed:
             raise task_closed_error(parent)
-        child = task_create_in_transaction(
-            namespace=parent.namespace,
-            kind=kind,
-            input=input,
-            agent=agent,
-            task_id=uuid.uuid4(),
-            parent_task_id=parent.pk,
-            max_attempts=settings.BACKPLANE_MAX_ATTEMPTS,
-            metadata={"dispatch_key": dispatch_key, "step": step},
-        ).task
-        Task.objects.filter(pk=child.pk).update(dispatch_key=dispatch_key)
-        child.dispatch_key = dispatch_key
-        write_events(
-            parent,
-            [
-                EventDraft(
-                    type=et.SUB_AGENT_DISPATCHED,
-                    payload={"child_task_id": str(child.pk), "dispatch_key": dispatch_key, "step": step,
-                             "kind": kind, "input": input},
-                )
-            ],
-            agent=agent,
-            now=timezone.now(),
-        )
+        now = timezone.now()
+        child = _new_child(parent, dispatch_key=dispatch_key, step=step, kind=kind, input=input, agent=agent, now=now)
+        with connection.cursor() as cursor:
+            # The parent's row lock serializes its dispatches: the key was looked up above.
+            cursor.execute(task_insert_sql(), task_insert_params(child))
+        write_events(child, started_drafts(child), agent=agent, now=now)
+        write_events(parent, [_dispatched(child, step=step)], agent=agent, now=now)
     return SubtaskOutcome(child=child, dispatch_key=dispatch_key, created=True)
+
+
+async def subtask_dispatch_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    namespace: str,
+    parent_task_id: uuid.UUID,
+    step: int,
+    kind: str,
+    input: dict[str, Any],
+    agent: str,
+    lease_epoch: int | None,
+    kinds: Sequence[str] = (),
+) -> Task:
+    """``subtask_dispatch`` of a new child by an agent, on the event loop's connection (in
+    autocommit): the same lock, checks, INSERT and events. ``HandOff`` before anything is written
+    for what the service answers from what it reads: a fork's hand-off (its record), a closed
+    parent (who closed it), a step already dispatched (the replay, or another input's 422)."""
+    ensure_storable_json(input, "input")
+    dispatch_key = _dispatch_key(parent_task_id, step=step, kind=kind)
+    async with conn.transaction():
+        parent = await lock_task_async(conn, namespace=namespace, task_id=parent_task_id)
+        check_lease(parent, lease_epoch, agent=agent, kinds=kinds)
+        if parent.forked_from_id is not None or parent.is_closed:
+            raise HandOff
+        now = timezone.now()
+        child = _new_child(parent, dispatch_key=dispatch_key, step=step, kind=kind, input=input, agent=agent, now=now)
+        if await (await conn.execute(task_insert_sql(), task_insert_params(child))).fetchone() is None:
+            raise HandOff  # the dispatch key is taken
+        plans = [await write_events_async(conn, child, started_drafts(child), agent=agent, now=now),
+                 await write_events_async(conn, parent, [_dispatched(child, step=step)], agent=agent, now=now)]
+    run_after_commit(*plans)
+    return child
+
+
+def _dispatch_key(parent_task_id: uuid.UUID, *, step: int, kind: str) -> str:
+    return hashlib.sha256(f"{parent_task_id}:{step}:subagent:{kind}".encode()).hexdigest()
+
+
+def _new_child(parent: Task, *, dispatch_key: str, step: int, kind: str, input: dict[str, Any], agent: str | None,
+               now: datetime) -> Task:
+    child = new_task(namespace=parent.namespace, kind=kind, input=input, agent=agent, task_id=uuid.uuid4(),
+                     parent_task_id=parent.pk, max_attempts=settings.BACKPLANE_MAX_ATTEMPTS,
+                     metadata={"dispatch_key": dispatch_key, "step": step}, now=now)
+    child.dispatch_key = dispatch_key
+    return child
+
+
+def _dispatched(child: Task, *, step: int) -> EventDraft:
+    return EventDraft(type=et.SUB_AGENT_DISPATCHED, payload={
+        "child_task_id": str(child.pk), "dispatch_key": child.dispatch_key, "step": step, "kind": child.kind,
+        "input": child.input})
 
 
 

@@ -200,7 +200,8 @@ def started_drafts(task: Task, *, fork: ForkOrigin | None = None) -> list[EventD
     ]
 
 
-# Every create's one INSERT, on either driver: the row, unless its id is taken (no row comes back).
+# Every create's one INSERT, on either driver: the row, unless its id (or its dispatch key, for a
+# sub-task) is taken: then no row comes back.
 _TASK_FIELDS = tuple(field.name for field in Task._meta.concrete_fields)
 
 
@@ -208,7 +209,7 @@ _TASK_FIELDS = tuple(field.name for field in Task._meta.concrete_fields)
 def task_insert_sql() -> str:
     columns = recordset(Task, _TASK_FIELDS)
     return (f"INSERT INTO backplane_task ({columns.column_list}) SELECT {columns.column_list} "
-            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('t')} ON CONFLICT (id) DO NOTHING RETURNING id")
+            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('t')} ON CONFLICT DO NOTHING RETURNING id")
 
 
 def task_insert_params(task: Task) -> list[str]:

@@ -1027,3 +1027,38 @@ def test_a_dispatch_a_spent_budget_refuses_is_the_services_409(
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "budget_exceeded"
     assert dispatches == [False]
     assert not ToolCall.objects.exists() and agent_task(agent).last_seq == 6
+
+
+def test_a_new_sub_task_is_handed_off_on_the_loop_as_the_service_hands_it_off(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from backplane.delivery.models import OutboxMessage
+    from backplane.eventlog.models import Task
+
+    dispatches = record_loop(monkeypatch, "subtask_dispatch_async", agent_front.subtasks)
+    path = f"/api/v1/tasks/{agent['task_id']}/subtasks/"
+    epoch = post(reads, agent["token"], "/api/v1/leases/", {}).json()["lease_epoch"]
+    delegate = {"step": 4, "kind": "research", "input": {"company": "Acme"}, "lease_epoch": epoch}
+    dispatched = post(reads, agent["token"], path, delegate)
+    assert dispatched.status_code == 201 and dispatches == [True], dispatched.text
+    child = Task.objects.get(pk=dispatched.json()["task"]["task_id"])
+    assert dispatched.json() == json.loads(json_bytes({"task": task_as_api_dict(child),
+                                                       "dispatch_key": child.dispatch_key}))
+    assert (str(child.parent_id), child.kind, child.input, child.metadata, child.created_by, child.last_seq) == (
+        agent["task_id"], "research", {"company": "Acme"}, {"dispatch_key": child.dispatch_key, "step": 4}, "reader",
+        1)
+    assert Event.objects.get(task_id=child.pk, seq=1).payload["parent_task_id"] == agent["task_id"]
+    handed = Event.objects.get(task_id=agent["task_id"], seq=8)  # 6, the claim, the hand-off
+    assert (handed.type, handed.payload) == ("SubAgentDispatched", {
+        "child_task_id": str(child.pk), "dispatch_key": child.dispatch_key, "step": 4, "kind": "research",
+        "input": {"company": "Acme"}})
+    assert OutboxMessage.objects.get(task_id=child.pk).payload["status"] == "pending"
+    # Again: the service's replay; another input: its 422; a closed parent: its 409 — alike on both.
+    again = both_write(reads, "POST", path, token=agent["token"], body=json.dumps(delegate).encode())
+    assert again.status_code == 200 and again.json() == dispatched.json() and dispatches[-1:] == [False]
+    other = json.dumps({**delegate, "input": {"company": "Other"}}).encode()
+    assert both_write(reads, "POST", path, token=agent["token"], body=other).status_code == 422
+    services_cancel(agent)
+    late = json.dumps({**delegate, "step": 5}).encode()
+    closed = both_write(reads, "POST", path, token=agent["token"], body=late)
+    assert closed.status_code == 409 and dispatches[-1:] == [False]
+    assert Task.objects.filter(parent_id=agent["task_id"]).count() == 1
