@@ -24,8 +24,8 @@ Each request, in the order Django's middleware and DRF's view take the same step
    events or a tool call's record on the same async connection; a write has its body checked here; a task's create and
    an append that is a quiet write (backplane/eventlog/async_services.py), a claim, a heartbeat
    and a release (recovery/leases.py), a new tool call and its first answer
-   (recovery/tool_calls.py), a new sub-task (recovery/subtasks.py) are written on the same
-   connection too, and any other write
+   (recovery/tool_calls.py), a new sub-task (recovery/subtasks.py) and a fork
+   (backplane/eventlog/forks.py) are written on the same connection too, and any other write
    (or one of those handed off: ``HandOff``) has its handler (the services, and the one writer
    behind them) run on a thread of the web process's pool, with a Django
    connection managed as Django manages one around a request. A database that went away is 503
@@ -78,6 +78,7 @@ from api.authentication import (
 )
 from api.base import Answer, json_bytes, query_int, written_or_replayed_answer
 from api.errors import error_parts
+from api.forks import task_fork
 from api.middleware import (
     bad_request_error,
     https_only_error,
@@ -104,7 +105,7 @@ from api.recovery import (
 from api.routes import AgentRoute, Operation
 from api.serializers import task_as_api_dict
 from api.views import draft_from, event_append, event_append_batch, events_page, task_create, task_read
-from backplane.eventlog import selectors
+from backplane.eventlog import forks, selectors
 from backplane.eventlog.async_services import HandOff, event_append_batch_async, task_create_async
 from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.services import AppendOutcome
@@ -285,11 +286,22 @@ async def _subtask_dispatch(conn: psycopg.AsyncConnection[Any], principal: Princ
     return subtask_answer(subtasks.SubtaskOutcome(child=child, dispatch_key=child.dispatch_key, created=True))
 
 
+async def _task_fork(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
+                     request: Request) -> Answer:
+    assert principal.namespace is not None and principal.name is not None  # an agent's token
+    task = await forks.task_fork_async(
+        conn, namespace=principal.namespace, source_task_id=request.path_params["task_id"], at_seq=data["at_seq"],
+        reason=data["reason"], forked_by=principal.name, input=data.get("input"), task_id=data.get("task_id"),
+        sandbox=data.get("sandbox", False),
+        tool_answers=[forks.ToolAnswer(**answer) for answer in data.get("tool_answers", [])])
+    return written_or_replayed_answer(task_as_api_dict(task), replayed=False)
+
+
 # The writes the event loop makes itself, by the handler Django's stack runs for them: creates and
 # quiet appends (eventlog/async_services.py), claims, heartbeats and releases (recovery/leases.py),
 # new tool calls and their first answers (recovery/tool_calls.py), new sub-tasks
-# (recovery/subtasks.py); any other, and any of these that hands off (``HandOff``), goes to that
-# handler.
+# (recovery/subtasks.py) and forks (eventlog/forks.py); any other, and any of these that hands
+# off (``HandOff``), goes to that handler.
 _WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {task_create: _task_create,
                                                            event_append: _event_append,
                                                            event_append_batch: _event_append_batch,
@@ -298,7 +310,8 @@ _WRITES_ON_THE_LOOP: dict[Callable[..., Answer], Write] = {task_create: _task_cr
                                                            lease_release: _release,
                                                            tool_call_dispatch: _tool_call_dispatch,
                                                            tool_call_result: _tool_call_result,
-                                                           subtask_dispatch: _subtask_dispatch}
+                                                           subtask_dispatch: _subtask_dispatch,
+                                                           task_fork: _task_fork}
 
 
 # --- what every request goes through ------------------------------------------------------------

@@ -25,18 +25,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.db import connection, transaction
+from django.utils import timezone
 
 from backplane.eventlog import event_types as et
+from backplane.eventlog.async_services import HandOff, run_after_commit, write_events_async
 from backplane.eventlog.errors import InvalidInput, NotFound, SandboxRefused
-from backplane.eventlog.lineage import MAX_FORK_DEPTH, fork_chain
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.lineage import MAX_FORK_DEPTH
+from backplane.eventlog.models import Task
 from backplane.eventlog.services import (
     ForkOrigin,
     TaskCreateOutcome,
     ensure_storable_json,
+    new_task,
+    started_drafts,
     task_create_in_transaction,
+    task_insert_params,
+    task_insert_sql,
 )
+from backplane.eventlog.writer import TASK_ROWS
 
 
 @dataclass(frozen=True)
@@ -70,13 +78,7 @@ def task_fork(
 
     ``namespace=None``: staff, any namespace; the fork is made in the source's namespace.
     """
-    if input is not None:
-        ensure_storable_json(input, "input")
-    if tool_answers and not sandbox:
-        raise InvalidInput("only a sandbox takes edited tool answers; a fork's tools answer for real",
-                           {"tool_answers": "allowed with sandbox: true"})
-    for answer in tool_answers:
-        ensure_storable_json(answer.result, "tool_answers")
+    _check_fork_arguments(input=input, sandbox=sandbox, tool_answers=tool_answers)
     with transaction.atomic(durable=True):
         return task_fork_in_transaction(namespace=namespace, source_task_id=source_task_id, at_seq=at_seq,
                                         reason=reason, forked_by=forked_by, by_staff=by_staff, input=input,
@@ -97,22 +99,12 @@ def task_fork_in_transaction(
     tool_answers: Sequence[ToolAnswer] = (),
 ) -> TaskCreateOutcome:
     """``task_fork`` in the caller's transaction (a bulk job's chunk), its arguments checked."""
-    source = _source_for_fork(namespace=namespace, source_task_id=source_task_id, at_seq=at_seq,
-                              sandbox=sandbox)
-    at_event = Event.objects.only("seq", "hash", "type").get(task=source, seq=at_seq)
-    replaced = input is not None and input != source.input
-    payload = {
-        "source_task_id": str(source.pk),
-        "at_seq": at_seq,
-        "source_hash": at_event.hash,
-        "source_type": at_event.type,
-        "reason": reason,
-        "forked_by": forked_by,
-        "by_staff": by_staff,
-        "sandbox": sandbox,
-        "input_replaced": replaced,
-        "tool_answers": [answer.as_json() for answer in tool_answers],
-    }
+    with connection.cursor() as cursor:
+        cursor.execute(_SOURCE_SQL, {"task_id": source_task_id, "namespace": namespace, "at_seq": at_seq})
+        source, at_event = _source_for_fork(cursor.fetchone(), source_task_id=source_task_id, at_seq=at_seq,
+                                            sandbox=sandbox)
+    fork = _fork_origin(source, at_event, at_seq=at_seq, reason=reason, forked_by=forked_by, by_staff=by_staff,
+                        input=input, sandbox=sandbox, tool_answers=tool_answers)
     return task_create_in_transaction(
         namespace=source.namespace,
         kind=source.kind,
@@ -122,17 +114,78 @@ def task_fork_in_transaction(
         parent_task_id=None,
         max_attempts=source.max_attempts,
         metadata=source.metadata,
-        fork=ForkOrigin(source=source, at_seq=at_seq, sandbox=sandbox, payload=payload),
+        fork=fork,
     )
 
 
-def _source_for_fork(*, namespace: str | None, source_task_id: uuid.UUID, at_seq: int, sandbox: bool) -> Task:
-    sources = Task.objects.filter(pk=source_task_id)
-    if namespace is not None:
-        sources = sources.filter(namespace=namespace)
-    source = sources.first()
-    if source is None:
+async def task_fork_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    namespace: str,
+    source_task_id: uuid.UUID,
+    at_seq: int,
+    reason: str,
+    forked_by: str,
+    input: dict[str, Any] | None = None,
+    task_id: uuid.UUID | None = None,
+    sandbox: bool = False,
+    tool_answers: Sequence[ToolAnswer] = (),
+) -> Task:
+    """``task_fork`` by an agent, on the event loop's connection (in autocommit): the same checks,
+    reads, INSERT and first events. ``HandOff`` when the fork's id is taken (its replay, or a
+    conflict: the service answers either from the row there)."""
+    _check_fork_arguments(input=input, sandbox=sandbox, tool_answers=tool_answers)
+    async with conn.transaction():
+        found = await conn.execute(_SOURCE_SQL, {"task_id": source_task_id, "namespace": namespace, "at_seq": at_seq})
+        source, at_event = _source_for_fork(await found.fetchone(), source_task_id=source_task_id, at_seq=at_seq,
+                                            sandbox=sandbox)
+        fork = _fork_origin(source, at_event, at_seq=at_seq, reason=reason, forked_by=forked_by, by_staff=False,
+                            input=input, sandbox=sandbox, tool_answers=tool_answers)
+        now = timezone.now()
+        task = new_task(namespace=source.namespace, kind=source.kind,
+                        input=input if input is not None else source.input, agent=forked_by,
+                        task_id=task_id or uuid.uuid4(), parent_task_id=None, max_attempts=source.max_attempts,
+                        metadata=source.metadata, now=now, fork=fork)
+        if await (await conn.execute(task_insert_sql(), task_insert_params(task))).fetchone() is None:
+            raise HandOff
+        plan = await write_events_async(conn, task, started_drafts(task, fork=fork), agent=forked_by, now=now)
+    run_after_commit(plan)
+    return task
+
+
+def _check_fork_arguments(*, input: dict[str, Any] | None, sandbox: bool, tool_answers: Sequence[ToolAnswer]) -> None:
+    if input is not None:
+        ensure_storable_json(input, "input")
+    if tool_answers and not sandbox:
+        raise InvalidInput("only a sandbox takes edited tool answers; a fork's tools answer for real",
+                           {"tool_answers": "allowed with sandbox: true"})
+    for answer in tool_answers:
+        ensure_storable_json(answer.result, "tool_answers")
+
+
+# A fork's one read of its source, on either driver: the task (of the namespace; any, for staff:
+# None), how deep its chain of sources is (itself included), and its event at ``at_seq``.
+_SOURCE_SQL = f"""
+SELECT {TASK_ROWS.columns},
+       (WITH RECURSIVE chain(id, forked_from_id) AS (
+            SELECT id, forked_from_id FROM backplane_task WHERE id = %(task_id)s
+            UNION ALL
+            SELECT t.id, t.forked_from_id FROM backplane_task t JOIN chain ON t.id = chain.forked_from_id
+        ) SELECT count(*) FROM chain),
+       at_event.hash, at_event.type
+FROM backplane_task
+LEFT JOIN backplane_event AS at_event ON at_event.task_id = backplane_task.id AND at_event.seq = %(at_seq)s
+WHERE backplane_task.id = %(task_id)s AND (%(namespace)s::text IS NULL OR backplane_task.namespace = %(namespace)s)
+"""
+
+
+def _source_for_fork(row: Sequence[Any] | None, *, source_task_id: uuid.UUID, at_seq: int,
+                     sandbox: bool) -> tuple[Task, tuple[str, str]]:
+    """``_SOURCE_SQL``'s row checked: the source and its event at ``at_seq`` (hash, type)."""
+    if row is None:
         raise NotFound("task not found", {"task_id": str(source_task_id)})
+    columns = len(TASK_ROWS.attnames)
+    source, depth, at_event = TASK_ROWS.load(row[:columns]), row[columns], row[columns + 1:]
     if source.sandbox and not sandbox:
         raise SandboxRefused(
             "a sandbox's history is a replay; it can only be forked into another sandbox",
@@ -143,10 +196,28 @@ def _source_for_fork(*, namespace: str | None, source_task_id: uuid.UUID, at_seq
             f"at_seq must be between 1 and the task's last seq, {source.last_seq}",
             {"at_seq": f"between 1 and {source.last_seq}"},
         )
-    if len(fork_chain(source)) >= MAX_FORK_DEPTH:
+    if depth >= MAX_FORK_DEPTH:
         raise InvalidInput(f"forks may be {MAX_FORK_DEPTH} deep at most",
                            {"task_id": "fork the source of this fork instead"})
-    return source
+    return source, (at_event[0], at_event[1])
+
+
+def _fork_origin(source: Task, at_event: tuple[str, str], *, at_seq: int, reason: str, forked_by: str,
+                 by_staff: bool, input: dict[str, Any] | None, sandbox: bool,
+                 tool_answers: Sequence[ToolAnswer]) -> ForkOrigin:
+    at_hash, at_type = at_event
+    return ForkOrigin(source=source, at_seq=at_seq, sandbox=sandbox, payload={
+        "source_task_id": str(source.pk),
+        "at_seq": at_seq,
+        "source_hash": at_hash,
+        "source_type": at_type,
+        "reason": reason,
+        "forked_by": forked_by,
+        "by_staff": by_staff,
+        "sandbox": sandbox,
+        "input_replaced": input is not None and input != source.input,
+        "tool_answers": [answer.as_json() for answer in tool_answers],
+    })
 
 
 # The events after which a task had failed (or been taken back) for the last time: a fork from

@@ -1062,3 +1062,45 @@ def test_a_new_sub_task_is_handed_off_on_the_loop_as_the_service_hands_it_off(
     closed = both_write(reads, "POST", path, token=agent["token"], body=late)
     assert closed.status_code == 409 and dispatches[-1:] == [False]
     assert Task.objects.filter(parent_id=agent["task_id"]).count() == 1
+
+
+def test_a_fork_is_made_on_the_loop_as_the_service_makes_it(reads: AsyncReads, agent: dict[str, Any],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from backplane.delivery.models import OutboxMessage
+    from backplane.eventlog.models import Task
+
+    made = record_loop(monkeypatch, "task_fork_async", agent_front.forks)
+    path = f"/api/v1/tasks/{agent['task_id']}/fork/"
+    fork_id = str(uuid.uuid4())
+    fork = {"at_seq": 3, "reason": "try again", "task_id": fork_id, "input": {"lead": "b"}}
+    forked = post(reads, agent["token"], path, fork)
+    assert forked.status_code == 201 and made == [True], forked.text
+    task = Task.objects.get(pk=fork_id)
+    assert forked.json() == json.loads(json_bytes(task_as_api_dict(task)))
+    assert (str(task.forked_from_id), task.forked_at_seq, task.sandbox, task.input, task.kind, task.created_by) == (
+        agent["task_id"], 3, False, {"lead": "b"}, "lead-qualification", "reader")
+    source_event = Event.objects.get(task_id=agent["task_id"], seq=3)
+    started, forked_event = Event.objects.filter(task_id=task.pk).order_by("seq")
+    assert (started.type, forked_event.type) == ("TaskStarted", "TaskForked")
+    assert forked_event.payload == {
+        "source_task_id": agent["task_id"], "at_seq": 3, "source_hash": source_event.hash,
+        "source_type": source_event.type, "reason": "try again", "forked_by": "reader", "by_staff": False,
+        "sandbox": False, "input_replaced": True, "tool_answers": []}
+    assert OutboxMessage.objects.get(task_id=task.pk).headers["seq"] == 2
+    # The same fork again: the service's replay; refusals alike on both stacks, nothing written.
+    again = both_write(reads, "POST", path, token=agent["token"], body=json.dumps(fork).encode())
+    assert again.status_code == 200 and again.json() == forked.json() and made[-1:] == [False]
+    for body, status in [({"at_seq": 99, "reason": "r"}, 400), ({"at_seq": 0, "reason": "r"}, 400),
+                         ({"at_seq": 2, "reason": "r", "tool_answers": [
+                             {"step": 1, "tool": "t", "status": "succeeded", "result": {}}]}, 400)]:
+        refused = both_write(reads, "POST", path, token=agent["token"], body=json.dumps(body).encode())
+        assert refused.status_code == status, refused.text
+    unknown = both_write(reads, "POST", f"/api/v1/tasks/{uuid.uuid4()}/fork/", token=agent["token"],
+                         body=b'{"at_seq": 1, "reason": "r"}')
+    assert unknown.status_code == 404
+    # A sandbox with an edited answer, on the loop too: a replay's task sends no lifecycle message.
+    sandbox = post(reads, agent["token"], path, {"at_seq": 2, "reason": "replay", "sandbox": True, "tool_answers": [
+        {"step": 1, "tool": "crm.update", "status": "failed", "result": {"error": "down"}}]})
+    assert sandbox.status_code == 201 and made[-1:] == [True] and sandbox.json()["sandbox"] is True
+    assert not OutboxMessage.objects.filter(task_id=sandbox.json()["task_id"]).exists()
+    assert Task.objects.filter(forked_from_id=agent["task_id"]).count() == 2
