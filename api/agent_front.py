@@ -21,7 +21,8 @@ Each request, in the order Django's middleware and DRF's view take the same step
 3. the token's agent and the request's count in one statement (401, 429), then
    ``last_seen_at`` when it is stale, on psycopg's async pool (backplane/runtime/async_pool.py);
 4. the method (405; OPTIONS is 204), then the operation: a read of a task, a page of its
-   events or a tool call's record on the same async connection; a write has its body checked here; a task's create and
+   events, a page of the task list (but with a replica configured) or a tool call's record on
+   the same async connection; a write has its body checked here; a task's create and
    an append that is a quiet write (backplane/eventlog/async_services.py), a claim, a heartbeat
    and a release (recovery/leases.py), a new tool call and its first answer
    (recovery/tool_calls.py), a new sub-task (recovery/subtasks.py) and a fork
@@ -104,7 +105,17 @@ from api.recovery import (
 )
 from api.routes import AgentRoute, Operation
 from api.serializers import task_as_api_dict
-from api.views import draft_from, event_append, event_append_batch, events_page, task_create, task_read
+from api.views import (
+    draft_from,
+    event_append,
+    event_append_batch,
+    events_page,
+    task_create,
+    task_list,
+    task_list_answer,
+    task_list_filters,
+    task_read,
+)
 from backplane.eventlog import forks, selectors
 from backplane.eventlog.async_services import HandOff, event_append_batch_async, task_create_async
 from backplane.eventlog.chain import event_as_api_dict
@@ -112,6 +123,7 @@ from backplane.eventlog.services import AppendOutcome
 from backplane.eventlog.writer import EventDraft
 from backplane.runtime.async_pool import async_pool, async_pool_renew
 from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
+from backplane.runtime.replica import replica_configured
 from backplane.telemetry.http import count_response
 from backplane.telemetry.tracing import server_span
 from recovery import leases, subtasks, tool_calls
@@ -183,6 +195,15 @@ async def _events_page(conn: psycopg.AsyncConnection[Any], principal: Principal,
     return Answer({"results": [event_as_api_dict(e) for e in page.events], "next_after_seq": page.next_after_seq})
 
 
+async def _task_list(conn: psycopg.AsyncConnection[Any], principal: Principal, request: Request) -> Answer:
+    if replica_configured():
+        raise HandOff  # a list may come from the replica (api/views.py), which this pool does not reach
+    query = QueryDict(request.scope["query_string"].decode("latin-1"))
+    filters = task_list_filters(principal, query)
+    rows = await (await conn.execute(*selectors.task_page_query(**filters))).fetchall()
+    return task_list_answer(selectors.task_page_from(rows, limit=filters["limit"]), query, url=_absolute_url(request))
+
+
 async def _tool_call_read(conn: psycopg.AsyncConnection[Any], principal: Principal, request: Request) -> Answer:
     key: str = request.path_params["key"]
     found = await conn.execute(TOOL_CALL_VISIBLE_SQL, {"key": key, "namespace": principal.namespace})
@@ -192,7 +213,7 @@ async def _tool_call_read(conn: psycopg.AsyncConnection[Any], principal: Princip
 # The operations that read on the event loop, by the handler Django's stack runs for them: the
 # same SQL, the same rows made into the same bodies.
 _ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events_page: _events_page,
-                                                   tool_call_read: _tool_call_read}
+                                                   task_list: _task_list, tool_call_read: _tool_call_read}
 
 
 # --- the appends, on the event loop -------------------------------------------------------------
@@ -339,6 +360,12 @@ def _host(request: Request) -> str:
     if settings.USE_X_FORWARDED_HOST and "x-forwarded-host" in request.headers:
         return request.headers["x-forwarded-host"]
     return request.headers.get("host", "")
+
+
+def _absolute_url(request: Request) -> str:
+    # As Django's HttpRequest.build_absolute_uri(request.path): the links an answer gives.
+    scheme = "https" if _is_secure(request) else "http"
+    return iri_to_uri(f"{scheme}://{_host(request)}{request.url.path}")
 
 
 def _host_refused(request: Request) -> bool:
@@ -509,8 +536,12 @@ class FrontRoute:
                 raise exceptions.MethodNotAllowed(request.method)  # a HEAD is named as sent
             read = _ON_THE_LOOP.get(operation.handler)
             if read is not None:
-                answer = await read(conn, principal, request)
-                return _json(answer.body, answer.status, answer.headers)
+                try:
+                    answer = await read(conn, principal, request)
+                except HandOff:
+                    pass  # the handler reads it
+                else:
+                    return _json(answer.body, answer.status, answer.headers)
             data = self._data(operation, request, raw)
             write = _WRITES_ON_THE_LOOP.get(operation.handler)
             if write is not None:
@@ -534,8 +565,7 @@ class FrontRoute:
     async def _run(self, operation: Operation, principal: Principal, request: Request, data: Any) -> Answer:
         kwargs = dict(request.path_params)
         if operation.with_url:
-            scheme = "https" if _is_secure(request) else "http"
-            kwargs["url"] = iri_to_uri(f"{scheme}://{_host(request)}{request.url.path}")
+            kwargs["url"] = _absolute_url(request)
         call = functools.partial(_as_in_a_request, operation.handler, principal, data, **kwargs)
         # In this request's context (its trace, which the events it writes carry).
         context = contextvars.copy_context()

@@ -112,16 +112,22 @@ def event_append_batch(principal: Principal, data: dict[str, Any], *, task_id: u
 # write goes through the other agent routes, which read the primary only.
 @replica_reads
 def task_list(principal: Principal, query: QueryDict, *, url: str) -> Answer:
+    filters = task_list_filters(principal, query)
+    return task_list_answer(selectors.task_list(**filters), query, url=url)
+
+
+def task_list_filters(principal: Principal, query: QueryDict) -> dict[str, Any]:
+    """The list's query checked, as ``selectors.task_list`` and ``task_page_query`` take it."""
     status_filter = query.get("status")
     if status_filter is not None and status_filter not in TaskStatus.values:
         raise InvalidInput("unknown status", {"status": f"one of {', '.join(TaskStatus.values)}"})
-    page = selectors.task_list(
-        namespace=principal.namespace,
-        status=status_filter,
-        kind=query.get("kind") or None,
-        limit=query_int(query, "limit", default=100, minimum=1, maximum=1000),
-        cursor=query.get("cursor") or None,
-    )
+    return {"namespace": principal.namespace, "status": status_filter, "kind": query.get("kind") or None,
+            "limit": query_int(query, "limit", default=100, minimum=1, maximum=1000),
+            "cursor": query.get("cursor") or None}
+
+
+def task_list_answer(page: selectors.TaskPage, query: QueryDict, *, url: str) -> Answer:
+    """A page of the list, on either stack, with the link to the next (``url``: the list's, absolute)."""
     next_url = None
     if page.next_cursor:
         following = query.copy()

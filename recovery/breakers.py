@@ -338,7 +338,8 @@ def breaker_count_success(store: BreakerStore[M], rows: QuerySet[M], *, reason: 
                           task_id: uuid.UUID | None = None) -> None:
     """Close the breakers of ``rows`` and start their failure counts again, in the caller's transaction.
 
-    The usual case (closed, no failures) matches no row: it takes no lock and writes nothing."""
+    The usual case (closed, no failures) matches no row: it takes no lock and writes nothing. The
+    event loop's driver asks the same of an agent's breaker (``AGENT_BREAKER_BUSY_SQL``)."""
     quiet = {store.state_field: CLOSED, store.failures_field: 0}
     for row in rows.select_for_update().exclude(**quiet).order_by("pk"):
         _save(store, [(row, store.read(row).succeeded(reason=reason), task_id)], now=now)
@@ -387,6 +388,13 @@ AGENTS: BreakerStore[Agent] = BreakerStore(
     last_error_field=None,
     policy=_agent_policy,
     record=_record_agent_transitions,
+)
+
+# Whether a success has work to do for an agent's breaker (``breaker_count_success``'s rows that
+# are not quiet), asked on the event loop's connection (recovery/handlers.py).
+AGENT_BREAKER_BUSY_SQL = (
+    f"SELECT 1 FROM {Agent._meta.db_table} WHERE namespace = %s AND name = %s"
+    f" AND NOT ({AGENTS.state_field} = '{CLOSED}' AND {AGENTS.failures_field} = 0)"
 )
 
 _AGENT_ROWS = RowLoader(Agent)

@@ -9,10 +9,14 @@ quiet, and an agent's quiet write is made on the event loop (eventlog/async_serv
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
+
 from backplane.eventlog import event_types as et
 from backplane.eventlog.models import Task, TaskStatus
 from backplane.eventlog.writer import FollowUp, WrittenEvents, write_events
-from recovery.breakers import breaker_record_failure, breaker_record_success
+from recovery.breakers import AGENT_BREAKER_BUSY_SQL, breaker_record_failure, breaker_record_success
 from recovery.sagas import saga_start_if_due
 from recovery.subtasks import adopters_of, child_result_draft
 
@@ -21,6 +25,19 @@ def _breakers_concerned(written: WrittenEvents) -> bool:
     # A sandbox's (a replay's) end says nothing about the agent's production work.
     return not written.task.sandbox and any(event.type in (et.TASK_COMPLETED, et.TASK_FAILED)
                                             for event in written.events)
+
+
+async def breakers_idle_async(conn: psycopg.AsyncConnection[Any], written: WrittenEvents) -> bool:
+    """Whether ``feed_agent_breakers`` has nothing to do for the write: completions only, by
+    agents whose breakers are closed with no failure counted (``breaker_count_success`` would
+    match no row). A failure is always counted."""
+    if any(event.type == et.TASK_FAILED for event in written.events):
+        return False
+    for agent in {event.agent for event in written.events if event.type == et.TASK_COMPLETED and event.agent}:
+        busy = await conn.execute(AGENT_BREAKER_BUSY_SQL, [written.task.namespace, agent])
+        if await busy.fetchone() is not None:
+            return False
+    return True
 
 
 def feed_agent_breakers(written: WrittenEvents) -> None:
@@ -80,7 +97,7 @@ def report_to_parent(written: WrittenEvents) -> None:
 
 
 FOLLOW_UPS = (
-    FollowUp(concerns=_breakers_concerned, run=feed_agent_breakers),
+    FollowUp(concerns=_breakers_concerned, run=feed_agent_breakers, idle_async=breakers_idle_async),
     FollowUp(concerns=_saga_due, run=start_saga),
     FollowUp(concerns=_parent_concerned, run=report_to_parent),
 )

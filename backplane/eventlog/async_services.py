@@ -4,11 +4,12 @@ async pool (backplane/runtime/async_pool.py), so the commonest writes never wait
 ``write_events_async`` is ``writer.write_events`` on an async connection: the one writer's plan
 (``writer.write_plan``) and its statements (``insert_events_sql``, the outbox's
 ``outbox_insert_sql``), and the observers' actions once the transaction commits. Only the driver
-differs. It takes a quiet write only, one that concerns no follow-up (``WritePlan.quiet``: a
-step, a lease claimed or given back, a transition no breaker, saga, budget or parent hears
-of); for any other it raises ``HandOff``, which rolls the transaction back before anything is
-written, and the HTTP front runs the sync service instead, which decides the write from scratch:
-the follow-ups run Django's ORM inside its transaction.
+differs. It takes a write no follow-up has work to do for: one that concerns none
+(``WritePlan.quiet``: a step, a lease claimed or given back, a new task), or whose follow-ups
+find nothing to do (``FollowUp.idle_async``: an agent's completion, its breaker closed and no
+failure counted); for any other it raises ``HandOff``, which rolls the transaction back before
+anything is written, and the HTTP front runs the sync service instead, which decides the write
+from scratch: the follow-ups run Django's ORM inside its transaction.
 
 ``event_append_batch_async`` is ``services.event_append_batch`` so, step for step: the client's
 events checked (``validate_client_drafts``), the task locked, the lease checked, the
@@ -86,11 +87,12 @@ async def write_events_async(conn: psycopg.AsyncConnection[Any], task: Task, dra
                              agent: str | None, now: datetime, digests: Sequence[str | None] | None = None,
                              allow_closed: bool = False) -> WritePlan:
     """``writer.write_events`` on ``conn``, inside its transaction, on a task it has locked: the
-    same plan and statements. ``HandOff`` when the write is not quiet; once the transaction
-    commits, the caller runs ``after_commit_of(plan.written)``."""
+    same plan and statements. ``HandOff`` when a follow-up the write concerns may have work to do
+    (``FollowUp.idle_async``); once the transaction commits, the caller runs ``run_after_commit``."""
     plan = write_plan(task, drafts, agent=agent, now=now, digests=digests, allow_closed=allow_closed)
-    if not plan.quiet:
-        raise HandOff
+    for follow_up in plan.follow_ups:
+        if follow_up.idle_async is None or not await follow_up.idle_async(conn, plan.written):
+            raise HandOff
     inserted = await conn.execute(insert_events_sql(), insert_events_params([task], [plan.events]))
     plan.place(await inserted.fetchall())
     messages = plan.outbox_messages()

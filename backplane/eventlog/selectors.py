@@ -9,7 +9,7 @@ import json
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import psycopg
@@ -23,6 +23,7 @@ from backplane.eventlog.chain import GENESIS_HASH, api_time_sql
 from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.models import Event, Task, TaskStatus
 from backplane.eventlog.reducer import TRANSITION_TYPES, TaskState, task_reduce
+from backplane.runtime.replica import reads_connection
 
 # A task's log for chain_verify_range: the columns the hash covers, in seq order (an index
 # range scan on (task, seq)).
@@ -233,13 +234,12 @@ class TaskRow(NamedTuple):
 # JSON columns as text (decoded once below, as the model's field would); a primary-key lookup.
 # The API's task answer in one statement: run here on Django's connection, and on the event loop
 # by the agents' reads (api/agent_front.py), each handing its row to ``task_row_from``.
-TASK_ROW_SQL = f"""
-SELECT id, namespace, kind, status, input::text, output::text, error, parent_id, attempts, max_attempts,
+_TASK_ROW_COLUMNS = f"""
+       id, namespace, kind, status, input::text, output::text, error, parent_id, attempts, max_attempts,
        lease_holder, lease_epoch, {api_time_sql("lease_expires_at")}, last_seq, head_hash,
        {api_time_sql("created_at")}, {api_time_sql("updated_at")}, {api_time_sql("last_event_at")},
-       forked_from_id, forked_at_seq, sandbox
-FROM backplane_task WHERE id = %s
-"""
+       forked_from_id, forked_at_seq, sandbox"""
+TASK_ROW_SQL = f"SELECT {_TASK_ROW_COLUMNS} FROM backplane_task WHERE id = %s"
 
 
 def task_row_visible(*, namespace: str | None, task_id: uuid.UUID) -> TaskRow:
@@ -255,6 +255,10 @@ def task_row_from(row: Sequence[Any] | None, *, namespace: str | None, task_id: 
     namespace's (``None``: staff, every namespace)."""
     if row is None or (namespace is not None and row[1] != namespace):
         raise NotFound("task not found", {"task_id": str(task_id)})
+    return _task_row(row)
+
+
+def _task_row(row: Sequence[Any]) -> TaskRow:
     values = list(row)
     values[4] = json.loads(values[4])
     values[5] = None if values[5] is None else json.loads(values[5])
@@ -263,12 +267,12 @@ def task_row_from(row: Sequence[Any] | None, *, namespace: str | None, task_id: 
 
 @dataclass(frozen=True)
 class TaskPage:
-    tasks: list[Task]
+    tasks: list[TaskRow]
     next_cursor: str | None
 
 
-def _encode_cursor(task: Task) -> str:
-    raw = json.dumps([task.created_at.isoformat(), str(task.pk)]).encode()
+def _encode_cursor(created_at: datetime, task_id: uuid.UUID) -> str:
+    raw = json.dumps([created_at.astimezone(UTC).isoformat(), str(task_id)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -296,19 +300,38 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 def task_list(
     *, namespace: str | None, status: str | None, kind: str | None, limit: int, cursor: str | None
 ) -> TaskPage:
-    """Oldest first, keyset-paginated on (created_at, id) so pages stay stable under inserts."""
-    tasks = tasks_visible(namespace=namespace)
-    if status:
-        tasks = tasks.filter(status=status)
-    if kind:
-        tasks = tasks.filter(kind=kind)
+    """Oldest first, keyset-paginated on (created_at, id) so pages stay stable under inserts; on
+    the replica inside ``replica_reads`` (``reads_connection``)."""
+    with reads_connection().cursor() as db:
+        db.execute(*task_page_query(namespace=namespace, status=status, kind=kind, limit=limit, cursor=cursor))
+        return task_page_from(db.fetchall(), limit=limit)
+
+
+def task_page_query(
+    *, namespace: str | None, status: str | None, kind: str | None, limit: int, cursor: str | None
+) -> tuple[str, list[Any]]:
+    """``task_list``'s statement and parameters, for either driver (an agent's list is read on
+    the event loop, api/agent_front.py): one more row than the page, to know whether one follows."""
+    conditions: list[str] = []
+    params: list[Any] = []
+    for column, value in (("namespace", namespace), ("status", status or None), ("kind", kind or None)):
+        if value is not None:
+            conditions.append(f"{column} = %s")
+            params.append(value)
     if cursor:
-        created_at, task_id = _decode_cursor(cursor)
-        tasks = tasks.filter(Q(created_at__gt=created_at) | Q(created_at=created_at, id__gt=task_id))
-    page = list(tasks.order_by("created_at", "id")[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
-    return TaskPage(tasks=page, next_cursor=_encode_cursor(page[-1]) if more and page else None)
+        conditions.append("(created_at, id) > (%s, %s)")
+        params.extend(_decode_cursor(cursor))
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return (f"SELECT {_TASK_ROW_COLUMNS}, created_at FROM backplane_task{where} ORDER BY created_at, id LIMIT %s",
+            [*params, limit + 1])
+
+
+def task_page_from(rows: Sequence[Sequence[Any]], *, limit: int) -> TaskPage:
+    """``task_page_query``'s rows as a page: its tasks, and the cursor of the next page (None: the last)."""
+    page = rows[:limit]
+    more = len(rows) > limit and page
+    return TaskPage(tasks=[_task_row(row[:-1]) for row in page],
+                    next_cursor=_encode_cursor(page[-1][-1], page[-1][0]) if more else None)
 
 
 class EventRow(NamedTuple):

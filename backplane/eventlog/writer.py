@@ -25,11 +25,12 @@ from __future__ import annotations
 import functools
 import secrets
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -297,18 +298,15 @@ def write_plan(
                      follow_ups=[f for f in _follow_ups if f.concerns(written)])
 
 
-# --- quiet writes: no follow-up concerns them ---------------------------------------------------
-
-# Client events that decide a task's fate; the breakers count them outside a sandbox
-# (recovery/handlers.py), so a write of one is almost never quiet.
-_FATEFUL_TYPES = frozenset({"TaskCompleted", "TaskFailed"})
+# --- quiet writes: no follow-up has work to do for them -----------------------------------------
 
 
 def may_be_quiet(drafts: Sequence[EventDraft]) -> bool:
-    """Whether a client's write of ``drafts`` may be quiet, known before the task is read: the
-    event loop hands any other to the sync service at once, without a round trip. A model call
-    is never quiet there: the sync service prices it (``services._settled``) and budgets it."""
-    return not any(draft.type in _FATEFUL_TYPES or draft.type == et.LLM_CALLED for draft in drafts)
+    """Whether a client's write of ``drafts`` may be made on the event loop, known before the task
+    is read: the loop hands any other to the sync service at once, without a round trip. A
+    failure is always counted by the breakers (recovery/handlers.py); a model call is priced
+    (``services._settled``) and budgeted by the sync service."""
+    return not any(draft.type in (et.TASK_FAILED, et.LLM_CALLED) for draft in drafts)
 
 
 
@@ -335,10 +333,15 @@ class WrittenEvents:
 class FollowUp:
     """What another part does when events are written (``register_follow_up``): ``run``, for a
     write that ``concerns`` it. ``concerns`` reads only the write (no I/O), so whether a write
-    concerns any follow-up is known from its plan, before a statement runs, on either driver."""
+    concerns any follow-up is known from its plan, before a statement runs, on either driver.
+
+    The event loop's driver (async_services.py) runs no follow-up: a write that concerns one is
+    made there only when its ``idle_async``, one read on the loop's connection inside the write's
+    transaction, finds it nothing to do (None: never known there)."""
 
     concerns: Callable[[WrittenEvents], bool]
     run: Callable[[WrittenEvents], None]
+    idle_async: Callable[[psycopg.AsyncConnection[Any], WrittenEvents], Awaitable[bool]] | None = None
 
 
 # An observer is told of a write and answers what to do once, and only if, it commits.

@@ -175,8 +175,17 @@ def test_a_bad_token_is_the_same_401(reads: AsyncReads, agent: dict[str, Any], t
     assert answer.status_code == 401 and answer.headers["www-authenticate"] == 'Bearer realm="api"'
 
 
-def test_past_the_rate_limit_it_is_the_same_429(reads: AsyncReads, agent: dict[str, Any], settings: Any) -> None:
+def test_past_the_rate_limit_it_is_the_same_429(reads: AsyncReads, agent: dict[str, Any], settings: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from api import throttling
+
     settings.BACKPLANE_RATE_LIMIT = "2/h"
+    # One clock for the window and its wait on both stacks: Retry-After counts whole seconds, and
+    # the two requests of a comparison may straddle a second's end.
+    now = time.time()
+    monkeypatch.setattr(throttling, "time", SimpleNamespace(time=lambda: now))
     path = f"/api/v1/tasks/{agent['task_id']}/"
     both(reads, "GET", path, token=agent["token"])  # the first two of the hour: 200 on either stack
     answer = both(reads, "GET", path, token=agent["token"])
@@ -539,7 +548,8 @@ def on_the_loop(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     ({"type": "Noted", "payload": {"step": 1}}, True),
     ({"type": "Noted", "payload": {}, "outbox": [{"topic": "crm.leads", "payload": {"id": 1}, "key": "l1"}]}, True),
     ({"type": "Noted", "payload": {}, "idempotency_key": "k-1", "expected_seq": 6, "lamport": 99}, True),
-    ({"type": "TaskCompleted", "payload": {"output": {"score": 1}}}, False),  # a transition: follow-ups, lifecycle
+    # A completion: the breakers' follow-up finds the agent's breaker quiet (below for one that is not).
+    ({"type": "TaskCompleted", "payload": {"output": {"score": 1}}}, True),
     ({"type": "TaskFailed", "payload": {"error": "no", "retryable": False}}, False),
     ({"type": "LLMCalled", "payload": {"model": "gpt-4o", "provider": "openai", "prompt_sha256": "0" * 64,
                                        "output": "yes", "usage": {"input_tokens": 3, "output_tokens": 1}}},
@@ -1104,3 +1114,59 @@ def test_a_fork_is_made_on_the_loop_as_the_service_makes_it(reads: AsyncReads, a
     assert sandbox.status_code == 201 and made[-1:] == [True] and sandbox.json()["sandbox"] is True
     assert not OutboxMessage.objects.filter(task_id=sandbox.json()["task_id"]).exists()
     assert Task.objects.filter(forked_from_id=agent["task_id"]).count() == 2
+
+
+def test_the_task_list_is_read_on_the_loop_unless_a_replica_may_serve_it(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    on_the_loop: list[bool] = []
+    filters = agent_front.task_list_filters
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        on_the_loop.append(True)
+        return filters(*args, **kwargs)
+
+    monkeypatch.setattr(agent_front, "task_list_filters", recorded)
+    for n in range(3):
+        services.task_create(namespace="acme", kind="research", agent="reader", input={"n": n})
+    services.task_create(namespace="other", kind="research", agent="reader", input={})
+    seen: list[str] = []
+    path: str | None = "/api/v1/tasks/?limit=2&kind=research"
+    while path is not None:
+        page = both(reads, "GET", path, token=agent["token"])  # the loop's answer, and Django's alike
+        seen += [task["task_id"] for task in page.json()["results"]]
+        following = page.json()["next"]
+        path = following.removeprefix("http://testserver") if following else None
+    assert len(seen) == 3 == len(set(seen)) and on_the_loop == [True, True]
+    assert both(reads, "GET", "/api/v1/tasks/?cursor=abc", token=agent["token"]).status_code == 400
+    # With a replica configured the list is Django's (replica_reads), answered alike.
+    monkeypatch.setattr(agent_front, "replica_configured", lambda: True)
+    assert len(both(reads, "GET", "/api/v1/tasks/", token=agent["token"]).json()["results"]) == 4
+    assert on_the_loop == [True, True, True]  # the 400's; the replica's list was not read here
+
+
+def test_a_completion_is_written_on_the_loop_when_no_follow_up_has_work_to_do(
+        reads: AsyncReads, agent: dict[str, Any], on_the_loop: list[bool]) -> None:
+    from backplane.delivery.models import OutboxMessage
+    from backplane.eventlog.models import Agent, Task
+    from recovery.subtasks import subtask_dispatch
+
+    def complete(task_id: str, token: str) -> httpx.Response:
+        return post(reads, token, f"/api/v1/tasks/{task_id}/events/",
+                    {"type": "TaskCompleted", "payload": {"output": {"score": 1}}})
+
+    assert complete(agent["task_id"], agent["token"]).status_code == 201 and on_the_loop == [True]
+    task = agent_task(agent)
+    assert (task.status, task.output) == ("completed", {"score": 1})
+    announced = OutboxMessage.objects.get(task_id=task.pk, headers__seq=7)
+    assert (announced.payload["status"], announced.payload["previous_status"]) == ("completed", "pending")
+    # A failure counted against the agent: the service's breakers reset the count.
+    second = services.task_create(namespace="acme", kind="lead-qualification", agent="reader", input={}).task
+    Agent.objects.filter(name="reader").update(consecutive_failures=2)
+    assert complete(str(second.pk), agent["token"]).status_code == 201 and on_the_loop[-1:] == [False]
+    assert Agent.objects.get(name="reader").consecutive_failures == 0
+    # A sub-task's: its parent hears of it (the service's report), in the same commit.
+    parent = services.task_create(namespace="acme", kind="lead-qualification", agent="reader", input={}).task
+    child = subtask_dispatch(namespace="acme", parent_task_id=parent.pk, step=1, kind="research", input={},
+                             agent="reader", lease_epoch=None).child
+    assert complete(str(child.pk), agent["token"]).status_code == 201 and on_the_loop[-1:] == [False]
+    assert Task.objects.get(pk=parent.pk).last_seq == 3  # started, dispatched, the child's result
