@@ -18,4 +18,5 @@ class RecoveryConfig(AppConfig):
         register_collector(RecoveryCollector())
         # Only observes (it counts after commit): every event is counted.
         register_observer(count_committed_events)
-        register_follow_up(FollowUp(concerns=budgets.spends, run=budgets.budget_note_spending))
+        register_follow_up(FollowUp(concerns=budgets.spends, run=budgets.budget_note_spending,
+                                    idle_async=budgets.budgets_idle_async))

@@ -139,6 +139,19 @@ def spends(written: WrittenEvents) -> bool:
     return not written.task.sandbox and any(costs_something(event) for event in written.events)
 
 
+async def budgets_idle_async(conn: psycopg.AsyncConnection[Any], written: WrittenEvents) -> bool:
+    """Whether ``budget_note_spending`` has nothing to do for the write: no budget applies to its
+    scope (``budgets_of``'s statement on the event loop's connection). A sub-task's spending is
+    the sync service's: its tree's root, the key of a tree's budget and rollup, is read there."""
+    task = written.task
+    if task.parent_id is not None:
+        return False
+    agent = next(event.agent for event in written.events if costs_something(event))
+    applying = await conn.execute(_BUDGETS_OF_SQL, _budgets_of_params(namespace=task.namespace, agent=agent,
+                                                                     root_id=task.pk))
+    return await applying.fetchone() is None
+
+
 def budget_note_spending(written: WrittenEvents) -> None:
     """Writer follow-up: a model call of a budgeted scope refused when the scope is spent, else
     recorded, and any line its spending crossed written into the task's log, once a period.

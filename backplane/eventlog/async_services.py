@@ -21,6 +21,7 @@ known id is the service's). recovery/leases.py drives the same writer for claims
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,6 +39,8 @@ from backplane.delivery.outbox import (
     outbox_rows,
     subscriptions_from,
 )
+from backplane.eventlog import event_types as et
+from backplane.eventlog.costs import RATES_SQL, llm_called_settled, rates_from, rates_wanted
 from backplane.eventlog.errors import NotFound
 from backplane.eventlog.models import Task, TaskStatus
 from backplane.eventlog.services import (
@@ -135,7 +138,9 @@ async def event_append_batch_async(
         if keys and await (await conn.execute(_KNOWN_KEY_SQL, [task_id, keys])).fetchone() is not None:
             raise HandOff
         check_open_at(task, expected_seq)
-        plan = await write_events_async(conn, task, drafts, agent=agent, now=timezone.now(), digests=digests)
+        now = timezone.now()
+        settled = [await _settled_async(conn, draft, now=now) for draft in drafts]
+        plan = await write_events_async(conn, task, settled, agent=agent, now=now, digests=digests)
     run_after_commit(plan)
     counters.append_duration_observe(time.perf_counter() - started)
     return AppendOutcome(events=plan.events, replayed=False)
@@ -178,4 +183,13 @@ async def task_create_async(
         plan = await write_events_async(conn, task, started_drafts(task), agent=agent, now=now)
     run_after_commit(plan)
     return task
+
+
+async def _settled_async(conn: psycopg.AsyncConnection[Any], draft: EventDraft, *, now: datetime) -> EventDraft:
+    """``services._settled`` on ``conn``: a model call's cost settled from the same price table."""
+    if draft.type != et.LLM_CALLED:
+        return draft
+    wanted = rates_wanted(draft.payload)
+    rates = rates_from(await (await conn.execute(RATES_SQL, [*wanted, now, now])).fetchall()) if wanted else None
+    return dataclasses.replace(draft, payload=llm_called_settled(draft.payload, rates))
 

@@ -56,7 +56,7 @@ class Rates:
 
 # On the append path of every model call: SQL written once, as the writer's statements are (the
 # queryset API compiles a statement in more Python than its round trip takes).
-_RATES_SQL = """
+RATES_SQL = """
 SELECT DISTINCT ON (token_type) token_type, per_million, currency, version
 FROM backplane_modelprice
 WHERE provider = %s AND model = %s AND valid_from <= %s AND (valid_to IS NULL OR valid_to > %s)
@@ -67,9 +67,13 @@ ORDER BY token_type, valid_from DESC
 def rates_at(*, provider: str, model: str, at: datetime) -> Rates | None:
     """The provider's model's rates in force at ``at``, or None when the table has none."""
     with connection.cursor() as cursor:
-        cursor.execute(_RATES_SQL, [provider, model, at, at])
-        latest = {token_type: (per_million, currency, version)
-                  for token_type, per_million, currency, version in cursor.fetchall()}
+        cursor.execute(RATES_SQL, [provider, model, at, at])
+        return rates_from(cursor.fetchall())
+
+
+def rates_from(rows: Sequence[Sequence[Any]]) -> Rates | None:
+    """``RATES_SQL``'s rows as the rates they make, or None when they make none."""
+    latest = {token_type: (per_million, currency, version) for token_type, per_million, currency, version in rows}
     if TokenType.INPUT not in latest or TokenType.OUTPUT not in latest:
         return None
     currencies = {currency for _, currency, _ in latest.values()}
@@ -104,11 +108,23 @@ def llm_called_priced(payload: dict[str, Any], *, at: datetime) -> dict[str, Any
     """The payload (already validated: ``event_types.validate_llm_called``) with its ``cost``
     settled, as the module's docstring says; reads the price table only when the caller
     reported no cost."""
+    wanted = rates_wanted(payload)
+    return llm_called_settled(payload, rates_at(provider=wanted[0], model=wanted[1], at=at) if wanted else None)
+
+
+def rates_wanted(payload: dict[str, Any]) -> tuple[str, str] | None:
+    """The (provider, model) whose rates price a model call (``RATES_SQL``'s first two
+    parameters); None when none are read: the caller reported the cost, or named no provider."""
+    provider = payload.get("provider")
+    return None if "cost" in payload or not isinstance(provider, str) else (provider, payload["model"])
+
+
+def llm_called_settled(payload: dict[str, Any], rates: Rates | None) -> dict[str, Any]:
+    """``llm_called_priced`` once the rates it wanted (``rates_wanted``) are read, on either driver."""
     if "cost" in payload:
         amount, currency = reported_cost(payload["cost"])
         return {**payload, "cost": {"amount": decimal_text(amount), "currency": currency, "source": "provider"}}
     provider = payload.get("provider")
-    rates = rates_at(provider=provider, model=payload["model"], at=at) if isinstance(provider, str) else None
     if rates is None:
         return {**payload, "cost": {"amount": None, "currency": None, "source": "unpriced",
                                     "reason": f"no price for {provider or '(no provider)'}/{payload['model']}"}}

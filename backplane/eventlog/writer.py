@@ -304,9 +304,8 @@ def write_plan(
 def may_be_quiet(drafts: Sequence[EventDraft]) -> bool:
     """Whether a client's write of ``drafts`` may be made on the event loop, known before the task
     is read: the loop hands any other to the sync service at once, without a round trip. A
-    failure is always counted by the breakers (recovery/handlers.py); a model call is priced
-    (``services._settled``) and budgeted by the sync service."""
-    return not any(draft.type in (et.TASK_FAILED, et.LLM_CALLED) for draft in drafts)
+    failure is always counted by the breakers (recovery/handlers.py)."""
+    return not any(draft.type == et.TASK_FAILED for draft in drafts)
 
 
 

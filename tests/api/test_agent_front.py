@@ -551,9 +551,10 @@ def on_the_loop(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     # A completion: the breakers' follow-up finds the agent's breaker quiet (below for one that is not).
     ({"type": "TaskCompleted", "payload": {"output": {"score": 1}}}, True),
     ({"type": "TaskFailed", "payload": {"error": "no", "retryable": False}}, False),
+    # A model call: priced, and no budget applies (below for one that does).
     ({"type": "LLMCalled", "payload": {"model": "gpt-4o", "provider": "openai", "prompt_sha256": "0" * 64,
                                        "output": "yes", "usage": {"input_tokens": 3, "output_tokens": 1}}},
-     False),  # it costs
+     True),
 ])
 def test_a_quiet_step_is_written_on_the_loop_and_any_other_append_by_the_service(
         reads: AsyncReads, agent: dict[str, Any], on_the_loop: list[bool], body: dict[str, Any], loop: bool) -> None:
@@ -1170,3 +1171,38 @@ def test_a_completion_is_written_on_the_loop_when_no_follow_up_has_work_to_do(
                              agent="reader", lease_epoch=None).child
     assert complete(str(child.pk), agent["token"]).status_code == 201 and on_the_loop[-1:] == [False]
     assert Task.objects.get(pk=parent.pk).last_seq == 3  # started, dispatched, the child's result
+
+
+def test_a_model_call_is_priced_and_written_on_the_loop_when_no_budget_applies(
+        reads: AsyncReads, agent: dict[str, Any], on_the_loop: list[bool]) -> None:
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from backplane.eventlog.models import CostRollup, ModelPrice
+    from recovery import budgets
+
+    for token_type, per_million in (("input", "2"), ("output", "10")):
+        ModelPrice.objects.create(provider="acme-ai", model="m-1", token_type=token_type, version="v1",
+                                  per_million=Decimal(per_million), currency="USD",
+                                  valid_from=timezone.now() - timedelta(days=1))
+    path = f"/api/v1/tasks/{agent['task_id']}/events/"
+    payload: dict[str, Any] = {"step": 1, "model": "m-1", "provider": "acme-ai", "prompt_sha256": "0" * 64,
+                               "output": "yes", "usage": {"input_tokens": 1_000_000, "output_tokens": 100_000}}
+    model_call = {"type": "LLMCalled", "payload": payload}
+    written = post(reads, agent["token"], path, model_call)
+    assert written.status_code == 201 and on_the_loop == [True], written.text
+    assert written.json()["payload"]["cost"] == {"amount": "3", "currency": "USD", "source": "price_table",
+                                                 "price_version": "v1"}
+    assert written.json() == stored_event(agent["task_id"], 7)
+    task_rollup = CostRollup.objects.get(scope="task", key=agent["task_id"])
+    assert (task_rollup.calls, task_rollup.input_tokens, task_rollup.cost) == (1, 1_000_000, Decimal(3))
+    # A budget of the namespace applies: the service's follow-up notes the spending.
+    budgets.budget_set(scope="namespace", key="acme", period="day", unit="currency", currency="USD",
+                       limit=Decimal(4), decided_by="ops", reason="cap")
+    again = post(reads, agent["token"], path, {"type": "LLMCalled", "payload": {**payload, "step": 2}})
+    assert again.status_code == 201 and on_the_loop[-1:] == [False]
+    # 6 of 4 USD: the lines it crossed, written by the service's follow-up into the task's log.
+    assert Event.objects.filter(task_id=agent["task_id"], type__startswith="Budget").count() >= 1
+    assert CostRollup.objects.get(scope="task", key=agent["task_id"]).calls == 2
