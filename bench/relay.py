@@ -49,7 +49,7 @@ EVENT_HASH = "ab" * 32
 
 
 def message_body(n: int, keys: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """Key, payload and headers shaped like a lifecycle message (enqueue_lifecycle)."""
+    """Key, payload and headers shaped like a lifecycle message (lifecycle_message)."""
     task_id = str(uuid.UUID(int=n % keys))
     payload = {
         "task_id": task_id, "namespace": "bench", "kind": "bench", "status": "completed",

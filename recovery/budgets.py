@@ -125,11 +125,11 @@ def _refusal(budget: Budget, *, now: datetime, less: Decimal = Decimal(0)) -> Bu
     )
 
 
-def budget_gate(*, namespace: str, agent: str | None, task: Task | None, now: datetime | None = None) -> None:
-    """Refuse work of a scope whose budget is spent (``409 budget_exceeded``). One query when
-    no budget applies."""
-    now = now or timezone.now()
-    for budget in budgets_of(namespace=namespace, agent=agent, root_id=task_root_id(task) if task else None):
+def budget_gate(*, namespace: str, agent: str | None, task: Task, now: datetime) -> None:
+    """Refuse work on ``task`` of a scope whose budget is spent (``409 budget_exceeded``). One
+    query when no budget applies (two for a sub-task: its tree's root). A claim, which has no task
+    yet, reads its budgets with ``claim_budgets``."""
+    for budget in budgets_of(namespace=namespace, agent=agent, root_id=task_root_id(task)):
         if is_spent(budget, now=now):
             raise _refusal(budget, now=now)
 

@@ -20,7 +20,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.async_services import HandOff, lock_task_async, run_after_commit, write_events_async
+from backplane.eventlog.async_services import (
+    HandOff,
+    insert_task_async,
+    lock_task_async,
+    run_after_commit,
+    write_events_async,
+)
 from backplane.eventlog.errors import IdempotencyMismatch, SandboxRefused
 from backplane.eventlog.lineage import TO_HEAD, SeqRange, find_in_history, history_ranges, inherited_ranges
 from backplane.eventlog.models import Task, TaskStatus
@@ -111,8 +117,7 @@ async def subtask_dispatch_async(
             raise HandOff
         now = timezone.now()
         child = _new_child(parent, dispatch_key=dispatch_key, step=step, kind=kind, input=input, agent=agent, now=now)
-        if await (await conn.execute(task_insert_sql(), task_insert_params(child))).fetchone() is None:
-            raise HandOff  # the dispatch key is taken
+        await insert_task_async(conn, child)  # HandOff: the dispatch key is taken
         plans = [await write_events_async(conn, child, started_drafts(child), agent=agent, now=now),
                  await write_events_async(conn, parent, [_dispatched(child, step=step)], agent=agent, now=now)]
     run_after_commit(*plans)

@@ -5,7 +5,7 @@ async pool (backplane/runtime/async_pool.py), so the commonest writes never wait
 (``writer.write_plan``) and its statements (``insert_events_sql``, the outbox's
 ``outbox_insert_sql``), and the observers' actions once the transaction commits. Only the driver
 differs. It takes a write no follow-up has work to do for: one that concerns none
-(``WritePlan.quiet``: a step, a lease claimed or given back, a new task), or whose follow-ups
+(``WritePlan.follow_ups`` empty: a step, a lease claimed or given back, a new task), or whose follow-ups
 find nothing to do (``FollowUp.idle_async``: an agent's completion, its breaker closed and no
 failure counted); for any other it raises ``HandOff``, which rolls the transaction back before
 anything is written, and the HTTP front runs the sync service instead, which decides the write
@@ -105,6 +105,13 @@ async def write_events_async(conn: psycopg.AsyncConnection[Any], task: Task, dra
     return plan
 
 
+async def insert_task_async(conn: psycopg.AsyncConnection[Any], task: Task) -> None:
+    """A new task's row (``services.task_insert_sql``) on ``conn``; ``HandOff`` when its id or its
+    dispatch key is taken: a replay or a conflict, which the sync service answers from the row there."""
+    if await (await conn.execute(task_insert_sql(), task_insert_params(task))).fetchone() is None:
+        raise HandOff
+
+
 def run_after_commit(*plans: WritePlan) -> None:
     """What the observers do once the writes of ``plans`` committed (``writer.after_commit_of``)."""
     for plan in plans:
@@ -178,8 +185,7 @@ async def task_create_async(
                         parent_task_id=parent_task_id,
                         max_attempts=max_attempts if max_attempts is not None else settings.BACKPLANE_MAX_ATTEMPTS,
                         metadata=metadata or {}, now=now)
-        if await (await conn.execute(task_insert_sql(), task_insert_params(task))).fetchone() is None:
-            raise HandOff
+        await insert_task_async(conn, task)
         plan = await write_events_async(conn, task, started_drafts(task), agent=agent, now=now)
     run_after_commit(plan)
     return task

@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.async_services import HandOff, run_after_commit, write_events_async
+from backplane.eventlog.async_services import insert_task_async, run_after_commit, write_events_async
 from backplane.eventlog.errors import InvalidInput, NotFound, SandboxRefused
 from backplane.eventlog.lineage import MAX_FORK_DEPTH
 from backplane.eventlog.models import Task
@@ -41,8 +41,6 @@ from backplane.eventlog.services import (
     new_task,
     started_drafts,
     task_create_in_transaction,
-    task_insert_params,
-    task_insert_sql,
 )
 from backplane.eventlog.writer import TASK_ROWS
 
@@ -146,8 +144,7 @@ async def task_fork_async(
                         input=input if input is not None else source.input, agent=forked_by,
                         task_id=task_id or uuid.uuid4(), parent_task_id=None, max_attempts=source.max_attempts,
                         metadata=source.metadata, now=now, fork=fork)
-        if await (await conn.execute(task_insert_sql(), task_insert_params(task))).fetchone() is None:
-            raise HandOff
+        await insert_task_async(conn, task)
         plan = await write_events_async(conn, task, started_drafts(task, fork=fork), agent=forked_by, now=now)
     run_after_commit(plan)
     return task

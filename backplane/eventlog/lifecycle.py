@@ -32,13 +32,6 @@ def lifecycle_message(
     )
 
 
-def enqueue_lifecycle(*, task: Task, previous_status: str | None, seq: int, event_hash: str, now: datetime) -> None:
-    """Announce that a task became pending, completed, failed or dead-lettered."""
-    message = lifecycle_message(task=task, previous_status=previous_status, seq=seq, event_hash=event_hash, now=now)
-    if message is not None:
-        outbox_enqueue_many([message], now=now)
-
-
 # A cancellation is announced too: a subscriber waiting for a task's end must hear of it.
 LIFECYCLE_STATUSES = frozenset({"pending", "completed", "failed", "dead_lettered", "cancelled"})
 
@@ -57,13 +50,13 @@ def lifecycle_payload(task: Task, previous_status: str | None) -> dict[str, Any]
 
 
 def enqueue_lifecycle_many(*, changes: Sequence[tuple[Task, str | None]], now: datetime) -> int:
-    """``enqueue_lifecycle`` for many tasks at once, each paired with its previous status; the
+    """The lifecycle messages of many tasks at once, each paired with its previous status; the
     headers carry each task's head (``last_seq``, ``head_hash``), as ``write_events`` passes them.
     Returns how many rows were written.
 
-    The same rows as one ``enqueue_lifecycle`` per task, in the same id order (per task: the
-    broker's row, then one per matching subscription), but the subscriptions are read once
-    and every row goes in with one INSERT. Must run inside the transaction of the change.
+    The same rows as one ``write_events`` per task writes (``WritePlan.outbox_messages``), in
+    the same id order (per task: the broker's row, then one per matching subscription), but the
+    subscriptions are read once and every row goes in with one INSERT. Must run inside the transaction of the change.
     """
     messages = [
         lifecycle_message(task=task, previous_status=previous, seq=task.last_seq, event_hash=task.head_hash, now=now)

@@ -328,10 +328,9 @@ def task_page_query(
 
 def task_page_from(rows: Sequence[Sequence[Any]], *, limit: int) -> TaskPage:
     """``task_page_query``'s rows as a page: its tasks, and the cursor of the next page (None: the last)."""
-    page = rows[:limit]
-    more = len(rows) > limit and page
+    page = rows[:limit]  # limit >= 1: a page is never empty when a row follows it
     return TaskPage(tasks=[_task_row(row[:-1]) for row in page],
-                    next_cursor=_encode_cursor(page[-1][-1], page[-1][0]) if more else None)
+                    next_cursor=_encode_cursor(page[-1][-1], page[-1][0]) if len(rows) > limit else None)
 
 
 class EventRow(NamedTuple):

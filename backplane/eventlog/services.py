@@ -145,23 +145,22 @@ def task_create_in_transaction(
         # still in flight makes this statement wait for its end.
         cursor.execute(task_insert_sql(), task_insert_params(task))
         inserted = cursor.fetchone() is not None
-    existing = None if inserted else Task.objects.filter(pk=task_id).first()
-    if existing is None and not inserted:  # taken, then deleted meanwhile (retention): taken all the same
+    if inserted:
+        write_events(task, started_drafts(task, fork=fork), agent=agent, now=now)
+        return TaskCreateOutcome(task=task, created=True)
+    existing = Task.objects.filter(pk=task_id).first()
+    # Task ids are global (the primary key), so an id can be taken by another namespace. That
+    # conflict answers word for word like a same-namespace one with other content, whatever the
+    # content: the caller learns that the id is not available, never where it is used, nor whether
+    # its kind or input match (identical content elsewhere is not a replay). A free id could only
+    # answer alike with a second row under the same id. One taken and deleted since (retention)
+    # was taken all the same.
+    origin = (fork.source.pk, fork.at_seq, fork.sandbox) if fork else (None, None, False)
+    if (existing is None or existing.namespace != namespace or existing.kind != kind or existing.input != input
+            or (existing.forked_from_id, existing.forked_at_seq, existing.sandbox) != origin):
         raise TaskExists(TASK_ID_TAKEN, {"task_id": "already taken; use a new UUID"})
-    if existing is not None:
-        # Task ids are global (the primary key), so an id can be taken by another namespace.
-        # That conflict answers word for word like a same-namespace one with other content,
-        # whatever the content: the caller learns that the id is not available, never where
-        # it is used, nor whether its kind or input match (identical content elsewhere is not
-        # a replay). A free id could only answer alike with a second row under the same id.
-        same_origin = (existing.forked_from_id, existing.forked_at_seq, existing.sandbox) == (
-            (fork.source.pk, fork.at_seq, fork.sandbox) if fork else (None, None, False))
-        if existing.namespace != namespace or existing.kind != kind or existing.input != input or not same_origin:
-            raise TaskExists(TASK_ID_TAKEN, {"task_id": "already taken; use a new UUID"})
-        replay_count(task_id=existing.pk, kind="task_create", now=now)
-        return TaskCreateOutcome(task=existing, created=False)
-    write_events(task, started_drafts(task, fork=fork), agent=agent, now=now)
-    return TaskCreateOutcome(task=task, created=True)
+    replay_count(task_id=existing.pk, kind="task_create", now=now)
+    return TaskCreateOutcome(task=existing, created=False)
 
 
 # Whether the parent a task names is a task of its namespace (``parent_not_found`` if not).

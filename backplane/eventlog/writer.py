@@ -16,7 +16,7 @@ runs inside the caller's transaction, on a task row the caller has locked (``loc
    once the transaction commits.
 
 The plan and the statements are the same for the other driver of a write, an agent's quiet
-write on the event loop (one that concerns no follow-up: backplane/eventlog/async_services.py),
+write on the event loop (one no follow-up has work for: backplane/eventlog/async_services.py),
 which runs them on an async connection.
 """
 
@@ -232,12 +232,7 @@ class WritePlan:
     events: list[Event]
     drafts: Sequence[EventDraft]
     written: WrittenEvents
-    follow_ups: list[FollowUp]
-
-    @property
-    def quiet(self) -> bool:
-        """No follow-up concerns the write: the event loop may make it (only observers are told)."""
-        return not self.follow_ups
+    follow_ups: list[FollowUp]  # none: a quiet write, of which only the observers are told
 
     def place(self, rows: Sequence[tuple[Any, int, int]]) -> None:
         """The events' positions, from ``insert_events_sql``'s rows."""

@@ -17,10 +17,11 @@ from django.db.models import Count
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter, OutboxMessage, WebhookSubscription
+from backplane.delivery.outbox import outbox_enqueue_many
 from backplane.eventlog import services
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import CircuitOpen, StaleLease
-from backplane.eventlog.lifecycle import enqueue_lifecycle
+from backplane.eventlog.lifecycle import lifecycle_message
 from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
 from backplane.eventlog.writer import EventDraft
 from backplane.integrity.verification import chain_check
@@ -205,11 +206,14 @@ def test_a_mixed_sweep_in_batches_writes_what_the_one_task_path_writes(db, setti
 
 
 def single_path_lifecycle_rows(task: Task, *, now: datetime) -> list[dict[str, Any]]:
-    """The rows ``enqueue_lifecycle`` (the one-task path) writes for this status change; rolled back."""
+    """The rows the one-task path (``write_events``: its lifecycle message, one INSERT) writes for
+    this status change; rolled back."""
     with transaction.atomic():
         after = last_outbox_id()
-        enqueue_lifecycle(task=task, previous_status="running", seq=task.last_seq, event_hash=task.head_hash,
-                          now=now)
+        message = lifecycle_message(task=task, previous_status="running", seq=task.last_seq,
+                                    event_hash=task.head_hash, now=now)
+        assert message is not None
+        outbox_enqueue_many([message], now=now)
         rows = list(OutboxMessage.objects.filter(id__gt=after).order_by("id").values(*OUTBOX_FIELDS))
         transaction.set_rollback(True)
     return rows
