@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
@@ -258,11 +259,13 @@ def _require_status(job: BulkJob, wanted: set[str], doing: str) -> None:
                           {"status": job.status, "selection_hash": job.selection_hash})
 
 
-def _enqueue_runner(job_id: int) -> None:
-    # Imported here: the Celery task module imports this one.
-    from recovery.tasks import run_bulk_job
+# The wire name of the Celery task that runs a job (recovery/tasks.py declares it under this name);
+# enqueued by name, so this module does not import the task module that imports it.
+RUN_BULK_JOB = "recovery.tasks.run_bulk_job"
 
-    transaction.on_commit(lambda: run_bulk_job.delay(job_id))
+
+def _enqueue_runner(job_id: int) -> None:
+    transaction.on_commit(lambda: current_app.signature(RUN_BULK_JOB, args=(job_id,)).delay())
 
 
 def bulk_job_start(*, job_id: int, selection_hash: str, decided_by: str, reason: str = "") -> BulkJob:

@@ -53,7 +53,7 @@ def evaluate_alerts() -> int:
     return alerts.alerts_evaluate()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=bulk.RUN_BULK_JOB, ignore_result=True)
 def run_bulk_job(job_id: int) -> None:
     """Run a bulk job's chunks for a while under its runner lease, then enqueue it again if work
     is left (the lease is released first, so the next run can claim it)."""

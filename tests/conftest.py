@@ -74,6 +74,22 @@ def check_projections() -> tuple[int, str]:
     return 0, out.getvalue()
 
 
+def celery_messages_taken() -> list[tuple[str, list[Any]]]:
+    """Every task message on Celery's default queue of the real broker, taken off it: (the task's
+    name, its positional arguments). The fast tier runs no worker, so nothing else takes them."""
+    from backplane.celery import app
+
+    taken: list[tuple[str, list[Any]]] = []
+    with app.connection_for_read() as conn, conn.SimpleQueue(app.conf.task_default_queue) as queue:
+        while True:
+            try:
+                message = queue.get(timeout=0.5)
+            except queue.Empty:
+                return taken
+            message.ack()
+            taken.append((message.headers["task"], message.payload[0]))
+
+
 @pytest.fixture
 def broker_queue() -> Iterator[Any]:
     """A queue bound to every topic on the real (filesystem) broker the relay publishes to: a

@@ -12,15 +12,46 @@ import functools
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from backplane.eventlog.canonical import canonical_sha256
 
-if TYPE_CHECKING:
-    from backplane.eventlog.models import Event
-    from backplane.eventlog.selectors import EventRow
-
 GENESIS_HASH = "0" * 64
+
+
+class StoredEvent(Protocol):
+    """What this module reads of a stored event: a model instance (``models.Event``) or a row
+    of the events page (``selectors.EventRow``). A protocol, so the chain, which the models and
+    the selectors build on, needs neither."""
+
+    @property
+    def task_id(self) -> Any: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def agent(self) -> str | None: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    @property
+    def lamport(self) -> int: ...
+    @property
+    def causation_id(self) -> str | None: ...
+    @property
+    def correlation_id(self) -> str | None: ...
+    @property
+    def trace_id(self) -> str | None: ...
+    @property
+    def recorded_at(self) -> datetime | str: ...
+    @property
+    def prev_hash(self) -> str: ...
+    @property
+    def hash(self) -> str: ...
 
 # Fields of the API's Event object that the hash does not cover.
 UNHASHED_FIELDS = ("hash", "position")
@@ -84,7 +115,7 @@ def hashed_fields(
     }
 
 
-def event_hashed_fields(event: Event | EventRow) -> dict[str, Any]:
+def event_hashed_fields(event: StoredEvent) -> dict[str, Any]:
     return hashed_fields(
         task_id=str(event.task_id),
         seq=event.seq,
@@ -101,7 +132,7 @@ def event_hashed_fields(event: Event | EventRow) -> dict[str, Any]:
     )
 
 
-def event_as_api_dict(event: Event | EventRow) -> dict[str, Any]:
+def event_as_api_dict(event: StoredEvent) -> dict[str, Any]:
     """The Event object of API.md, field order as documented."""
     body = event_hashed_fields(event)
     return {

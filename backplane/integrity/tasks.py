@@ -60,7 +60,7 @@ def verify_chains_full() -> dict[str, int]:
 # A run a person asked for (the dashboard's "verify all now"): its row was written when they
 # asked, so the page shows it queued, then its progress batch by batch. Not retried: a run
 # that dies stays on record unfinished, and the person can ask again.
-@shared_task(name="backplane.tasks.verify_chains_requested", ignore_result=True)
+@shared_task(name=verification.VERIFY_CHAINS_REQUESTED, ignore_result=True)
 def verify_chains_requested(run_id: int) -> dict[str, int]:
     return _verify_chains(VerificationMode.FULL, run_id=run_id)
 

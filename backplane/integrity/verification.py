@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from celery import current_app
 from django.db import connection, transaction
 from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
@@ -127,14 +128,17 @@ def verification_run_start(*, mode: str, requested_by: str = "", tasks_total: in
                                           requested_by=requested_by)
 
 
+# The wire name of the Celery task that runs a requested full run (integrity/tasks.py declares it
+# under this name); enqueued by name, so this module does not import the task module that imports it.
+VERIFY_CHAINS_REQUESTED = "backplane.tasks.verify_chains_requested"
+
+
 def verification_run_request_full(*, requested_by: str) -> VerificationRun:
     """A full run of every chain, asked for by a person: the run is recorded now and the worker
-    runs it (``backplane.tasks.verify_chains_requested``) once this commits."""
-    from backplane.integrity.tasks import verify_chains_requested
-
+    runs it (``VERIFY_CHAINS_REQUESTED``) once this commits."""
     with transaction.atomic(durable=True):
         run = verification_run_start(mode=VerificationMode.FULL, requested_by=requested_by)
-        transaction.on_commit(lambda: verify_chains_requested.delay(run.pk))
+        transaction.on_commit(lambda: current_app.signature(VERIFY_CHAINS_REQUESTED, args=(run.pk,)).delay())
     return run
 
 

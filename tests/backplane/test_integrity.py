@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -13,6 +14,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_django import DjangoAssertNumQueries
 
+from backplane.celery import app as celery_app
 from backplane.eventlog import services
 from backplane.eventlog.chain import compute_hash, event_hashed_fields
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput
@@ -29,6 +31,7 @@ from backplane.integrity.models import (
     VerifiedHead,
 )
 from backplane.integrity.verification import chain_check
+from tests.conftest import celery_messages_taken
 
 INCREMENTAL = VerificationMode.INCREMENTAL
 FULL = VerificationMode.FULL
@@ -300,6 +303,17 @@ def test_the_celery_tasks_run_both_modes(build_task: Callable[..., Task], caplog
     assert "chain broken at seq 1" in caplog.text and (
         "1 task(s) with a broken chain or a row that differs from its log" in caplog.text)
     assert VerificationRun.objects.filter(finished_at__isnull=True).count() == 0
+
+
+def test_a_requested_full_run_is_queued_by_the_task_s_name(
+    db: None, django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    # verification.py enqueues it by its wire name (it cannot import the task module, which
+    # imports it): a name the worker does not know would leave the run queued for ever.
+    with django_capture_on_commit_callbacks(execute=True):
+        run = integrity.verification_run_request_full(requested_by="rita")
+    assert (integrity.VERIFY_CHAINS_REQUESTED, [run.pk]) in celery_messages_taken()
+    assert celery_app.tasks[integrity.VERIFY_CHAINS_REQUESTED].run is integrity_tasks.verify_chains_requested.run
 
 
 def test_the_beat_schedule_runs_both() -> None:

@@ -14,14 +14,16 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from backplane.celery import app as celery_app
 from backplane.delivery.models import DeadLetter
 from backplane.eventlog import services
 from backplane.eventlog.errors import InvalidInput, JobConflict, NotFound
 from backplane.eventlog.models import Agent, Event, Task
 from backplane.eventlog.writer import EventDraft, lock_task, write_events
 from recovery import bulk, detector, leases
+from recovery import tasks as recovery_tasks
 from recovery.models import BulkJob, BulkJobDecision, BulkJobItem
-from tests.conftest import check_projections
+from tests.conftest import celery_messages_taken, check_projections
 
 REASON = "deploy 412 failed them; fixed in 413"
 
@@ -176,6 +178,19 @@ def test_a_job_starts_once_and_only_with_its_hash(db: None) -> None:
     assert list(job.decisions.order_by("at").values_list("action", flat=True)) == ["create", "start"]
     with pytest.raises(NotFound):
         bulk.bulk_job_pause(job_id=10**9, decided_by="user:rita", reason="x")
+
+
+def test_a_started_job_queues_its_runner_on_the_broker_by_the_task_s_name(
+    db: None, django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    # bulk.py enqueues the runner by its wire name (it cannot import the task module, which
+    # imports it): a name the worker does not know would leave every started job unrun.
+    failed_task()
+    job = plan()
+    with django_capture_on_commit_callbacks(execute=True):
+        start(job)
+    assert (bulk.RUN_BULK_JOB, [job.pk]) in celery_messages_taken()
+    assert celery_app.tasks[bulk.RUN_BULK_JOB].run is recovery_tasks.run_bulk_job.run
 
 
 def test_pause_resume_and_abort_are_decisions_with_who_and_why(db: None) -> None:
