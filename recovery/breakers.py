@@ -41,10 +41,10 @@ from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from backplane.eventlog.errors import CircuitOpen
 from backplane.eventlog.models import Agent, BreakerTransition
 from backplane.lib.sql_rows import RowLoader, recordset
 from backplane.telemetry import counters
+from recovery.errors import CircuitOpen
 from recovery.models import Tool
 
 logger = logging.getLogger(__name__)

@@ -38,10 +38,11 @@ from django.utils import timezone
 from backplane.eventlog import event_types as et
 from backplane.eventlog.async_services import HandOff
 from backplane.eventlog.costs import ALL_TIME, TASK_ROOT_SQL, costs_something, task_root_id
-from backplane.eventlog.errors import BudgetExceeded, InvalidInput, NotFound
+from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.models import CostRollup, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
 from backplane.lib.sql_rows import RowLoader
+from recovery.errors import BudgetExceeded
 from recovery.models import Budget, BudgetDecision, BudgetPeriod, BudgetScope, BudgetUnit
 
 TOPIC = "backplane.budgets"

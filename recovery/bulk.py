@@ -36,12 +36,13 @@ from django.utils import timezone
 from backplane.delivery.models import DeadLetter, DeadLetterSource, DeadLetterStatus
 from backplane.delivery.selectors import DeadLetterFilters, dead_letters_filtered
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import AlreadyDecided, BackplaneError, InvalidInput, JobConflict, NotFound
+from backplane.eventlog.errors import AlreadyDecided, BackplaneError, InvalidInput, NotFound
 from backplane.eventlog.forks import FAILURE_TYPES, failure_points, task_fork_in_transaction
 from backplane.eventlog.models import CLOSED_STATUSES, Task, TaskStatus
 from backplane.eventlog.selectors import filter_values_from_json, task_filters_from_json, tasks_filtered
 from backplane.eventlog.writer import EventDraft, lock_tasks, write_events
 from recovery.dead_letters import dead_letter_discard_in_transaction, dead_letter_requeue_in_transaction
+from recovery.errors import JobConflict
 from recovery.fleet import tasks_cancel_locked
 from recovery.models import BulkAction, BulkItemStatus, BulkJob, BulkJobDecision, BulkJobItem, BulkJobStatus
 

@@ -23,9 +23,10 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound, PauseInForce
+from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
 from backplane.eventlog.models import NAME_VALIDATOR, Task, TaskStatus
 from backplane.eventlog.writer import EventDraft, TaskWrite, lock_task, task_closed_error, write_events_many
+from recovery.errors import PauseInForce
 from recovery.models import Pause
 
 # How many lifted pauses the pages and the API show beside those in force.

@@ -41,18 +41,13 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from backplane.delivery.outbound import OutboundRefused, outbound_client
-from backplane.eventlog.errors import (
-    IdempotencyMismatch,
-    InvalidInput,
-    NotFound,
-    RateLimited,
-    ToolUnavailable,
-)
+from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, NotFound
 from backplane.eventlog.selectors import task_visible
 from backplane.eventlog.services import ensure_storable_json
 from backplane.eventlog.writer import check_lease
 from backplane.telemetry import counters
 from recovery import breakers
+from recovery.errors import RateLimited, ToolUnavailable
 from recovery.models import Tool, ToolCall, ToolCallStatus
 from recovery.tool_calls import ToolCallOutcome, tool_call_dispatch, tool_call_key, tool_call_record_result
 

@@ -28,13 +28,7 @@ from backplane.delivery.outbox import RESERVED_TOPIC_WORD, topic_is_reserved
 from backplane.eventlog import costs
 from backplane.eventlog import event_types as et
 from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
-from backplane.eventlog.errors import (
-    IdempotencyMismatch,
-    InvalidInput,
-    KindRefused,
-    SeqConflict,
-    TaskExists,
-)
+from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, KindRefused, SeqConflict, TaskExists
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus, hash_token
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.lib.sql_rows import recordset, recordset_json

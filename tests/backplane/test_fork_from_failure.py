@@ -10,10 +10,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from backplane.eventlog import forks, services
-from backplane.eventlog.errors import InvalidInput, JobConflict
+from backplane.eventlog.errors import InvalidInput
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft, lock_task, write_events
 from recovery import bulk
+from recovery.errors import JobConflict
 from recovery.models import BulkJob, BulkJobItem
 
 pytestmark = pytest.mark.django_db

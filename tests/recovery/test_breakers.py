@@ -17,10 +17,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from backplane.eventlog import services
-from backplane.eventlog.errors import CircuitOpen
 from backplane.eventlog.models import Agent, BreakerTransition
 from recovery import breakers, gateway
 from recovery.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, Policy
+from recovery.errors import CircuitOpen
 from recovery.models import Tool
 
 # --- the state machine, pure -------------------------------------------------------------------

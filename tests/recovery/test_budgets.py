@@ -13,11 +13,11 @@ from rest_framework.test import APIClient
 
 from backplane.delivery.models import OutboxMessage
 from backplane.eventlog import services
-from backplane.eventlog.errors import BudgetExceeded
 from backplane.eventlog.event_types import prompt_sha256
 from backplane.eventlog.models import Event, ModelPrice, Task
 from backplane.eventlog.writer import EventDraft
 from recovery import budgets, leases, tool_calls
+from recovery.errors import BudgetExceeded
 from recovery.models import Budget, BudgetDecision
 from tests.api.conftest import AgentClient, assert_error
 from tests.backplane.test_concurrent_appends import run_in_threads

@@ -17,11 +17,12 @@ from django.utils import timezone
 from backplane.celery import app as celery_app
 from backplane.delivery.models import DeadLetter
 from backplane.eventlog import services
-from backplane.eventlog.errors import InvalidInput, JobConflict, NotFound
+from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.models import Agent, Event, Task
 from backplane.eventlog.writer import EventDraft, lock_task, write_events
 from recovery import bulk, detector, leases
 from recovery import tasks as recovery_tasks
+from recovery.errors import JobConflict
 from recovery.models import BulkJob, BulkJobDecision, BulkJobItem
 from tests.conftest import celery_messages_taken, check_projections
 

@@ -10,10 +10,10 @@ from django.db import connection
 from django.utils import timezone
 
 from backplane.eventlog import services
-from backplane.eventlog.errors import CircuitOpen
 from backplane.eventlog.models import Agent, BreakerTransition, Task
 from backplane.eventlog.writer import EventDraft
 from recovery import breakers, detector, leases
+from recovery.errors import CircuitOpen
 from tests.api.conftest import assert_error
 
 

@@ -20,12 +20,13 @@ from backplane.delivery.models import DeadLetter, OutboxMessage, WebhookSubscrip
 from backplane.delivery.outbox import outbox_enqueue_many
 from backplane.eventlog import services
 from backplane.eventlog.chain import format_timestamp
-from backplane.eventlog.errors import CircuitOpen, StaleLease
+from backplane.eventlog.errors import StaleLease
 from backplane.eventlog.lifecycle import lifecycle_message
 from backplane.eventlog.models import Agent, BreakerTransition, Event, Task
 from backplane.eventlog.writer import EventDraft
 from backplane.integrity.verification import chain_check
 from recovery import detector, leases, subtasks
+from recovery.errors import CircuitOpen
 from tests.recovery.test_circuit_breaker import cool_down, fail_one
 
 # What a lifecycle row holds apart from its own identity (id, message_id).

@@ -14,10 +14,11 @@ from django.utils import timezone
 
 from backplane.delivery.models import OutboxMessage
 from backplane.eventlog import services
-from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound, PauseInForce, TaskClosed
+from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound, TaskClosed
 from backplane.eventlog.models import Agent, Event, Task
 from backplane.eventlog.writer import EventDraft, lock_task
 from recovery import fleet, leases
+from recovery.errors import PauseInForce
 from tests.api.conftest import AgentClient, assert_error, claim, create_task, row_counts
 from tests.backplane.test_concurrent_appends import run_in_threads
 from tests.conftest import check_projections

@@ -24,9 +24,9 @@ from rest_framework.test import APIClient
 
 from api.bodies import ToolInvokeOut
 from backplane.eventlog import services
-from backplane.eventlog.errors import CircuitOpen
 from backplane.eventlog.models import Event, Task
 from recovery import detector, gateway, leases
+from recovery.errors import CircuitOpen
 from recovery.models import Tool, ToolCall
 from tests.api.conftest import assert_error, row_counts
 
