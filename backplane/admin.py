@@ -1,32 +1,25 @@
-"""Admin for administrators: agents and their tokens; tasks and events to look at, not edit."""
+"""Admin for administrators: tasks, events, outbox messages, breaker transitions and integrity
+records to look at, not edit; model prices and webhook subscriptions. The agents' and the dead
+letters' admin are recovery's (recovery/admin.py): their actions are its services."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.contrib.admin.helpers import ActionForm
-from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect
-from django.template.response import TemplateResponse
-from django.utils.cache import add_never_cache_headers
+from django.http import HttpRequest
 from django.utils.html import format_html
 
-from backplane.delivery.models import DeadLetter, DeadLetterStatus, OutboxMessage, WebhookSubscription
+from backplane.delivery.models import OutboxMessage, WebhookSubscription
 from backplane.delivery.outbound import outbound_url_validate
-from backplane.eventlog import services
-from backplane.eventlog.errors import AlreadyDecided, BackplaneError
-from backplane.eventlog.models import Agent, BreakerTransition, CostRollup, Event, ModelPrice, Task, user_actor
+from backplane.eventlog.errors import AlreadyDecided
+from backplane.eventlog.models import BreakerTransition, CostRollup, Event, ModelPrice, Task, user_actor
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import AuditSegment, IntegrityAlert, VerificationRun, VerifiedHead
-from recovery import breakers, bulk
-from recovery.models import BulkAction
 
 # Changelists fit a 1280 px window (tests/browser/test_admin_widths.py): a few columns to find a
 # row by, ids and hashes cut to their first characters (the whole value on hover and on the
@@ -51,61 +44,6 @@ def short(attname: str, description: str, *, ordering: str | None = None) -> Any
 
     column.__name__ = f"short_{attname}"
     return column
-
-
-@admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
-    list_filter = ("namespace", "is_active", "breaker_state")
-    search_fields = ("name", "namespace")
-    readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "breaker_opened_at")
-    fields = ("name", "namespace", "kinds", "user", "is_active", "created_at", "breaker_state", "consecutive_failures",
-              "breaker_opened_at")
-    list_display = ("name", "namespace", "is_active", "breaker_state", "created_at")
-    actions = ("rotate_tokens", "reset_breakers")
-
-    def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
-        if not change:
-            # Only the hash is stored; the token goes to the page that answers this request.
-            token, obj.token_hash = services.agent_token_issue()
-            request._issued_tokens = [(obj, token)]  # type: ignore[attr-defined]
-        super().save_model(request, obj, form, change)
-
-    def response_add(self, request: HttpRequest, obj: Agent, post_url_continue: str | None = None) -> HttpResponse:
-        issued = getattr(request, "_issued_tokens", None)
-        if issued:
-            return tokens_page(request, self, issued, title="Agent created: its token")
-        return super().response_add(request, obj, post_url_continue)
-
-    @admin.action(description="Close the circuit breaker of the selected agents", permissions=["change"])
-    def reset_breakers(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
-        if not self.has_change_permission(request):  # the admin offers the action only with it; check anyway
-            raise PermissionDenied
-        for agent in queryset:
-            breakers.breaker_reset(agent_id=agent.pk, decided_by=user_actor(request.user),
-                                   reason="from the admin")
-        messages.info(request, f"Breakers closed for {queryset.count()} agent(s).")
-
-    @admin.action(description="Rotate the token of the selected agents (shows the new tokens once)",
-                  permissions=["change"])
-    def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Agent]) -> HttpResponse:
-        if not self.has_change_permission(request):
-            raise PermissionDenied
-        issued = [(agent, services.agent_rotate_token(agent_id=agent.pk).token) for agent in queryset]
-        return tokens_page(request, self, issued, title="New tokens")
-
-
-def tokens_page(request: HttpRequest, model_admin: admin.ModelAdmin, issued: list[tuple[Agent, str]], *,
-                title: str) -> HttpResponse:
-    """New tokens, shown once: in the body of this response only. Never in a message or a
-    cookie (both outlive the page), and the response must not be cached."""
-    response = TemplateResponse(
-        request,
-        "admin/backplane/agent/tokens.html",
-        {**model_admin.admin_site.each_context(request), "title": title, "issued": issued,
-         "opts": model_admin.model._meta},
-    )
-    add_never_cache_headers(response)
-    return response
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -204,69 +142,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     search_fields = ("=message_id", "topic", "=key")
     ordering = ("-id",)
     show_full_result_count = False
-
-
-@admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin):
-    """Reviewers decide here too, as a bulk job (recovery/bulk.py, the one way to act in bulk):
-    "requeue selected" and "discard selected" ask for a reason on a page of their own, then make
-    a draft job over the selected dead letters and open its page (/jobs/<id>/), where the dry
-    run is shown and a reviewer starts exactly that list. The rows themselves stay read-only."""
-
-    list_display = ("id", "source", "topic", "status", "attempts", "created_at")
-    list_filter = ("status", "source")
-    search_fields = ("reference", "topic", "=task__id")
-    ordering = ("-id",)
-    actions = ("requeue_selected", "discard_selected")
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Reviewers (the Reviewers group holds only review_deadletter) may open the list they decide from.
-        return super().has_view_permission(request, obj) or self.has_review_permission(request)
-
-    def has_review_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("backplane.review_deadletter")
-
-    @admin.action(description="Requeue the selected dead letters (a job: asks for a reason)", permissions=["review"])
-    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
-        return self._draft_job(request, queryset, BulkAction.DEAD_LETTER_REQUEUE)
-
-    @admin.action(description="Discard the selected dead letters (a job: asks for a reason)", permissions=["review"])
-    def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
-        return self._draft_job(request, queryset, BulkAction.DEAD_LETTER_DISCARD)
-
-    def _draft_job(self, request: HttpRequest, queryset: QuerySet[DeadLetter], action: str) -> HttpResponse | None:
-        """First the page asking why (and showing what is selected), then the draft job's page."""
-        if not self.has_review_permission(request):  # the admin offers the action only to reviewers; check anyway
-            raise PermissionDenied
-        most = settings.BACKPLANE_BULK_MAX_ITEMS
-        # One more than the most: the dry run refuses an over-large list with its own message.
-        ids = list(queryset.order_by("created_at", "id").values_list("pk", flat=True)[: most + 1])
-        verb = "requeue" if action == BulkAction.DEAD_LETTER_REQUEUE else "discard"
-        reason = request.POST.get("reason", "").strip()
-        if request.POST.get("confirm") != "yes" or not reason:
-            shown = list(queryset.order_by("created_at", "id")[:50])
-            pending = queryset.filter(status=DeadLetterStatus.PENDING).count()
-            return TemplateResponse(request, "dashboard/dead_letters/admin_confirm.html", {
-                **self.admin_site.each_context(request),
-                "opts": self.model._meta,
-                "title": f"{verb.capitalize()} {len(ids)} dead letter{'s' if len(ids) != 1 else ''}?",
-                "action": verb,
-                "action_name": f"{verb}_selected",
-                "ids": ids,
-                "shown": shown,
-                "pending": pending,
-                "decided": len(ids) - pending,
-                "select_across": request.POST.get("select_across") == "1",
-                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-                "missing_reason": request.POST.get("confirm") == "yes" and not reason,
-            })
-        try:
-            job = bulk.bulk_job_plan(action=action, selection={"ids": ids}, reason=reason,
-                                     created_by=user_actor(request.user))
-        except BackplaneError as exc:
-            messages.error(request, f"Nothing was planned: {exc.message}.")
-            return None
-        return redirect("dashboard:job", job_id=job.pk)
 
 
 @admin.register(BreakerTransition)
