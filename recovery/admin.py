@@ -49,7 +49,7 @@ class ToolAdmin(admin.ModelAdmin):
     search_fields = ("name", "namespace", "url")
     # The breaker changes only under the row lock (recovery/breakers.py), the rate window only by
     # the gateway's conditional update: an edit here would race them.
-    readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "opened_at", "probe_started_at",
+    readonly_fields = ("created_at", "breaker_state", "consecutive_failures", "opened_at", "trial_started_at",
                        "last_error", "rate_window_start", "rate_window_count")
     fields = ("name", "namespace", "url", "timeout_seconds", "rate_limit_per_minute", "ttl_seconds", "is_active",
               "created_at", *readonly_fields[1:])

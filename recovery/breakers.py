@@ -476,7 +476,7 @@ def breaker_reset(*, agent_id: int, decided_by: str, reason: str = "") -> Agent:
 
 
 def _tool_policy(tool: Tool) -> Policy:
-    # A probe reports within the tool's timeout, or its process died.
+    # A trial call reports within the tool's timeout, or its process died.
     return Policy(
         threshold=settings.BACKPLANE_TOOL_BREAKER_THRESHOLD,
         cooldown=timedelta(seconds=settings.BACKPLANE_TOOL_BREAKER_COOLDOWN_SECONDS),
@@ -493,7 +493,7 @@ TOOLS: BreakerStore[Tool] = BreakerStore(
     state_field="breaker_state",
     failures_field="consecutive_failures",
     opened_at_field="opened_at",
-    trial_started_at_field="probe_started_at",
+    trial_started_at_field="trial_started_at",
     last_error_field="last_error",
     policy=_tool_policy,
     record=None,

@@ -111,7 +111,7 @@ def tool_invoke(
     key = tool_call_key(task_id=task_id, step=step, tool=tool.name)
     now = timezone.now()
     # Checked again under the task's row lock by tool_call_dispatch; checking first means a
-    # request that will be refused anyway spends neither a rate-limit slot nor the probe.
+    # request that will be refused anyway spends neither a rate-limit slot nor the trial.
     ensure_storable_json(input, "input")
     check_lease(task, lease_epoch, agent=agent, kinds=kinds)
 
@@ -154,8 +154,8 @@ def tool_invoke(
             tool_breaker_record_failure(tool_id=tool.pk, reason=exc.message)
             raise
     finally:
-        if permit is not None and permit.probe_started_at is not None and not sent:
-            _probe_release(tool, permit)
+        if permit is not None and permit.trial_started_at is not None and not sent:
+            _trial_release(tool, permit)
     tool_breaker_record_success(tool_id=tool.pk)
 
     try:
@@ -252,8 +252,8 @@ def _parse(raw: bytes) -> Any:
 
 @dataclass(frozen=True)
 class Permit:
-    # Set when this request is the one call let through a half-open breaker.
-    probe_started_at: datetime | None = None
+    # Set when this request is the one call let through a half-open breaker: its trial.
+    trial_started_at: datetime | None = None
 
 
 def _admit(tool: Tool, *, now: datetime) -> Permit:
@@ -261,7 +261,7 @@ def _admit(tool: Tool, *, now: datetime) -> Permit:
     try:
         tool_rate_limit_take(tool=tool, now=now)
     except RateLimited:
-        _probe_release(tool, permit)
+        _trial_release(tool, permit)
         raise
     return permit
 
@@ -271,26 +271,26 @@ def _admit(tool: Tool, *, now: datetime) -> Permit:
 
 
 def tool_breaker_admit(*, tool: Tool, now: datetime) -> Permit:
-    """Let a call through, make it the half-open probe, or refuse it with CircuitOpen.
+    """Let a call through, make it the half-open breaker's trial, or refuse it with CircuitOpen.
 
     ``tool`` was read at the start of the request; a breaker that opens a moment later lets
-    that one call through, which is harmless. The probe is claimed under the row lock: of the
-    requests that find the cool-down over, exactly one gets it. A probe that never reports
+    that one call through, which is harmless. The trial is claimed under the row lock: of the
+    requests that find the cool-down over, exactly one gets it. A trial that never reports
     (its process died) is given up after the tool's timeout plus a cool-down.
     """
-    return Permit(probe_started_at=breakers.breaker_admit(breakers.TOOLS, tool, now=now).trial_started_at)
+    return Permit(trial_started_at=breakers.breaker_admit(breakers.TOOLS, tool, now=now).trial_started_at)
 
 
-def _probe_release(tool: Tool, permit: Permit) -> None:
-    """The probe was admitted but the tool was not called: back to open with the cool-down
-    already spent, so the next request becomes the probe."""
-    if permit.probe_started_at is not None:
-        breakers.breaker_release_trial(breakers.TOOLS, tool.pk, trial_started_at=permit.probe_started_at,
-                                       reason="the probe was not sent")
+def _trial_release(tool: Tool, permit: Permit) -> None:
+    """The trial was admitted but the tool was not called: back to open with the cool-down
+    already spent, so the next request becomes the trial."""
+    if permit.trial_started_at is not None:
+        breakers.breaker_release_trial(breakers.TOOLS, tool.pk, trial_started_at=permit.trial_started_at,
+                                       reason="the trial call was not sent")
 
 
 def tool_breaker_record_failure(*, tool_id: int, reason: str) -> Tool:
-    """Count a failure; the threshold opens the breaker, a failed probe opens it again."""
+    """Count a failure; the threshold opens the breaker, a failed trial opens it again."""
     with transaction.atomic(durable=True):
         tool = breakers.TOOLS.lock(tool_id)
         breakers.breaker_count_failures(breakers.TOOLS, [(tool, 1, None)], reason=reason, now=timezone.now())

@@ -96,11 +96,12 @@ class Tool(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
-    # The circuit breaker: consecutive failures open it, a cool-down later one probe goes.
+    # The circuit breaker (recovery/breakers.py): consecutive failures open it, a cool-down later one
+    # trial call goes.
     breaker_state = models.CharField(max_length=20, choices=BreakerState.choices, default=BreakerState.CLOSED)
     consecutive_failures = models.PositiveIntegerField(default=0)
     opened_at = models.DateTimeField(null=True, blank=True)
-    probe_started_at = models.DateTimeField(null=True, blank=True)
+    trial_started_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
 
     # The rate limit: a fixed one-minute window and the calls counted in it.

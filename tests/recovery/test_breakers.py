@@ -154,7 +154,7 @@ class Subject:
         else:
             Tool.objects.filter(pk=self.pk).update(
                 breaker_state=state, consecutive_failures=failures, opened_at=moment,
-                probe_started_at=moment if state == HALF_OPEN else None)
+                trial_started_at=moment if state == HALF_OPEN else None)
 
 
 def agent_subject() -> Subject:
@@ -180,7 +180,7 @@ def tool_subject() -> Subject:
     def admit() -> datetime | None:
         # As the gateway does: decide on the row read at the start of the request.
         snapshot = Tool.objects.get(pk=tool.pk)
-        return gateway.tool_breaker_admit(tool=snapshot, now=timezone.now()).probe_started_at
+        return gateway.tool_breaker_admit(tool=snapshot, now=timezone.now()).trial_started_at
 
     def fail(reason: str) -> None:
         gateway.tool_breaker_record_failure(tool_id=tool.pk, reason=reason)
@@ -190,7 +190,7 @@ def tool_subject() -> Subject:
         pk=tool.pk,
         admit=admit,
         fail=fail,
-        release=lambda started: gateway._probe_release(tool, gateway.Permit(probe_started_at=started)),
+        release=lambda started: gateway._trial_release(tool, gateway.Permit(trial_started_at=started)),
     )
 
 
@@ -230,7 +230,7 @@ def test_it_goes_round_the_whole_cycle(subject: Subject) -> None:
 def test_a_release_of_a_trial_that_was_handed_on_keeps_the_new_one(subject: Subject) -> None:
     subject.set(HALF_OPEN, since=timedelta(hours=2))  # its trial never reported
     stale = subject.row()
-    stale_start = stale.breaker_opened_at if subject.kind == "agent" else stale.probe_started_at  # type: ignore[union-attr]
+    stale_start = stale.breaker_opened_at if subject.kind == "agent" else stale.trial_started_at  # type: ignore[union-attr]
 
     new_start = subject.admit()
     subject.release(stale_start)

@@ -353,7 +353,7 @@ def open_breaker(tool: Tool, *, cooled_down: bool) -> None:
     Tool.objects.filter(pk=tool.pk).update(breaker_state="open", opened_at=opened_at, consecutive_failures=3)
 
 
-def test_a_failed_probe_opens_the_breaker_again(alice, make_tool, tool_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_failed_trial_opens_the_breaker_again(alice, make_tool, tool_server) -> None:  # type: ignore[no-untyped-def]
     tool = make_tool()
     task = new_task()
     open_breaker(tool, cooled_down=True)
@@ -368,7 +368,7 @@ def test_a_failed_probe_opens_the_breaker_again(alice, make_tool, tool_server) -
     assert tool_server.calls() == 1
 
 
-def test_a_probe_refused_by_the_rate_limit_hands_the_probe_on(alice, make_tool, tool_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_trial_refused_by_the_rate_limit_hands_the_trial_on(alice, make_tool, tool_server) -> None:  # type: ignore[no-untyped-def]
     tool = make_tool(rate_limit_per_minute=1)
     task = new_task()
     open_breaker(tool, cooled_down=True)
@@ -387,24 +387,24 @@ def test_a_probe_refused_by_the_rate_limit_hands_the_probe_on(alice, make_tool, 
     assert (tool.breaker_state, tool.consecutive_failures) == ("closed", 0)
 
 
-def test_a_probe_that_never_reported_is_given_up_and_another_call_probes(alice, make_tool, tool_server) -> None:  # type: ignore[no-untyped-def]
-    tool = make_tool()  # timeout 5 s, cool-down 30 s: a probe is given up after 35 s
+def test_a_trial_that_never_reported_is_given_up_and_another_call_is_the_trial(alice, make_tool, tool_server) -> None:  # type: ignore[no-untyped-def]
+    tool = make_tool()  # timeout 5 s, cool-down 30 s: a trial is given up after 35 s
     task = new_task()
 
-    def probe_out_since(seconds: int) -> None:
+    def trial_out_since(seconds: int) -> None:
         started = timezone.now() - timedelta(seconds=seconds)
         Tool.objects.filter(pk=tool.pk).update(breaker_state="half_open", opened_at=started - timedelta(minutes=1),
-                                               probe_started_at=started, consecutive_failures=3)
+                                               trial_started_at=started, consecutive_failures=3)
 
-    probe_out_since(20)
+    trial_out_since(20)
     refused = invoke(alice, task)
     assert_error(refused, 503, "circuit_open")
     assert 1 <= int(refused["Retry-After"]) <= 30 and tool_server.calls() == 0
 
-    probe_out_since(36)
+    trial_out_since(36)
     assert invoke(alice, task).status_code == 200
     tool.refresh_from_db()
-    assert (tool.breaker_state, tool.consecutive_failures, tool.probe_started_at) == ("closed", 0, None)
+    assert (tool.breaker_state, tool.consecutive_failures, tool.trial_started_at) == ("closed", 0, None)
     assert tool_server.calls() == 1
 
 
@@ -434,7 +434,7 @@ def test_half_open_lets_exactly_one_call_through(committed_db, tool_server) -> N
     tool = Tool.objects.create(name="send-email", url=tool_server.url("/honest"), timeout_seconds=5)
     task = new_task()
     open_breaker(tool, cooled_down=True)
-    tool_server.delay = 0.3  # the probe is still out while the others arrive
+    tool_server.delay = 0.3  # the trial is still out while the others arrive
 
     def work(index: int) -> Any:
         return gateway.tool_invoke(namespace="acme", task_id=task.pk, step=index, tool_name="send-email",
