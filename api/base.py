@@ -29,7 +29,7 @@ def _example(name: str, code: str, message: str, details: dict[str, Any] | None 
                           response_only=True)
 
 
-# Each status's meaning in API.md and what its body looks like; every 4xx and 5xx has an example.
+# Each status's meaning in docs/api.md and what its body looks like; every 4xx and 5xx has an example.
 ERROR_RESPONSES: dict[int, tuple[str, list[OpenApiExample]]] = {
     400: ("validation_error: malformed JSON (nested deeper than 64 levels, duplicate keys, NUL, lone surrogates, "
           "numbers outside a double), wrong types, unknown fields, a reserved event type. `details` maps fields "

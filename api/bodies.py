@@ -102,7 +102,7 @@ class EventFieldsIn(Body):
 
     # The pattern is checked again, with the reserved names, in the service.
     type: EventType
-    payload: Annotated[JSONObject, Meta(description="required (API.md); `{}` when the type needs nothing")]
+    payload: Annotated[JSONObject, Meta(description="required (docs/api.md); `{}` when the type needs nothing")]
     idempotency_key: Text255 | None | UnsetType = UNSET
     lamport: Annotated[int, Meta(ge=0, le=2**62)] | UnsetType = UNSET
     causation_id: Text255 | None | UnsetType = UNSET

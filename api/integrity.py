@@ -1,4 +1,4 @@
-"""Integrity routes (API.md): the latest signed tree head, inclusion and consistency proofs."""
+"""Integrity routes (docs/api.md): the latest signed tree head, inclusion and consistency proofs."""
 
 from __future__ import annotations
 

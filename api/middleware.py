@@ -1,6 +1,6 @@
 """Guards that run before DRF sees a request to the API, and the net under every answer it gives.
 
-API.md's transport rules: a path without its trailing ``/`` is the same route; a body over the
+docs/api.md's transport rules: a path without its trailing ``/`` is the same route; a body over the
 limit is 413, whether its length is declared or it arrives chunked; and every answer is the
 contract's JSON, even when Django itself answers (an unknown path, a CSRF failure, a crash).
 """

@@ -1,4 +1,4 @@
-"""The API's one request parser: strict JSON (API.md, Conventions).
+"""The API's one request parser: strict JSON (docs/api.md, Conventions).
 
 DRF's ``JSONParser`` hands the body to ``json.load``, which recurses once per nesting level:
 ten kilobytes of ``[`` are a ``RecursionError`` (a 500), duplicate keys keep the last value

@@ -84,7 +84,7 @@ class StaffViewerOperator(PrincipalPermission):
 
 class Reviewer(PrincipalPermission):
     """A reviewer, by session or a token bound to that staff user, not scoped to a namespace:
-    dead letters and bulk jobs, which span namespaces, reads included (API.md)."""
+    dead letters and bulk jobs, which span namespaces, reads included (docs/api.md)."""
 
     message = ("reviewing dead letters and bulk jobs needs a staff user with the review_deadletter permission "
                "(the Reviewers group), not scoped to a namespace")

@@ -1,4 +1,4 @@
-"""Leases, the tool-call proxy and sub-agent hand-off over REST (API.md)."""
+"""Leases, the tool-call proxy and sub-agent hand-off over REST (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def _operations(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 TRANSPORT_RULES = """
 
-Transport rules (API.md, Conventions): every answer, errors included, is JSON; errors are
+Transport rules (docs/api.md, Conventions): every answer, errors included, is JSON; errors are
 `{"error": {"code", "message", "details"}}`. A path without its trailing `/` is the same route
 (never a redirect). Request bodies are `application/json` (anything else is `415
 unsupported_media_type`) of at most 256 KiB by default, declared or sent with

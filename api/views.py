@@ -221,7 +221,7 @@ task_events_route = AgentRoute(
         summary="A task's events in seq order",
         description=(
             "Events with `seq` greater than `after_seq`, oldest first. Page on with `after_seq` = "
-            "`next_after_seq` until it is null. Each event's `hash` can be checked as API.md describes."
+            "`next_after_seq` until it is null. Each event's `hash` can be checked as docs/api.md describes."
         ),
         parameters=[
             OpenApiParameter("after_seq", int, description="only events after this seq; default 0"),

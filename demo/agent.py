@@ -29,7 +29,7 @@ its source made with the inputs they were made with. The tool service links an e
 task whose lead it is (``task_id`` in the body): for a fork, its first source.
 
 Crashes: each attempt at a task is SIGKILLed with probability ``--crash-rate`` at one of the
-failure zones its kind passes through (DESIGN.md), chosen by a seeded generator:
+failure zones its kind passes through (docs/design.md), chosen by a seeded generator:
 
 - zone 1: after the decision, before the tool call is dispatched;
 - zone 2: the call is dispatched and the request has left for the tool; no answer is read;

@@ -12,7 +12,7 @@ stored, not by what the agents believe they did:
   ledger (exactly one effect each), and every ledger subject (task and step) acted on once;
 - **duplicates prevented**: answers the proxy gave instead of the tool, and repeats the tools
   answered from their own idempotency record;
-- **integrity**: every chain recomputed (API.md's hash rule) and every task row compared with
+- **integrity**: every chain recomputed (docs/api.md's hash rule) and every task row compared with
   the replay of its log.
 
 ``write_html`` draws it with Plotly (inlined: the file opens offline).

@@ -1,6 +1,6 @@
 """The hash chain: how an event is represented, hashed and linked to the one before.
 
-API.md fixes the rule so anyone can check a chain without our code: take the Event
+docs/api.md fixes the rule so anyone can check a chain without our code: take the Event
 object exactly as the API returns it, drop ``hash`` and ``position``, canonicalise
 the rest with RFC 8785 and hash it with SHA-256. ``event_as_api_dict`` is therefore
 the one place that decides what the API shows of an event; the serializer uses it too.
@@ -98,7 +98,7 @@ def hashed_fields(
     recorded_at: datetime | str,
     prev_hash: str,
 ) -> dict[str, Any]:
-    """The hashed fields of API.md's Event object (``recorded_at``: see ``format_timestamp``)."""
+    """The hashed fields of docs/api.md's Event object (``recorded_at``: see ``format_timestamp``)."""
     return {
         "task_id": task_id,
         "seq": seq,
@@ -133,7 +133,7 @@ def event_hashed_fields(event: StoredEvent) -> dict[str, Any]:
 
 
 def event_as_api_dict(event: StoredEvent) -> dict[str, Any]:
-    """The Event object of API.md, field order as documented."""
+    """The Event object of docs/api.md, field order as documented."""
     body = event_hashed_fields(event)
     return {
         "task_id": body["task_id"],

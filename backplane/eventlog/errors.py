@@ -1,4 +1,4 @@
-"""Domain errors. Each carries the contract's code and HTTP status (API.md, "Errors")."""
+"""Domain errors. Each carries the contract's code and HTTP status (docs/api.md, "Errors")."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class NotFound(BackplaneError):
 
 
 class KindRefused(BackplaneError):
-    """A token limited to kinds writing a task of another kind (API.md, Conventions)."""
+    """A token limited to kinds writing a task of another kind (docs/api.md, Conventions)."""
 
     status = 403
     code = "permission_denied"

@@ -49,7 +49,7 @@ TASK_CANCELLED = "TaskCancelled"
 # A person sent a failed task back to work with fresh attempts (a bulk retry, recovery/bulk.py).
 TASK_RETRIED = "TaskRetried"
 
-# Written only by the backplane itself; a client sending one gets 400 (API.md).
+# Written only by the backplane itself; a client sending one gets 400 (docs/api.md).
 SERVER_ONLY_TYPES = frozenset(
     {
         TASK_STARTED,

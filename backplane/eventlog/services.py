@@ -1,6 +1,6 @@
 """Client writes to the event log: tasks, appends, agents. Every public function is one transaction.
 
-The append path (DESIGN.md), from the request to the writer (``backplane.eventlog.writer``):
+The append path (docs/design.md), from the request to the writer (``backplane.eventlog.writer``):
 1. lock the task row, so appends to one task serialize and different tasks run in parallel;
 2. check the lease epoch (a fenced-off holder gets 409, never a silent write);
 3. answer a known idempotency key with the original event (another body is 422);

@@ -129,7 +129,7 @@ def check_lease(
     kinds: Sequence[str] = (),
     now: datetime | None = None,
 ) -> None:
-    """Fencing and confinement: who may write to ``task`` now (API.md, "Tasks and events").
+    """Fencing and confinement: who may write to ``task`` now (docs/api.md, "Tasks and events").
 
     ``agent`` is the writing agent's name; None only for the backplane itself (a sweep, the
     answer a tool the gateway called gave), which no lease fences. In order:

@@ -1,4 +1,4 @@
-"""A second, independent implementation of the event hash rule (API.md), for the verifiers.
+"""A second, independent implementation of the event hash rule (docs/api.md), for the verifiers.
 
 The writer hashes through ``backplane.eventlog.canonical`` (Trail of Bits' ``rfc8785`` plus a
 fast path over ``json.dumps``) and ``backplane.eventlog.chain``. A chain check that recomputed
@@ -132,7 +132,7 @@ def jcs(value: Any) -> bytes:
 
 
 def _api_time(moment: datetime) -> str:
-    # API.md: RFC 3339 UTC with microseconds and a Z, exactly as the API prints it.
+    # docs/api.md: RFC 3339 UTC with microseconds and a Z, exactly as the API prints it.
     if moment.tzinfo is None:
         raise NotCanonicalizable("a naive time has no RFC 3339 form")
     utc = moment.astimezone(UTC)

@@ -7,7 +7,7 @@ without a database.
   and the root of the empty tree SHA-256("").
 - The tree over n leaves splits at the largest power of two smaller than n (MTH).
 - Leaf indices start at 0; proofs list hashes from the leaf upward, as RFC 9162 verifies them.
-- The leaf input of an event is the 32 raw bytes of its hex ``hash`` (API.md, "Integrity").
+- The leaf input of an event is the 32 raw bytes of its hex ``hash`` (docs/api.md, "Integrity").
 
 Every function here takes and returns raw 32-byte hashes; ``hash_from_hex`` and
 ``hashes_to_hex`` convert at the edges (API, storage).

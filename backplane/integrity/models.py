@@ -150,7 +150,7 @@ class MerkleNode(models.Model):
 
 
 class SignedTreeHead(models.Model):
-    """A signed checkpoint of the tree: size, root, time, Ed25519 signature (API.md, Integrity)."""
+    """A signed checkpoint of the tree: size, root, time, Ed25519 signature (docs/api.md, Integrity)."""
 
     tree_size = models.BigIntegerField(primary_key=True)
     root_hash = models.CharField(max_length=64)

@@ -89,7 +89,7 @@ def public_key_hex(key: Ed25519PrivateKey | None = None) -> str:
 
 
 def tree_head_message(*, tree_size: int, root_hash: str, signed_at: str) -> bytes:
-    """What is signed (API.md): RFC 8785 JSON of exactly these three fields as returned."""
+    """What is signed (docs/api.md): RFC 8785 JSON of exactly these three fields as returned."""
     return canonical_json({"tree_size": tree_size, "root_hash": root_hash, "signed_at": signed_at})
 
 

@@ -1,5 +1,5 @@
 """Periodic chain verification: every task's hash chain re-checked, each run recorded, each
-break raised as an alert that a person acknowledges (DESIGN.md, "Integrity and audit").
+break raised as an alert that a person acknowledges (docs/design.md, "Integrity and audit").
 
 Two modes:
 
@@ -17,7 +17,7 @@ Every hash is recomputed with ``backplane.integrity.independent_hash``, never wi
 own hashing code (``backplane.eventlog.canonical`` / ``chain``): a checker sharing the writer's code
 would share its bugs, e.g. a hash that leaves ``prev_hash`` or the payload out.
 
-Both also prove each checked task's row is what its log makes of it (DESIGN.md, "the log is the
+Both also prove each checked task's row is what its log makes of it (docs/design.md, "the log is the
 truth"): the pass that hashes the events folds them through the reducer too, and the result is
 compared with the row read together with the head. An incremental run folds only the new events,
 on top of the checkpoint (``VerifiedHead.projection``) kept with the verified head; a full run

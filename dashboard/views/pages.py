@@ -226,7 +226,7 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
 @require_GET
 @viewers_only
 def task_recovery_context(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
-    """The recovery context exactly as the next agent would receive it (API.md), as a fragment."""
+    """The recovery context exactly as the next agent would receive it (docs/api.md), as a fragment."""
     context = recovery_context(namespace=None, task_id=scoped_task(request, task_id).pk)
     return render(request, "dashboard/_recovery_context.html", {"context": context})
 

@@ -1,4 +1,4 @@
-"""Hostile input on every write route (API.md, Conventions, issue 14).
+"""Hostile input on every write route (docs/api.md, Conventions, issue 14).
 
 Every case answers in the contract's error shape with its status and changes nothing (row
 counts of tasks, events, outbox and tool calls). What only a real server can show (chunked

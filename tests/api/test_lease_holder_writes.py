@@ -1,4 +1,4 @@
-"""The lease's holder alone writes (API.md, "Tasks and events"): another agent of the namespace,
+"""The lease's holder alone writes (docs/api.md, "Tasks and events"): another agent of the namespace,
 even one that read the right epoch off the task, is 409 stale_lease on every write route, and
 nothing is written. A token limited to kinds writes only tasks of those kinds (and the tasks it
 dispatched); reads stay namespace-wide. Staff sessions write only through the staff actions."""

@@ -1,5 +1,5 @@
 """Outbox topics beginning with ``backplane.`` are the server's: a client's is 400 and writes nothing
-(API.md, "Tasks and events"), on the single append and the batch, with whitespace around it or not."""
+(docs/api.md, "Tasks and events"), on the single append and the batch, with whitespace around it or not."""
 
 from __future__ import annotations
 

@@ -339,7 +339,7 @@ def assert_not_reloaded(page: Page) -> None:
 
 
 class ApiAgent:
-    """An agent with a real token, talking to one web process over HTTP (``../shared/API.md``)."""
+    """An agent with a real token, talking to one web process over HTTP (``docs/api.md``)."""
 
     def __init__(self, *, name: str, namespace: str, token: str, server: WebProcess) -> None:
         self.name, self.namespace, self.token, self.server = name, namespace, token, server

@@ -11,7 +11,7 @@ It claims one task of ``--kind``, reads the recovery context and works through t
 4. ``ReasoningStepCompleted`` (the final step, recording what was learnt) and ``TaskCompleted``,
    in one batch.
 
-``--crash-at zoneN`` SIGKILLs the process at the exact point of failure zone N (DESIGN.md):
+``--crash-at zoneN`` SIGKILLs the process at the exact point of failure zone N (docs/design.md):
 
 - ``zone1``: after the decision (step 1 appended), before the dispatch;
 - ``zone2``: after the dispatch and after the request left for the tool, before any answer is read;

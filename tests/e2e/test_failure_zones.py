@@ -1,4 +1,4 @@
-"""The four failure zones of DESIGN.md, end to end, with real processes.
+"""The four failure zones of docs/design.md, end to end, with real processes.
 
 Each test runs the product's web server (uvicorn), an external tool (a real HTTP server on
 127.0.0.1 that counts its side effects per ``Idempotency-Key``) and agent processes written
@@ -9,7 +9,7 @@ and finishes it.
 
 Pass: every task completes, every side effect happened exactly once (in flight: the tool saw
 the key at most twice and acted once), a sub-agent's result is in the parent's log once, and
-every chain verifies, on the server and recomputed here from the API's events (API.md's rule).
+every chain verifies, on the server and recomputed here from the API's events (docs/api.md's rule).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Zone:
         verdict = self.observer.verify(task_id)
         assert verdict == {"valid": True, "checked": task["last_seq"], "head_hash": task["head_hash"],
                            "first_invalid_seq": None}
-        # And with no code of the server's: API.md's hash rule over the events as served.
+        # And with no code of the server's: docs/api.md's hash rule over the events as served.
         prev = ZERO_HASH
         events = self.events(task_id)
         assert [e["seq"] for e in events] == list(range(1, task["last_seq"] + 1))

@@ -1,5 +1,5 @@
 """Audit export: each new sealed range becomes a signed segment in the audit destination
-(DESIGN.md, "Integrity and audit"; the format is in ``backplane/integrity/audit/manifest.py``).
+(docs/design.md, "Integrity and audit"; the format is in ``backplane/integrity/audit/manifest.py``).
 
 One segment per call of ``audit_export_next_segment``, in one transaction that holds the
 exporter's advisory lock (one exporter at a time across the cluster):

@@ -4,7 +4,7 @@ A segment ``N`` is two objects in the destination:
 
 - ``segment-NNNNNNNN.jsonl``: the events of leaves ``first_leaf..last_leaf`` in leaf order, one
   per line, each the API's Event object (``backplane.chain.event_as_api_dict``) as RFC 8785
-  canonical JSON, so its ``hash`` can be recomputed by API.md's rule.
+  canonical JSON, so its ``hash`` can be recomputed by docs/api.md's rule.
 - ``segment-NNNNNNNN.manifest.json``: a JSON object with
 
   ``format``, ``segment`` (N, from 1), ``first_leaf``, ``last_leaf``, ``tree_size``
@@ -69,6 +69,6 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
 
 
 def tree_head_message(*, tree_size: int, root_hash: str, signed_at: str) -> bytes:
-    """What a signed tree head's signature covers (API.md, "Integrity"); the same bytes as
+    """What a signed tree head's signature covers (docs/api.md, "Integrity"); the same bytes as
     ``backplane.sealing.tree_head_message``, which needs Django and so cannot be imported here."""
     return canonical_json({"tree_size": tree_size, "root_hash": root_hash, "signed_at": signed_at})
