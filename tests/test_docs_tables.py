@@ -14,6 +14,7 @@ from api import middleware
 from backplane.eventlog import errors
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.runtime import env
+from recovery import errors as recovery_errors
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -46,9 +47,10 @@ def test_the_server_only_event_types_are_the_ones_events_md_lists() -> None:
 
 
 def contract_errors() -> set[tuple[int, str]]:
-    """Every (status, code) the API answers with: the event log's errors, the answers the
-    middleware gives before or instead of a view, and DRF's own (authentication, throttling)."""
-    raised = {(cls.status, cls.code) for cls in vars(errors).values()
+    """Every (status, code) the API answers with: the event log's and recovery's errors, the
+    answers the middleware gives before or instead of a view, and DRF's own (authentication,
+    throttling)."""
+    raised = {(cls.status, cls.code) for module in (errors, recovery_errors) for cls in vars(module).values()
               if isinstance(cls, type) and issubclass(cls, errors.BackplaneError) and cls is not errors.BackplaneError
               and getattr(cls, "status", None)}
     converted = {(status, code) for status, (code, _) in middleware._CONTRACT_CODES.items()}
