@@ -98,7 +98,7 @@ node:
 	$(call apt_install,nodejs,node,the JavaScript agent's test)
 
 # The alert rules (docs/prometheus/alerts.yml) are checked with `promtool check rules` by the test
-# suite (tests/telemetry/test_metrics_docs.py), which fails without it. promtool comes from Debian's
+# suite (tests/backplane/telemetry/test_metrics_docs.py), which fails without it. promtool comes from Debian's
 # prometheus package, fetched with apt (the package lists updated as root, else with sudo); only
 # its promtool is unpacked, into the venv: installing the package would also set up and start a
 # Prometheus server as a service.
@@ -181,7 +181,7 @@ profile: $(STAMP) $(BENCH_STAMP) wrk pgclient
 bench-scale: $(STAMP) wrk pgclient
 	$(PY) bench/scale.py --out var/bench/scale
 
-# The RabbitMQ tests (tests/backplane/test_rabbitmq_processes.py) start private nodes of Debian's
+# The RabbitMQ tests (tests/backplane/delivery/test_rabbitmq_processes.py) start private nodes of Debian's
 # rabbitmq-server, each with its own epmd, port and data under a temporary folder
 # (tests/support/rabbitmq.py). Installing the package starts and enables the system's node on a
 # machine with an init system; that node is stopped and disabled here, since nothing uses it.

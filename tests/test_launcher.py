@@ -2,7 +2,7 @@
 SIGTERM leaves none of its processes (the database included) behind.
 
 The rest of its life, with its processes killed one by one, a second start on the same data
-(the same login) and Ctrl-C, is in ``tests/runtime/test_supervision.py``.
+(the same login) and Ctrl-C, is in ``tests/backplane/runtime/test_supervision.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from backplane.runtime import embedded_db
-from tests.runtime.product import RunningProduct, alive, new_var_dir
+from tests.backplane.runtime.product import RunningProduct, alive, new_var_dir
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow

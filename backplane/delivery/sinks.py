@@ -160,7 +160,7 @@ class KombuSink:
         The Redis and filesystem transports (kombu's virtual transports, the ones this product
         runs on) keep the bindings in the broker, shared by every process, and route in the
         publisher with ``_lookup``; it is kombu's private method, pinned with kombu and covered
-        by tests/backplane/test_outbox_unroutable.py. A binding removed between this check and
+        by tests/backplane/delivery/test_outbox_unroutable.py. A binding removed between this check and
         the publish still loses that one message: the broker gives no answer to wait for.
         """
         lookup = getattr(channel, "_lookup", None)

@@ -73,7 +73,7 @@ TOOL_GATEWAY_DURATION = Histogram(
 DEAD_LETTERS_CREATED = Counter("backplane_dead_letters_created", "Dead letters made, by source", ["source"])
 DEAD_LETTERS_DECIDED = Counter(
     "backplane_dead_letters_decided", "Dead letters a reviewer decided, by decision", ["decision"])
-# delivery.models.DeadLetterSource's values (checked by tests/telemetry/test_metrics_counters.py).
+# delivery.models.DeadLetterSource's values (checked by tests/backplane/telemetry/test_metrics_counters.py).
 DEAD_LETTER_SOURCES = ("audit_export", "compensation", "outbox", "task", "tool_call")
 DEAD_LETTER_DECISIONS = ("discarded", "requeued")
 BREAKER_TRANSITIONS = Counter(

@@ -14,7 +14,7 @@ from backplane.eventlog import forks
 from backplane.eventlog.models import Event, Task
 from recovery.models import ToolCall
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
-from tests.backplane.audit_support import rewrite_history
+from tests.backplane.integrity.audit_support import rewrite_history
 
 Counts = Callable[[], dict[str, int]]
 

@@ -14,7 +14,7 @@ from backplane.delivery import outbox, relay
 from backplane.delivery.models import OutboxMessage
 from backplane.delivery.sinks import Sinks
 from tests.api.conftest import AgentClient, assert_error, create_task
-from tests.backplane.test_outbox import drain
+from tests.backplane.delivery.test_outbox import drain
 
 
 def events_url(task: dict[str, Any]) -> str:

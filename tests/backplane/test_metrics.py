@@ -23,8 +23,8 @@ from backplane.eventlog.models import Event, ModelPrice, Task
 from backplane.eventlog.writer import EventDraft, lock_task, write_events
 from backplane.telemetry import counters, gen_ai
 from tests.api.conftest import AgentClient, create_task
-from tests.telemetry.conftest import spans as spans  # noqa: F401 - the telemetry tests' fixture, by its name
-from tests.telemetry.metrics_scrape import scrape
+from tests.backplane.telemetry.conftest import spans as spans  # noqa: F401 - the telemetry tests' fixture, by its name
+from tests.backplane.telemetry.metrics_scrape import scrape
 
 
 def test_it_reports_outbox_and_task_figures(client: Client, make_task: Callable[..., Task]) -> None:

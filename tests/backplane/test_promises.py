@@ -32,7 +32,7 @@ from backplane.integrity import independent_hash, sealing, verification
 from backplane.integrity import tasks as integrity_tasks
 from backplane.integrity.models import IntegrityAlert, IntegrityAlertKind
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
-from tests.backplane.audit_support import as_attacker
+from tests.backplane.integrity.audit_support import as_attacker
 from tests.support.roles import staff_user
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,8 +26,8 @@ import psycopg
 import pytest
 from playwright.sync_api import Page, ViewportSize, sync_playwright
 
+from tests.backplane.runtime.product import ROOT, RunningProduct, launcher_env, new_var_dir
 from tests.browser.conftest import CHROMIUM_ARGS, SCREENSHOT_DIR, VIEWPORT, chromium_executable, login
-from tests.runtime.product import ROOT, RunningProduct, launcher_env, new_var_dir
 
 pytestmark = [pytest.mark.slow]
 

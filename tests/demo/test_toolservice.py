@@ -26,7 +26,7 @@ from backplane_client.signing import sign
 from demo.fleet import demo_prune_own_records
 from demo.models import LedgerEntry, Observation
 from demo.toolservice import BOUNCING_DOMAIN, Faults, ToolWorld, make_server
-from tests.runtime.product import ROOT
+from tests.backplane.runtime.product import ROOT
 
 SECRET = "demo-test-secret"
 

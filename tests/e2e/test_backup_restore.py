@@ -44,7 +44,7 @@ from backplane.integrity.audit import export
 from backplane.integrity.audit import manifest as fmt
 from backplane.integrity.audit.storage import DirectoryStore
 from backplane.runtime import embedded_db
-from tests.backplane.audit_support import verifier_env
+from tests.backplane.integrity.audit_support import verifier_env
 
 pytestmark = pytest.mark.slow
 

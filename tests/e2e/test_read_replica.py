@@ -32,9 +32,9 @@ from backplane.eventlog import services
 from backplane.runtime import replica
 from backplane.runtime.replica import ReplicaState, replica_state
 from tests.api.conftest import AgentClient
-from tests.runtime.replica_support import replica_database, replica_routing
+from tests.backplane.runtime.replica_support import replica_database, replica_routing
+from tests.backplane.telemetry.metrics_scrape import scrape
 from tests.support.roles import staff_user
-from tests.telemetry.metrics_scrape import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "replica"])]
 

@@ -39,9 +39,9 @@ FILES = ["backplane/eventlog/writer.py", "backplane/eventlog/chain.py", "recover
 MUTANTS = ["backplane.eventlog.writer.*", "backplane.eventlog.chain.*", "recovery.leases.*",
            "backplane.delivery.relay.x_outbox_claim__mutmut_*", "backplane.delivery.relay.x__claim_rows__mutmut_*"]
 TESTS = [
-    "tests/backplane/test_event_append.py",
-    "tests/backplane/test_chain_verify.py",
-    "tests/backplane/test_relay_claims.py",
+    "tests/backplane/eventlog/test_event_append.py",
+    "tests/backplane/eventlog/test_chain_verify.py",
+    "tests/backplane/delivery/test_relay_claims.py",
     "tests/api/test_leases_api.py",
     "tests/backplane/test_promises.py",
 ]

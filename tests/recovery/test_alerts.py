@@ -24,7 +24,7 @@ from backplane.runtime import duties
 from recovery import alerts
 from recovery import tasks as recovery_tasks
 from recovery.models import ALERT_WINDOW_MAX_SECONDS, AlertRule, AlertState, AlertTransition, SavedSearch
-from tests.backplane.test_concurrent_appends import run_in_threads
+from tests.backplane.eventlog.test_concurrent_appends import run_in_threads
 
 BY = "user:alice"
 

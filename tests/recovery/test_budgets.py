@@ -20,7 +20,7 @@ from recovery import budgets, leases, tool_calls
 from recovery.errors import BudgetExceeded
 from recovery.models import Budget, BudgetDecision
 from tests.api.conftest import AgentClient, assert_error
-from tests.backplane.test_concurrent_appends import run_in_threads
+from tests.backplane.eventlog.test_concurrent_appends import run_in_threads
 from tests.support.roles import staff_user
 
 # 1,000 input tokens at 1 per million: a call costs 0.001.

@@ -20,7 +20,7 @@ from backplane.eventlog.writer import EventDraft, lock_task
 from recovery import fleet, leases
 from recovery.errors import PauseInForce
 from tests.api.conftest import AgentClient, assert_error, claim, create_task, row_counts
-from tests.backplane.test_concurrent_appends import run_in_threads
+from tests.backplane.eventlog.test_concurrent_appends import run_in_threads
 from tests.conftest import check_projections
 from tests.recovery.test_sagas import requested, succeed_three_steps
 

@@ -33,7 +33,7 @@ from recovery import dead_letters, detector, retention
 from recovery import tasks as recovery_tasks
 from recovery.models import RetentionRule, ToolCall
 from tests.api.conftest import AgentClient, claim, create_task
-from tests.backplane.audit_support import as_attacker, run_verifier
+from tests.backplane.integrity.audit_support import as_attacker, run_verifier
 from tests.backplane.test_database_roles import conninfo
 
 # Every table whose rows refer to a task by foreign key, and so must be emptied of the task's
