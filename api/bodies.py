@@ -207,6 +207,8 @@ class Answer(Struct):
     """An answer's body."""
 
 
+# The schema's name for a task's status since the first docs/openapi.yaml (clients generated from
+# it name their type after it), so not TaskStatus itself; tests/api/test_bodies.py holds the two equal.
 class TaskOutStatusEnum(enum.Enum):
     PENDING = "pending"
     RUNNING = "running"

@@ -4,6 +4,8 @@ The encoding is the ``rfc8785`` package's, as on the server (``backplane.eventlo
 with the server's one adjustment: an integer outside the range every double represents exactly
 (beyond 2**53 - 1) is written as the double it denotes, which is what PostgreSQL's JSONB and any
 JavaScript verifier make of it. So a hash computed here is the one the server checks.
+Written again rather than imported: the client installs without the server, and the server does
+not depend on its SDK; tests/client/test_canonical.py holds the two to the same vectors and values.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from backplane.delivery.models import DeadLetterSource, DeadLetterStatus
 from backplane.delivery.selectors import DeadLetterFilters
-from dashboard.forms import ViewerDateTimeField
+from dashboard.forms import BulkSelectionForm, ViewerDateTimeField
 from recovery.models import BulkAction
 
 STATUS_CHOICES = [
@@ -143,23 +143,15 @@ class IdListField(forms.Field):
         return list(dict.fromkeys(ids))
 
 
-class DeadLetterJobForm(forms.Form):
-    """The queue's bulk bar: the checked dead letters, or every pending one matching the filter
-    (``query``, the queue's filter as a query string), what to do and why. It makes a draft
-    job; its page shows the dry run and a reviewer starts it there."""
+class DeadLetterJobForm(BulkSelectionForm):
+    """The queue's bulk bar: the checked dead letters, or every pending one matching the filter,
+    what to do and why."""
+
+    nothing_selected = "Select some dead letters, or all matching the filter."
 
     action = forms.ChoiceField(choices=BULK_JOB_ACTIONS)
     reason = reason_field()
     ids = IdListField(required=False)
-    all_matching = forms.BooleanField(required=False)
-    query = forms.CharField(required=False, max_length=2000)
-
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        data = self.cleaned_data
-        if not data.get("all_matching") and not data.get("ids") and not self.errors:
-            raise forms.ValidationError("Select some dead letters, or all matching the filter.")
-        return data
 
 
 def job_filter_of(filters: DeadLetterFilters) -> dict[str, str]:

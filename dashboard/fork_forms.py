@@ -8,6 +8,8 @@ from typing import Any
 
 from django import forms
 
+from dashboard.forms import BulkSelectionForm
+
 # The same bound as the API's (api/forks.py, which the dashboard does not import).
 REASON_MAX_CHARS = 1000
 REASON_REQUIRED = "Write a reason: it is recorded in the fork's log with your name."
@@ -52,19 +54,11 @@ class TaskIdListField(forms.Field):
         return list(dict.fromkeys(ids))
 
 
-class ForkJobForm(forms.Form):
-    """The task list's bulk bar: the checked tasks, or every task matching the list's filter
-    (``query``, the filter as a query string), and why. It makes a draft fork-from-failure
-    job; its page shows the dry run and a reviewer starts it there."""
+class ForkJobForm(BulkSelectionForm):
+    """The task list's bulk bar: the checked tasks, or every task matching the list's filter,
+    and why: a draft fork-from-failure job."""
+
+    nothing_selected = "Select some tasks, or all matching the filter."
 
     reason = fork_reason_field("e.g. the CRM is back; retry from before the failure")
     ids = TaskIdListField(required=False)
-    all_matching = forms.BooleanField(required=False)
-    query = forms.CharField(required=False, max_length=2000)
-
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        data = self.cleaned_data
-        if not data.get("all_matching") and not data.get("ids") and not self.errors:
-            raise forms.ValidationError("Select some tasks, or all matching the filter.")
-        return data

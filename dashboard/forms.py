@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django import forms
 
@@ -74,3 +75,21 @@ class TaskFilterForm(forms.Form):
             sandboxes=data.get("sandboxes") or "",
             **{name: data.get(name) for name in TIME_FIELDS},
         )
+
+
+class BulkSelectionForm(forms.Form):
+    """A list page's bulk bar: the rows checked (``ids``, a field each page declares for its own
+    ids), or every row matching the list's filter (``query``, the filter as a query string). It
+    makes a draft job; its page shows the dry run and a reviewer starts it there."""
+
+    nothing_selected = "Select some rows, or all matching the filter."  # in each page's words
+
+    all_matching = forms.BooleanField(required=False)
+    query = forms.CharField(required=False, max_length=2000)
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        if not data.get("all_matching") and not data.get("ids") and not self.errors:
+            raise forms.ValidationError(self.nothing_selected)
+        return data

@@ -32,6 +32,7 @@ from api.bodies import (
     ToolCallOut,
     checked,
 )
+from backplane.eventlog.models import TaskStatus
 from tests.api.conftest import AgentClient
 
 
@@ -191,3 +192,8 @@ def test_every_agent_routes_answer_is_its_declaration(alice: AgentClient) -> Non
                         format="json"), SubtaskOut)
     conforms(alice.post(f"{task}release/", {"lease_epoch": epoch}, format="json"), TaskOut)
     conforms(alice.post(f"{task}fork/", {"at_seq": 2, "reason": "try again"}, format="json"), TaskOut)
+
+
+def test_the_answer_s_task_statuses_are_the_model_s() -> None:
+    assert [(status.name, status.value) for status in bodies.TaskOutStatusEnum] == [
+        (status.name, status.value) for status in TaskStatus]
