@@ -529,6 +529,14 @@ for _binding in env_list("BACKPLANE_OUTBOX_QUEUES", []):
     if not _queue or not _pattern:
         raise ImproperlyConfiguredEnv(f"BACKPLANE_OUTBOX_QUEUES: {_binding!r} is not queue=binding")
     BACKPLANE_OUTBOX_QUEUES.append((_queue, _pattern))
+# The backplane's own topics (lifecycle, alerts, budgets, compensations: ``backplane.*``) go to the
+# broker only where a route is declared: a binding of BACKPLANE_OUTBOX_QUEUES, or a pattern here for
+# the queues external consumers declare themselves (e.g. "backplane.tasks.#"). Nobody asked for the
+# others, and on a topic exchange they would only be unroutable: retried, then dead letters. The
+# test suite routes them all by default, as its tests of those messages read them from the broker;
+# tests/backplane/delivery/test_product_topics.py checks the default of an install.
+BACKPLANE_OUTBOX_BROKER_TOPICS: list[str] = env_list("BACKPLANE_OUTBOX_BROKER_TOPICS",
+                                                     ["backplane.#"] if BACKPLANE_ENV == "test" else [])
 BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
 BACKPLANE_NO_PROGRESS_FLAG_SECONDS = env_int("BACKPLANE_NO_PROGRESS_FLAG_SECONDS", 300, minimum=1)
 BACKPLANE_NO_PROGRESS_STALL_SECONDS = env_int("BACKPLANE_NO_PROGRESS_STALL_SECONDS", 1800, minimum=1)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
 from backplane.delivery.models import OutboxDestination, OutboxMessage
@@ -52,6 +53,17 @@ def outbox_key_scope(*, topic: str, namespace: str | None) -> str:
     """The scope a message's per-key order is kept in: the backplane's topics (and anything not
     written for a namespace) share ``SERVER_KEY_SCOPE``; an agent's messages, their namespace."""
     return SERVER_KEY_SCOPE if namespace is None or topic_is_reserved(topic) else namespace
+
+
+def broker_takes(topic: str) -> bool:
+    """Whether a message on ``topic`` gets a row for the broker. An agent's message always does
+    (it asked for it: unroutable, it is retried and then a dead letter). The backplane's own only
+    where a route is declared for it (``BACKPLANE_OUTBOX_QUEUES``' bindings,
+    ``BACKPLANE_OUTBOX_BROKER_TOPICS``): nobody else asked for them."""
+    if not topic_is_reserved(topic):
+        return True
+    routes = [*(binding for _, binding in settings.BACKPLANE_OUTBOX_QUEUES), *settings.BACKPLANE_OUTBOX_BROKER_TOPICS]
+    return any(topic_matches(route, topic) for route in routes)
 
 
 def topic_matches(pattern: str, topic: str) -> bool:
@@ -151,6 +163,7 @@ def _rows_for(
     gets every namespace's: its routing key is the topic, and consumers filter on the
     ``namespace`` header."""
     matching = [s.pk for s in subscriptions if s.wants(topic=topic, namespace=namespace)]
+    destinations: list[int | None] = [None, *matching] if broker_takes(topic) else [*matching]
     # The server's word on whose message this is, over anything the caller's headers say.
     headers = {**headers, "namespace": namespace}
     key_scope = outbox_key_scope(topic=topic, namespace=namespace)
@@ -168,7 +181,7 @@ def _rows_for(
             "task_id": task_id,
             "event_position": event_position,
         }
-        for offset, subscription_id in enumerate([None, *matching])
+        for offset, subscription_id in enumerate(destinations)
     ]
 
 

@@ -87,6 +87,10 @@ def with_user(url: str, user: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{quote(user)}@{host}"))
 
 
+# The demo fleet's downstream queue (demo/downstream.py's QUEUE; tests/demo/test_downstream.py holds
+# the two equal).
+DEMO_QUEUE = "demo-downstream"
+
 class SetupFailed(RuntimeError):
     """A start-up step failed; the message says which and why."""
 
@@ -113,6 +117,12 @@ class Launcher:
         # to them explicitly, so a child in production mode agrees with the directory emptied here.
         self.metrics_dir = Path(self.env.get("BACKPLANE_METRICS_DIR") or var_dir / "metrics")
         self.env["BACKPLANE_METRICS_DIR"] = str(self.metrics_dir)
+        if env_bool("BACKPLANE_DEMO", True):
+            # The demo's downstream consumer reads every topic (demo/downstream.py, which this
+            # lower part may not import): declared as one of the product's own queues, so the relay
+            # binds it before its first publish and the backplane's own topics have a route to it.
+            declared = self.env.get("BACKPLANE_OUTBOX_QUEUES", "")
+            self.env["BACKPLANE_OUTBOX_QUEUES"] = ",".join(filter(None, [declared, f"{DEMO_QUEUE}=#"]))
         self.child_pids: dict[str, int] = {}
         self.supervisor = Supervisor(env=self.env, cwd=BASE_DIR, on_spawn=self._record_children,
                                      before_backoff=self._last_look)

@@ -14,8 +14,9 @@ from backplane.delivery import relay
 from backplane.delivery.models import OutboxMessage
 from backplane.delivery.sinks import Sinks
 from backplane.eventlog.models import Task
+from backplane.runtime import launcher
 from backplane_client.consumer import ensure_processed_table
-from demo.downstream import TABLE, downstream_drain_once, downstream_prune, downstream_queue
+from demo.downstream import QUEUE, TABLE, downstream_drain_once, downstream_prune, downstream_queue
 
 
 def processed_ids() -> set[str]:
@@ -46,3 +47,9 @@ def test_it_hears_each_lifecycle_message_once_even_when_it_comes_again(
             assert not downstream_drain_once(simple, timeout=0.2)
     assert processed_ids() == {str(message.message_id)}
     assert downstream_prune(older_than=timedelta(0)) == 1 and processed_ids() == set()
+
+
+def test_the_launcher_declares_the_demo_s_queue_by_its_name() -> None:
+    # The launcher may not import the demo: it names the queue itself, so the backplane's own
+    # topics have a route to the demo's consumer from the relay's first publish.
+    assert launcher.DEMO_QUEUE == QUEUE
