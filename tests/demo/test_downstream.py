@@ -3,6 +3,7 @@ declared, so the relay's messages are routed and delivered, and a redelivery is 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -53,3 +54,8 @@ def test_the_launcher_declares_the_demo_s_queue_by_its_name() -> None:
     # The launcher may not import the demo: it names the queue itself, so the backplane's own
     # topics have a route to the demo's consumer from the relay's first publish.
     assert launcher.DEMO_QUEUE == QUEUE
+
+
+def test_the_migration_makes_the_table_the_consumer_writes() -> None:
+    made = importlib.import_module("demo.migrations.0002_processed_messages")
+    assert made.TABLE == TABLE
