@@ -1,9 +1,11 @@
 """The contract's requests, built once, sent by either client (sans I/O).
 
 Each function here turns a method's arguments into a :class:`Call`: the HTTP method, the path,
-the JSON body, the query, and how to read a successful answer. :class:`~backplane_client.AgentClient`
-and :class:`~backplane_client.AsyncAgentClient` only send calls and map answers (the same
-:func:`check`), so the two clients cannot drift apart.
+the JSON body, the query, and how to read a successful answer. It is also the declaration of
+the client method of the same name: its signature and docstring are the method's
+(:mod:`backplane_client.methods`), and the docstring speaks of the answer the method returns.
+:class:`~backplane_client.AgentClient` and :class:`~backplane_client.AsyncAgentClient` only
+send calls and map answers (the same :func:`check`), so the two clients cannot drift apart.
 
 A call is built exactly once per method call, and everything random is decided here: the
 idempotency key of an append, the id of a new task. The retry loop then re-sends the very same
@@ -138,6 +140,11 @@ def create_task(
     max_attempts: int | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> Call[JSON]:
+    """Create a task (``201``); with a known ``task_id`` and the same content, the existing one (``200``).
+
+    Without ``task_id`` the client picks a uuid4, once, so a retry after a lost answer
+    returns the task the first attempt created.
+    """
     # The id is chosen here, not by the server: a retry after a lost 201 sends the same id
     # and gets the same task back (200) instead of creating a twin.
     body = {"kind": kind, "input": dict(input), "task_id": str(task_id or uuid.uuid4())} | _without_none(
@@ -149,20 +156,24 @@ def create_task(
 
 
 def get_task(task_id: TaskId) -> Call[JSON]:
+    """The Task object."""
     return Call("GET", f"/tasks/{task_id}/", _body)
 
 
 def list_tasks(
     *, status: str | None = None, kind: str | None = None, limit: int | None = None, cursor: str | None = None
 ) -> Call[JSON]:
+    """One page: ``{"results": [Task...], "next": url or None}``."""
     return Call("GET", "/tasks/", _body, params=_without_none(status=status, kind=kind, limit=limit, cursor=cursor))
 
 
 def verify(task_id: TaskId) -> Call[JSON]:
+    """The server's check of the task's hash chain: ``{"valid", "checked", "head_hash", "first_invalid_seq"}``."""
     return Call("GET", f"/tasks/{task_id}/verify/", _body)
 
 
 def events(task_id: TaskId, *, after_seq: int = 0, limit: int | None = None) -> Call[JSON]:
+    """One page of events in ``seq`` order: ``{"results": [Event...], "next_after_seq": n or None}``."""
     return Call("GET", f"/tasks/{task_id}/events/", _body, params=_without_none(after_seq=after_seq, limit=limit))
 
 
@@ -180,6 +191,14 @@ def append(
     trace_id: str | None = None,
     outbox: Sequence[Mapping[str, Any]] | None = None,
 ) -> Call[JSON]:
+    """Append one event and return it.
+
+    With an ``idempotency_key`` already used for the same body, the original event comes
+    back (:attr:`last_replayed` is then true). Without one, the client generates a key for
+    this call (so its retries cannot append twice); pass your own stable key to make a
+    repeat *across* calls or processes safe too. ``lease_epoch`` is required while the
+    task is leased; ``expected_seq`` makes the append conditional on the task's ``last_seq``.
+    """
     body = event_draft(
         type,
         payload,
@@ -200,6 +219,11 @@ def append_batch(
     lease_epoch: int | None = None,
     expected_seq: int | None = None,
 ) -> Call[list[JSON]]:
+    """Append several events, all or nothing; build each with :func:`event_draft`.
+
+    Events without an ``idempotency_key`` get a generated one (once per call), so a retried
+    batch is answered with the originals.
+    """
     # Every event needs a key for the batch to be replayable: the server answers a repeat
     # with the originals only when all of its events are already recorded under their keys.
     keyed = [dict(event) if event.get("idempotency_key") is not None
@@ -214,6 +238,16 @@ def append_batch(
 def claim(
     kinds: Sequence[str] | None = None, *, lease_seconds: int | None = None, task_id: TaskId | None = None
 ) -> Call[Lease | None]:
+    """Claim the oldest pending task of ``kinds`` (default: all this agent may claim), or ``None`` (204).
+
+    With ``task_id``, claim that very task if it is pending and of a kind allowed (``None``
+    otherwise): how a sandbox fork, which is never handed out by kind, is run.
+
+    Not idempotent on the server: if an answer is lost and the claim retried, the retry
+    may lease another task, and the first lease simply expires (the stall detector hands
+    that task on, counting one attempt). Nothing is done twice; a task is only delayed.
+    """
+
     def read(response: httpx.Response) -> Lease | None:
         if response.status_code == 204:
             return None
@@ -227,14 +261,18 @@ def claim(
 
 
 def heartbeat(task_id: TaskId, lease_epoch: int) -> Call[JSON]:
+    """Extend the lease: ``{"expires_at"}``; ``409 stale_lease`` (:class:`LeaseLost`) once it is lost."""
     return Call("POST", f"/tasks/{task_id}/heartbeat/", _body, json={"lease_epoch": lease_epoch})
 
 
 def release(task_id: TaskId, lease_epoch: int) -> Call[JSON]:
+    """Give the task back to ``pending`` without counting an attempt; returns the Task."""
     return Call("POST", f"/tasks/{task_id}/release/", _body, json={"lease_epoch": lease_epoch})
 
 
 def recovery_context(task_id: TaskId) -> Call[JSON]:
+    """What a (new) holder needs to resume: completed steps, tool calls with results,
+    in-flight calls with their original keys, sub-agents, and a ``resume_prompt``."""
     return Call("GET", f"/tasks/{task_id}/recovery-context/", _body)
 
 
@@ -251,6 +289,14 @@ def fork(
     sandbox: bool = False,
     tool_answers: Sequence[Mapping[str, Any]] | None = None,
 ) -> Call[JSON]:
+    """Fork a task after its event ``at_seq``: a new ``pending`` task (the Task) whose history
+    is the source's up to there, answered from the source's record (docs/replay.md).
+
+    ``input`` replaces the source's; ``sandbox`` makes a replay that never reaches a tool
+    (claim it with ``claim(task_id=...)``); ``tool_answers`` (``[{"step", "tool", "status",
+    "result"}]``, sandboxes only) edits the record it answers from. Without ``task_id`` the
+    client picks a uuid4, once, so a retry after a lost answer returns the same fork.
+    """
     # As for create_task, the fork's id is chosen here: a retry after a lost 201 sends the same
     # id and gets the same fork back (200) instead of a second one.
     body = {"at_seq": at_seq, "reason": reason, "task_id": str(task_id or uuid.uuid4())} | _without_none(
@@ -262,6 +308,8 @@ def fork(
 
 
 def diff(a: TaskId, b: TaskId) -> Call[JSON]:
+    """Where the histories of tasks ``a`` and ``b`` drift apart: ``{"a", "b", "first_divergence",
+    "counts"}`` (``first_divergence`` is None when they do the same thing)."""
     return Call("GET", f"/tasks/{a}/diff/{b}/", _body)
 
 
@@ -277,6 +325,14 @@ def dispatch_tool_call(
     lease_epoch: int | None = None,
     compensation: Mapping[str, Any] | None = None,
 ) -> Call[JSON]:
+    """Record a tool call before making it (write before you act).
+
+    The answer's ``status`` says what to do: ``dispatched`` (new: call the tool with
+    ``Idempotency-Key: <effect_key>``), ``in_flight`` (dispatched earlier, never answered:
+    call again with the same key), ``succeeded``/``failed`` (answered: use ``result``).
+    ``effect_key`` equals ``idempotency_key`` except in a fork, for a step its source
+    dispatched: the tool must then see the source's key, so the effect happens once.
+    """
     body = {"step": step, "tool": tool, "input": dict(input)} | _without_none(
         lease_epoch=lease_epoch,
         compensation=dict(compensation) if compensation is not None else None,
@@ -287,17 +343,22 @@ def dispatch_tool_call(
 def record_tool_result(
     idempotency_key: str, status: str, result: Mapping[str, Any], *, lease_epoch: int | None = None
 ) -> Call[JSON]:
+    """Record a tool's answer (``succeeded`` or ``failed``) before advancing; an identical repeat is a replay."""
     body = {"status": status, "result": dict(result)} | _without_none(lease_epoch=lease_epoch)
     return Call("POST", f"/tool-calls/{idempotency_key}/result/", _body, json=body)
 
 
 def get_tool_call(idempotency_key: str) -> Call[JSON]:
+    """The tool-call record (while within its TTL)."""
     return Call("GET", f"/tool-calls/{idempotency_key}/", _body)
 
 
 def invoke(
     task_id: TaskId, tool: str, step: int, input: Mapping[str, Any], *, lease_epoch: int | None = None
 ) -> Call[JSON]:
+    """Have the backplane call a registered tool for this step (the gateway):
+    ``{"idempotency_key", "status", "result", "replayed"}``. An answer on record is returned
+    without calling the tool again; ``503 circuit_open`` while the tool's breaker is open."""
     body = {"task_id": str(task_id), "step": step, "input": dict(input)} | _without_none(lease_epoch=lease_epoch)
     return Call("POST", f"/tools/{tool}/invoke/", _body, json=body)
 
@@ -305,5 +366,7 @@ def invoke(
 def dispatch_subtask(
     task_id: TaskId, step: int, kind: str, input: Mapping[str, Any], *, lease_epoch: int | None = None
 ) -> Call[JSON]:
+    """Hand work to a sub-agent: ``{"task": child Task, "dispatch_key"}``; a repeat for the
+    same step and kind returns the same child."""
     body = {"step": step, "kind": kind, "input": dict(input)} | _without_none(lease_epoch=lease_epoch)
     return Call("POST", f"/tasks/{task_id}/subtasks/", _body, json=body)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -44,11 +44,9 @@ from backplane_client.errors import (
     ToolCallFailed,
     ToolOutcomeMissing,
 )
+from backplane_client.methods import Sender
 from backplane_client.retry import RetryPolicy
 from backplane_client.usage import Cost, Usage
-
-if TYPE_CHECKING:
-    from backplane_client.agent import AgentClient
 
 __all__ = ["ModelFunction", "TaskSession", "ToolCall", "ToolFunction", "heartbeat_interval_for", "llm_called_payload"]
 
@@ -195,7 +193,7 @@ class TaskSession:
     be read from anywhere.
     """
 
-    def __init__(self, client: AgentClient, lease: Lease, *, heartbeat_interval: float | None = None) -> None:
+    def __init__(self, client: Sender, lease: Lease, *, heartbeat_interval: float | None = None) -> None:
         self.client = client
         self.lease = lease
         self.task_id: str = lease.task_id
@@ -322,7 +320,7 @@ class TaskSession:
     def context(self) -> JSON:
         """The recovery context (``GET /tasks/{id}/recovery-context/``), read on first use and kept."""
         if self._context is None:
-            self._context = self.client.recovery_context(self.task_id)
+            self._context = self.client.send(calls.recovery_context(self.task_id))
         return self._context
 
     def refresh_context(self) -> JSON:
@@ -369,10 +367,10 @@ class TaskSession:
         ``causation_id``, ``correlation_id``, ``trace_id``, ``outbox``). Without a key the
         client generates one, so only this call's retries are deduplicated: pass a key derived
         from the task and step to make a repeat by a later attempt harmless too."""
-        return self._write(lambda: self.client.append(
+        return self._write(lambda: self.client.send(calls.append(
             self.task_id, type, payload, idempotency_key=idempotency_key, lease_epoch=self.lease_epoch,
             **event_fields,
-        ))
+        )))
 
     def reason(self, step: int, payload: Mapping[str, Any]) -> JSON | None:
         """Log reasoning step ``step`` (``ReasoningStepCompleted``), keyed ``{task_id}:reasoning:{step}``.
@@ -495,7 +493,7 @@ class TaskSession:
                 raise
             # Recorded meanwhile with another answer (the context was older than the log, or the
             # agent asked again): the log's answer stands, as in resume. The refusal names its seq.
-            event = self.client.events(self.task_id, after_seq=seq - 1, limit=1)["results"][0]
+            event = self.client.send(calls.events(self.task_id, after_seq=seq - 1, limit=1))["results"][0]
             if event.get("idempotency_key") != key:
                 raise
         recorded = event["payload"]
@@ -533,16 +531,16 @@ class TaskSession:
         exception in the block records nothing: the call stays in flight, and a later attempt
         is told to make it again with the same key.
         """
-        answer = self._write(lambda: self.client.dispatch_tool_call(
+        answer = self._write(lambda: self.client.send(calls.dispatch_tool_call(
             self.task_id, step, tool, input, lease_epoch=self.lease_epoch, compensation=compensation,
-        ))
+        )))
         call = ToolCall(step=step, tool=tool, input=input, answer=answer)
         yield call
         if call.needed:
             status, result = call.outcome()
-            record = self._write(lambda: self.client.record_tool_result(
+            record = self._write(lambda: self.client.send(calls.record_tool_result(
                 call.key, status, result, lease_epoch=self.lease_epoch,
-            ))
+            )))
             call.recorded(record)
         self._answers[step, tool] = {"status": call.status, "result": call.result, "idempotency_key": call.key}
 
@@ -573,9 +571,9 @@ class TaskSession:
     def invoke(self, step: int, tool: str, input: Mapping[str, Any]) -> JSON:
         """Have the backplane's gateway call the registered ``tool`` for ``step``:
         ``{"idempotency_key", "status", "result", "replayed"}``; an answered call is not repeated."""
-        answer = self._write(lambda: self.client.invoke(
+        answer = self._write(lambda: self.client.send(calls.invoke(
             self.task_id, tool, step, input, lease_epoch=self.lease_epoch,
-        ))
+        )))
         if answer["status"] in ANSWERED:
             self._answers[step, tool] = {key: answer[key] for key in ("status", "result", "idempotency_key")}
         return answer
@@ -583,9 +581,9 @@ class TaskSession:
     def subtask(self, step: int, kind: str, input: Mapping[str, Any]) -> JSON:
         """Hand ``input`` to a sub-agent of ``kind``: the child Task. A repeat for the same step
         and kind (a later attempt, a retry) returns the same child."""
-        answer = self._write(lambda: self.client.dispatch_subtask(
+        answer = self._write(lambda: self.client.send(calls.dispatch_subtask(
             self.task_id, step, kind, input, lease_epoch=self.lease_epoch,
-        ))
+        )))
         self._context = None  # the dispatch is in the log now; the next read must see it
         child: JSON = answer["task"]
         return child
@@ -607,7 +605,7 @@ class TaskSession:
             # The child's row is cheap to read; the recovery context replays this task's log.
             # Once the child has left pending/running, its result is in this log (written in the
             # child's finishing transaction), so the context is read then, and only then.
-            if self.client.get_task(child)["status"] not in ("pending", "running"):
+            if self.client.send(calls.get_task(child))["status"] not in ("pending", "running"):
                 entry = next((s for s in self.refresh_context()["subtasks"] if s["child_task_id"] == child), None)
                 if entry is not None and entry["status"] in TERMINAL_SUBTASK:
                     return dict(entry)
@@ -636,9 +634,9 @@ class TaskSession:
                                           idempotency_key=self._reasoning_key(step)))
         events.append(event_draft("TaskCompleted", {"output": dict(output)},
                                   idempotency_key=f"{self.task_id}:completed"))
-        written = self._end("completed", lambda: self.client.append_batch(
+        written = self._end("completed", lambda: self.client.send(calls.append_batch(
             self.task_id, events, lease_epoch=self.lease_epoch,
-        ))
+        )))
         return written[-1]
 
     def fail(self, error: str, *, retryable: bool) -> JSON:
@@ -646,12 +644,12 @@ class TaskSession:
         that event. ``retryable`` with attempts left puts the task back to ``pending`` (counted);
         otherwise it fails for good. Stops the heartbeat."""
         key = f"{self.task_id}:failed:{self.attempt}"
-        return self._end("failed", lambda: self.client.append(
+        return self._end("failed", lambda: self.client.send(calls.append(
             self.task_id, "TaskFailed", {"error": error, "retryable": retryable}, idempotency_key=key,
             lease_epoch=self.lease_epoch,
-        ))
+        )))
 
     def release(self) -> JSON:
         """Hand the task back to ``pending`` without counting an attempt (shutting down, say);
         returns the Task. Stops the heartbeat."""
-        return self._end("released", lambda: self.client.release(self.task_id, self.lease_epoch))
+        return self._end("released", lambda: self.client.send(calls.release(self.task_id, self.lease_epoch)))
