@@ -71,7 +71,7 @@ SEQ_SCAN_RUNS = 3
 PAGE = 51  # 50 rows and one to know whether there is a next page
 PAGE_TARGET = 5.0  # a page within 5x its plain SQL
 TSV = "jsonb_to_tsvector('simple'::regconfig, payload, '[\"string\", \"numeric\"]'::jsonb)"
-# The task list's order (dashboard.selectors.task_page): newest created first.
+# The task list's order (dashboard.selectors.tasks.task_page): newest created first.
 PAGE_SQL = (
     "SELECT t.* FROM backplane_task t WHERE t.id IN (SELECT e.task_id FROM backplane_event e WHERE {match})"
     f" ORDER BY t.created_at DESC, t.id DESC LIMIT {PAGE}"
@@ -307,12 +307,12 @@ def dashboard_missing() -> str | None:
     """Why the pages cannot be measured in this tree, or None."""
     from django.urls import NoReverseMatch, reverse
 
-    if importlib.util.find_spec("dashboard.selectors") is None:
-        return "dashboard/selectors.py does not exist"
-    selectors = importlib.import_module("dashboard.selectors")
-    absent = [name for name in ("overview", "task_page", "event_rows") if not hasattr(selectors, name)]
-    if absent:
-        return f"dashboard.selectors has no {', '.join(absent)}"
+    for module, name in (("overview", "overview_figures"), ("tasks", "task_page"), ("task_detail", "event_rows")):
+        dotted = f"dashboard.selectors.{module}"
+        if importlib.util.find_spec("dashboard.selectors") is None or importlib.util.find_spec(dotted) is None:
+            return f"dashboard/selectors/{module}.py does not exist"
+        if not hasattr(importlib.import_module(dotted), name):
+            return f"{dotted} has no {name}"
     for name, kwargs in (("overview", {}), ("tasks", {}), ("task", {"task_id": uuid.uuid4()})):
         try:
             reverse(f"dashboard:{name}", kwargs=kwargs)

@@ -6,7 +6,7 @@ build leaves an invalid index behind, so each is dropped (if there) before it is
 
 from django.db import migrations
 
-# Payload search (dashboard/selectors.py): the words of every string and number in a payload,
+# Payload search (backplane/eventlog/selectors.py): the words of every string and number in a payload,
 # matched with phraseto_tsquery('simple', ...). bench/dashboard.py measured it against
 # jsonb_path_ops containment and pg_trgm (docs/benchmarks.md, "Dashboard"). fastupdate = off:
 # with the pending list, searches slowed by 6-23 ms until a flush and the insert that flushed

@@ -15,7 +15,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.costs import decimal_text
-from dashboard.selectors import Spend, money_text, unpriced_text, usage_text
+from dashboard.selectors.spend import Spend
+from dashboard.text import money_text, unpriced_text, usage_text
 
 register = template.Library()
 

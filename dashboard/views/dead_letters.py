@@ -39,7 +39,7 @@ from dashboard.dead_letter_forms import (
     RequeueForm,
     job_filter_of,
 )
-from dashboard.selectors import EVENT_PAGE_SIZE
+from dashboard.selectors.task_detail import EVENT_PAGE_SIZE
 from dashboard.templatetags.dashboard import pretty_json
 from dashboard.views.common import across_namespaces, json_error, reviewers_only, viewers_only, wants_json
 from recovery import bulk, dead_letters

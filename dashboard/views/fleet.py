@@ -12,8 +12,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.models import Agent, user_actor
 from backplane.runtime.replica import replica_reads
-from dashboard import selectors
 from dashboard.access import may_review
+from dashboard.selectors.outbox import delivery_lag_per_minute, outbox_health
+from dashboard.selectors.spend import agent_spend
 from dashboard.views.common import across_namespaces, reviewers_only, viewers_only
 from recovery import selectors as recovery
 from recovery.breakers import breaker_reset
@@ -27,7 +28,7 @@ from recovery.models import Tool
 @across_namespaces
 def agents_page(request: HttpRequest) -> HttpResponse:
     agents = recovery.agents_overview()
-    spend = selectors.agent_spend()
+    spend = agent_spend()
     return render(
         request,
         "dashboard/fleet/agents.html",
@@ -73,5 +74,5 @@ def outbox_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "dashboard/fleet/outbox.html",
-        {"nav": "outbox", "health": selectors.outbox_health(), "lag": selectors.delivery_lag_per_minute()},
+        {"nav": "outbox", "health": outbox_health(), "lag": delivery_lag_per_minute()},
     )

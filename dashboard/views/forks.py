@@ -25,9 +25,9 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog import forks
 from backplane.eventlog.errors import BackplaneError, NotFound, TaskExists
 from backplane.eventlog.models import Task, user_actor
-from dashboard import selectors
 from dashboard.fork_forms import CompareForm, ForkForm, ForkJobForm
 from dashboard.forms import TaskFilterForm
+from dashboard.selectors.diff import drift_page
 from dashboard.views.common import across_namespaces, int_param, operators_only, reviewers_only, viewers_only
 from dashboard.views.pages import render_task_page, scoped_task
 from recovery import bulk
@@ -116,7 +116,7 @@ def task_diff(request: HttpRequest, task_id: uuid.UUID, other_id: uuid.UUID) -> 
     """Two histories side by side as ``tasks_drift`` aligns them (a is ``task_id``)."""
     expand = _expand_param(request)
     try:
-        drift = selectors.drift_page(a_id=scoped_task(request, task_id).pk, b_id=scoped_task(request, other_id).pk,
+        drift = drift_page(a_id=scoped_task(request, task_id).pk, b_id=scoped_task(request, other_id).pk,
                                      page=int_param(request, "page"), expand=expand)
     except NotFound:
         raise Http404("no such task") from None

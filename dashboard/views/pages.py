@@ -1,7 +1,8 @@
 """Part 1's pages (overview, tasks, a task) and the small JSON reads their scripts make to catch
 up after a notice.
 
-Thin: check who asks, read through ``dashboard.selectors`` (or run one service), render.
+Thin: check who asks, read through the page's module of ``dashboard.selectors`` (or run one
+service), render.
 Every page is for logged-in staff: anonymous visitors go to the login page, other users get 403.
 
 ``replica_reads`` (backplane/runtime/replica.py) sends the reads of the lists and the overview to
@@ -31,10 +32,20 @@ from backplane.eventlog.selectors import TaskFilters
 from backplane.integrity.verification import task_chain_verify_now
 from backplane.runtime.duties import duties_state
 from backplane.runtime.replica import replica_reads
-from dashboard import selectors
 from dashboard.access import may_review, namespace_of
 from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
+from dashboard.selectors.overview import activity_per_minute, feed_events, overview_figures
+from dashboard.selectors.spend import spend_today, task_spend
+from dashboard.selectors.task_detail import (
+    TIMELINE_MAX_EVENTS,
+    chain_state,
+    event_rows,
+    task_family,
+    task_lineage,
+    task_timeline,
+)
+from dashboard.selectors.tasks import BadCursor, task_page
 from dashboard.views import searches
 from dashboard.views.common import across_namespaces, int_param, operators_only, viewers_only
 from recovery.fleet import pause_blocking, pauses_in_force
@@ -44,11 +55,11 @@ from recovery.selectors import recovery_context
 
 
 def _overview_parts(request: HttpRequest) -> dict[str, Any]:
-    figures = selectors.overview()
+    figures = overview_figures()
     duties = duties_state()
     return {
         "figures": figures,
-        "spend": selectors.spend_today(now=figures.now),
+        "spend": spend_today(now=figures.now),
         "duties": duties,
         "duties_overdue": [duty for duty in duties if duty.overdue],
         "pauses": pauses_in_force(),
@@ -63,7 +74,7 @@ def _overview_parts(request: HttpRequest) -> dict[str, Any]:
 @replica_reads
 @across_namespaces
 def overview(request: HttpRequest) -> HttpResponse:
-    feed = selectors.feed_events()
+    feed = feed_events()
     parts = _overview_parts(request)
     return render(
         request,
@@ -73,7 +84,7 @@ def overview(request: HttpRequest) -> HttpResponse:
             "spend_chart": parts["spend"].chart(),
             "feed": feed,
             "last_position": feed[0].position if feed else 0,
-            "chart": selectors.activity_per_minute(hours=1),
+            "chart": activity_per_minute(hours=1),
             "nav": "overview",
         },
     )
@@ -88,7 +99,7 @@ def overview_live(request: HttpRequest) -> JsonResponse:
     feed after ``after_position``, the chart, and the cost panel (its figures and its charts' data)."""
     after = int_param(request, "after_position")
     hours = 24 if request.GET.get("hours") == "24" else 1
-    feed = selectors.feed_events(after_position=after)
+    feed = feed_events(after_position=after)
     parts = _overview_parts(request)
     return JsonResponse(
         {
@@ -99,7 +110,7 @@ def overview_live(request: HttpRequest) -> JsonResponse:
             "pauses": render_to_string("dashboard/_pauses.html", parts, request=request),
             "feed": render_to_string("dashboard/_feed_rows.html", {"feed": feed}, request=request),
             "last_position": feed[0].position if feed else after,
-            "chart": selectors.activity_per_minute(hours=hours),
+            "chart": activity_per_minute(hours=hours),
             "spend": render_to_string("dashboard/_spend_today.html", parts, request=request),
             "spend_chart": parts["spend"].chart(),
         }
@@ -118,10 +129,10 @@ def task_list(request: HttpRequest) -> HttpResponse:
     error = None
     if form.is_valid():
         try:
-            page = selectors.task_page(scoped_filters(request, form), cursor=request.GET.get("cursor") or None)
-        except selectors.BadCursor:
+            page = task_page(scoped_filters(request, form), cursor=request.GET.get("cursor") or None)
+        except BadCursor:
             error = "That page link is not valid any more; showing the first page."
-            page = selectors.task_page(scoped_filters(request, form))
+            page = task_page(scoped_filters(request, form))
     query = request.GET.copy()
     query.pop("cursor", None)
     query.pop("partial", None)
@@ -154,9 +165,9 @@ def scoped_task(request: HttpRequest, task_id: uuid.UUID) -> Task:
 def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
     return {
         "task": task,
-        "family": selectors.task_family(task),
-        "chain": selectors.chain_state(task.pk),
-        "spend": selectors.task_spend(task),
+        "family": task_family(task),
+        "chain": chain_state(task.pk),
+        "spend": task_spend(task),
         "now": timezone.now(),
         "pause": pause_blocking(task),
     }
@@ -173,7 +184,7 @@ def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | 
     """The task page; with ``fork_form`` (a fork that was refused) its fork dialog is open, showing
     what was sent and why it was refused. ``?fork_at=N`` opens it at event N."""
     before_seq = int_param(request, "before_seq")
-    rows = selectors.event_rows(task, before_seq=before_seq)
+    rows = event_rows(task, before_seq=before_seq)
     parts = _task_parts(request, task)
     fork_at = int_param(request, "fork_at")
     if fork_form is None:
@@ -188,9 +199,9 @@ def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | 
             "rows": rows,
             "before_seq": before_seq,
             "last_shown_seq": rows.events[-1].seq if rows.events else 0,
-            "timeline": selectors.task_timeline(task, now=parts["now"]),
-            "timeline_max": selectors.TIMELINE_MAX_EVENTS,
-            "lineage": selectors.task_lineage(task),
+            "timeline": task_timeline(task, now=parts["now"]).as_json(),
+            "timeline_max": TIMELINE_MAX_EVENTS,
+            "lineage": task_lineage(task),
             "fork_form": fork_form,
             "fork_error": fork_error,
             "fork_open": fork_form.is_bound or fork_at is not None,
@@ -208,7 +219,7 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     and the timeline, rendered by the same templates as the page."""
     task = scoped_task(request, task_id)
     after = int_param(request, "after_seq") or 0
-    rows = selectors.event_rows(task, after_seq=after)
+    rows = event_rows(task, after_seq=after)
     parts = _task_parts(request, task)
     return JsonResponse(
         {
@@ -217,7 +228,7 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
             "rows": render_to_string("dashboard/_event_rows.html", {**parts, "rows": rows}, request=request),
             "header": render_to_string("dashboard/_task_header.html", parts, request=request),
             "family": render_to_string("dashboard/_task_family.html", parts, request=request),
-            "timeline": selectors.task_timeline(task, now=parts["now"]),
+            "timeline": task_timeline(task, now=parts["now"]).as_json(),
             "chain": {"verified_seq": parts["chain"].verified_seq, "broken_seq": parts["chain"].broken_seq},
         }
     )
@@ -236,7 +247,7 @@ def task_recovery_context(request: HttpRequest, task_id: uuid.UUID) -> HttpRespo
 def task_verify(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     """"Verify chain now": the task's whole chain, recorded as an on-demand verification run."""
     run = task_chain_verify_now(task_id=scoped_task(request, task_id).pk, requested_by=request.user.get_username())
-    chain = selectors.chain_state(task_id)
+    chain = chain_state(task_id)
     return JsonResponse(
         {
             "valid": run.failures == 0,

@@ -12,6 +12,88 @@
   let timeline = JSON.parse(document.getElementById("timeline-data").textContent);
 
   // --- timeline -------------------------------------------------------------------------------
+  // The server sends what happened (dashboard/selectors/task_detail.py: points and spans, each
+  // with its label); how it is drawn is decided here.
+  const POINTS = {  // kind: legend name, symbol, colour
+    reasoning: ["reasoning steps", "circle", "#1f77b4"],
+    model_call: ["model calls", "hexagon", "#e377c2"],
+    claim: ["claims", "triangle-right", "#7f7f7f"],
+    recovery: ["recoveries", "triangle-up", "#17becf"],
+  };
+  // The points of kind "marker", by event type: one entry per type of MARKED_EVENTS on the server.
+  // A legend entry is drawn in the colour of its first event (a task ends once).
+  const MARKERS = {
+    TaskStalled: ["stall", "x", "#d62728"],
+    TaskDeadLettered: ["dead-letter decision", "square", "#444444"],
+    DeadLetterRequeued: ["dead-letter decision", "square", "#444444"],
+    DeadLetterDiscarded: ["dead-letter decision", "square", "#444444"],
+    CompensationStarted: ["compensation", "diamond", "#9467bd"],
+    CompensationRequested: ["compensation", "diamond", "#9467bd"],
+    CompensationCompleted: ["compensation", "diamond", "#9467bd"],
+    TaskCompensated: ["compensation", "diamond", "#9467bd"],
+    TaskCompleted: ["end", "star", "#2ca02c"],
+    TaskFailed: ["end", "star", "#d62728"],
+  };
+  const CLEAR = "rgba(0,0,0,0)";
+  // Spans as bars: finished ones filled, open ones (still in flight) an outline only.
+  const BARS = [
+    { kind: "tool_call", open: false, name: "tool calls", width: 0.6,
+      fill: (span) => (span.status === "succeeded" ? "#2ca02c" : "#d62728") },
+    { kind: "tool_call", open: true, name: "tool calls in flight", width: 0.6, fill: () => CLEAR, line: "#ff7f0e" },
+    { kind: "subtask", open: false, name: "sub-agents", width: 0.25, fill: () => "rgba(31,119,180,0.35)",
+      line: "#1f77b4" },
+    { kind: "subtask", open: true, name: "sub-agents running", width: 0.25, fill: () => CLEAR, line: "#1f77b4" },
+  ];
+  const msOf = (time) => new Date(time).getTime();
+
+  /* Plotly's traces: bars on a date axis (``base`` where a bar starts, ``x`` its length in ms,
+     ``meta.seqs`` the seq "fork from here" on each bar continues after), then the points; a
+     trace with nothing in it is left out. */
+  function timelineTraces(data) {
+    const now = msOf(data.now);
+    // A call that took milliseconds on a timeline of minutes would be drawn narrower than a
+    // pixel: every bar is at least 0.4 % of the span wide (its label gives the real duration).
+    const minBarMs = Math.max(1, data.since ? (now - msOf(data.since)) * 0.004 : 0);
+    const bars = BARS.map((bar) => {
+      const spans = data.spans.filter((span) => span.kind === bar.kind && (span.end === null) === bar.open);
+      return {
+        type: "bar",
+        orientation: "h",
+        name: bar.name,
+        meta: { kind: bar.kind, state: bar.open ? "in_flight" : "done", seqs: spans.map((span) => span.last_seq) },
+        base: spans.map((span) => span.start),
+        x: spans.map((span) => Math.max(minBarMs, (span.end === null ? now : msOf(span.end)) - msOf(span.start))),
+        y: spans.map((span) => span.lane),
+        customdata: spans.map((span) => span.key),
+        text: spans.map((span) => span.label),
+        width: bar.width,
+        marker: { color: spans.map(bar.fill), line: { color: bar.line || "rgba(0,0,0,0.4)", width: bar.line ? 2 : 0.5 } },
+      };
+    });
+    // By meta.kind: the four kinds first, then a trace per marker legend name as first met.
+    const points = new Map();
+    const pointTrace = (kind, [name, symbol, colour]) => ({
+      type: "scatter", mode: "markers", name, meta: { kind }, x: [], y: [], text: [], customdata: [],
+      marker: { symbol, color: colour, size: 10 },
+    });
+    Object.entries(POINTS).forEach(([kind, style]) => points.set(kind, pointTrace(kind, style)));
+    data.points.forEach((point) => {
+      let kind = point.kind;
+      if (kind === "marker") {
+        const style = MARKERS[point.type];
+        kind = style[0];
+        if (!points.has(kind)) points.set(kind, pointTrace(kind, style));
+      }
+      const trace = points.get(kind);
+      trace.x.push(point.at);
+      trace.y.push(point.lane);
+      trace.text.push(point.label);
+      trace.customdata.push(point.seq);
+    });
+    return [...bars, ...points.values()].filter((trace) => trace.x.length);
+  }
+  let traces = timelineTraces(timeline);
+
   function plotted(trace) {
     const copy = Object.assign({}, trace);
     copy.x = trace.type === "bar" ? trace.x.slice() : trace.x.map(BP.plotlyLocal);
@@ -24,9 +106,9 @@
     const lanes = timeline.lanes.length ? timeline.lanes : ["backplane"];
     // Nothing drawn yet (a new task, a fork before its agent's first step): the last minutes up
     // to now, and a word, rather than an axis Plotly makes up.
-    const empty = !timeline.traces.length;
+    const empty = !traces.length;
     const now = new Date(timeline.now).getTime();
-    Plotly.react(timelineEl, timeline.traces.map(plotted), {
+    Plotly.react(timelineEl, traces.map(plotted), {
       barmode: "overlay",
       height: Math.max(220, 110 + 46 * lanes.length),
       margin: { l: 120, r: 20, t: 36, b: 36 },
@@ -44,7 +126,7 @@
   function ageOpenBars() {
     const now = Date.now();
     let changed = false;
-    timeline.traces.forEach((trace) => {
+    traces.forEach((trace) => {
       if (!trace.meta || trace.meta.state !== "in_flight") return;
       trace.x = trace.base.map((b) => Math.max(1, now - new Date(b).getTime()));
       trace.text = trace.text.map((t, i) => `${t.replace(/ · in flight.*$/, " · in flight")} ${BP.age(trace.x[i])}`);
@@ -98,6 +180,7 @@
       document.getElementById("task-tree").innerHTML = data.family;
       BP.renderTimes(document.getElementById("task-header"));
       timeline = data.timeline;
+      traces = timelineTraces(timeline);
       drawTimeline();
       if (isLatest) {
         const fresh = BP.fragment(data.rows, true);

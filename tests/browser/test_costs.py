@@ -19,7 +19,7 @@ from playwright.sync_api import Page, expect
 from backplane.eventlog import event_types as et
 from backplane.eventlog.event_types import prompt_sha256
 from backplane.eventlog.models import Event, ModelPrice
-from dashboard.selectors import money_text
+from dashboard.text import money_text
 from tests.browser.conftest import (
     SCREENSHOT_DIR,
     ApiAgent,

@@ -8,7 +8,7 @@ import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -23,7 +23,8 @@ from backplane.eventlog import forks, services
 from backplane.eventlog.event_types import USAGE_KEYS, prompt_sha256
 from backplane.eventlog.models import CostRollup, Event, ModelPrice, Task
 from backplane.eventlog.writer import EventDraft
-from dashboard import selectors
+from dashboard.selectors.spend import SPEND_TOP, agent_spend, spend_today, task_spend
+from dashboard.text import money_text, spend_summary
 from recovery.tool_calls import tool_call_dispatch, tool_call_record_result
 from tests.dashboard.conftest import History, html
 
@@ -194,10 +195,10 @@ def test_the_overview_panel_is_todays_rollups_and_equals_the_events(olivia_clien
 
 
 def test_only_todays_hours_are_in_the_panel(calls: Calls) -> None:
-    today = selectors.spend_today()
+    today = spend_today()
     assert today.total.calls == 6
-    assert today.since == timezone.now().astimezone(selectors.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    assert selectors.spend_today(now=timezone.now() + timedelta(days=1)).total.calls == 0
+    assert today.since == timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert spend_today(now=timezone.now() + timedelta(days=1)).total.calls == 0
 
 
 def test_with_no_model_call_the_panel_says_so(olivia_client: Client, make_history: Any) -> None:
@@ -226,15 +227,16 @@ def test_a_day_of_paid_tools_only_is_spend_with_no_model_call(olivia_client: Cli
 
 def test_a_long_list_keeps_the_biggest_and_folds_the_rest(priced: None, make_task: Any) -> None:
     task = make_task()
-    for n in range(selectors.SPEND_TOP + 3):
+    for n in range(SPEND_TOP + 3):
         model_call(task, agent=f"agent-{n:02d}", usage={"input_tokens": 1000 * (n + 1), "output_tokens": 1})
-    by_agent = selectors.spend_today().by_agent
-    assert len(by_agent) == selectors.SPEND_TOP
-    assert [row.key for row in by_agent[:2]] == [f"acme/agent-{selectors.SPEND_TOP + 2:02d}",
-                                                f"acme/agent-{selectors.SPEND_TOP + 1:02d}"]
+    by_agent = spend_today().by_agent
+    assert len(by_agent) == SPEND_TOP
+    assert [row.key for row in by_agent[:2]] == [f"acme/agent-{SPEND_TOP + 2:02d}",
+                                                f"acme/agent-{SPEND_TOP + 1:02d}"]
     assert by_agent[-1].label == "4 more" and by_agent[-1].spend.calls == 4
-    assert by_agent[-1].summary.startswith("0.0") and " · 4 calls · " in by_agent[-1].summary
-    assert sum(row.spend.calls for row in by_agent) == selectors.SPEND_TOP + 3
+    summary = spend_summary(by_agent[-1].scope, by_agent[-1].spend)
+    assert summary.startswith("0.0") and " · 4 calls · " in summary
+    assert sum(row.spend.calls for row in by_agent) == SPEND_TOP + 3
 
 
 # --- a task ---------------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ def test_a_root_task_shows_its_own_calls_and_its_tree_with_its_sub_agents(olivia
     assert amounts(tree_field) == summed(calls.events)["cost"] == rolled_up("tree", str(parent.pk))["cost"]
     assert "6 model calls" in tree_field and "2 calls with no price" in tree_field
     assert f"{summed(calls.events)['tokens']['input_tokens']:,} in" in tree_field
-    spend = selectors.task_spend(child)
+    spend = task_spend(child)
     assert (spend.root_id, spend.is_root) == (parent.pk, False)
 
 
@@ -299,29 +301,29 @@ def test_each_model_call_shows_its_model_tokens_and_cost_in_its_row_and_on_the_t
     assert '<span class="unpriced" title="no price for acme-ai/never-priced">no price</span>' in unpriced_row
 
     timeline = json_script(page, "timeline-data")
-    (trace,) = [t for t in timeline["traces"] if t["meta"]["kind"] == "model_call"]
-    assert trace["customdata"] == [e.seq for e in model_calls(calls.events) if e.task_id == parent.pk]
-    assert trace["text"][0] == (f"model call acme-ai/m-large · step 1 · 10,000 (4,000 cache read) in / 2,000 "
-                                f"(500 reasoning) out tokens · {selectors.money_text(Decimal(cost['amount']), 'USD')}"
+    points = [p for p in timeline["points"] if p["kind"] == "model_call"]
+    assert [p["seq"] for p in points] == [e.seq for e in model_calls(calls.events) if e.task_id == parent.pk]
+    assert points[0]["label"] == (f"model call acme-ai/m-large · step 1 · 10,000 (4,000 cache read) in / 2,000 "
+                                f"(500 reasoning) out tokens · {money_text(Decimal(cost['amount']), 'USD')}"
                                 f" (seq {first.seq})")
-    assert trace["text"][2].endswith(f"· no price (seq {unpriced.seq})")
+    assert points[2]["label"].endswith(f"· no price (seq {unpriced.seq})")
     # A paid tool's answer: its charge on its row, and on its bar.
     (paid,) = [e for e in calls.events if e.type == et.TOOL_CALL_RESULT_RECEIVED]
     paid_row = page.split(f'id="seq-{paid.seq}"')[1].split("</tr>")[0]
     charged = '<span class="money" title="0.02 USD, as the tool reported it">0.02 USD</span>'
     assert f"enrich-api charged {charged}" in paid_row
-    bars = [text for t in timeline["traces"] if t["meta"]["kind"] == "tool_call" for text in t["text"]]
+    bars = [span["label"] for span in timeline["spans"] if span["kind"] == "tool_call"]
     assert any(text.startswith("enrich-api · step 4 · succeeded · charged 0.02 USD · ") for text in bars), bars
 
 
 def test_money_is_shown_in_cents_from_one_and_two_significant_digits_below() -> None:
-    assert selectors.money_text(Decimal("1234.5678"), "USD") == "1,234.57 USD"
-    assert selectors.money_text(Decimal("0.5"), "USD") == "0.50 USD"
-    assert selectors.money_text(Decimal("0.004234"), "EUR") == "0.0042 EUR"
-    assert selectors.money_text(Decimal("0"), "USD") == "0.00 USD"
-    assert selectors.money_text(Decimal("0.0200"), "USD") == "0.02 USD"
-    assert selectors.money_text(Decimal("0.0050"), "USD") == "0.005 USD"
-    assert selectors.money_text(Decimal("0.0585"), "USD") == "0.059 USD"
+    assert money_text(Decimal("1234.5678"), "USD") == "1,234.57 USD"
+    assert money_text(Decimal("0.5"), "USD") == "0.50 USD"
+    assert money_text(Decimal("0.004234"), "EUR") == "0.0042 EUR"
+    assert money_text(Decimal("0"), "USD") == "0.00 USD"
+    assert money_text(Decimal("0.0200"), "USD") == "0.02 USD"
+    assert money_text(Decimal("0.0050"), "USD") == "0.005 USD"
+    assert money_text(Decimal("0.0585"), "USD") == "0.059 USD"
 
 
 # --- agents ---------------------------------------------------------------------------------------
@@ -344,7 +346,7 @@ def test_the_agents_page_shows_each_agents_calls_tokens_and_spend_of_the_last_24
     others = page.split('id="other-spend-table"')[1].split("</table>")[0]
     assert 'data-spender="acme/"' in others and "acme/backplane" in others and "1 call with no price" in others
     # Calls older than 24 h are not in the figures.
-    assert selectors.agent_spend(now=timezone.now() + timedelta(hours=24)).by_key == {}
+    assert agent_spend(now=timezone.now() + timedelta(hours=24)).by_key == {}
 
 
 # --- queries --------------------------------------------------------------------------------------
@@ -367,8 +369,8 @@ def test_the_panels_cost_one_query_each_whatever_the_number_of_models_and_agents
         services.agent_create(name=f"agent-{n}", namespace="acme")
     assert [count_queries(olivia_client, path) for path in paths] == before
     with django_assert_max_num_queries(1):
-        selectors.spend_today()
+        spend_today()
     with django_assert_max_num_queries(1):
-        selectors.task_spend(child)
+        task_spend(child)
     with django_assert_max_num_queries(1):
-        selectors.agent_spend()
+        agent_spend()

@@ -18,7 +18,9 @@ from django.test.utils import CaptureQueriesContext
 from backplane.eventlog import forks, services
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft
-from dashboard import selectors
+from dashboard.selectors.diff import DIFF_EXPAND_MAX, DIFF_PAGE_ITEMS
+from dashboard.selectors.overview import activity_per_minute, overview_figures
+from dashboard.selectors.task_detail import task_timeline
 from recovery import bulk
 from recovery.models import BulkJob, BulkJobDecision, BulkJobItem
 from tests.dashboard.conftest import html, reviewers_group
@@ -191,13 +193,12 @@ def test_every_event_row_and_the_timeline_offer_fork_from_here(olivia_client: Cl
 
 def test_the_timelines_bars_carry_the_seq_a_fork_continues_after(make_history: Any) -> None:
     history = make_history()
-    timeline = selectors.task_timeline(history.task)
-    [done] = [t for t in timeline["traces"] if t["meta"] == {**t["meta"], "kind": "tool_call", "state": "done"}]
-    result_seq = Event.objects.get(task=history.task, type="ToolCallResultReceived").seq
-    assert done["meta"]["seqs"] == [result_seq]
-    [flying] = [t for t in timeline["traces"] if t["meta"].get("state") == "in_flight" and t["name"].startswith("tool")]
+    calls = [span for span in task_timeline(history.task).spans if span.kind == "tool_call"]
+    [done] = [span for span in calls if span.end is not None]
+    assert done.last_seq == Event.objects.get(task=history.task, type="ToolCallResultReceived").seq
+    [flying] = [span for span in calls if span.end is None]
     dispatched = Event.objects.get(task=history.task, type="ToolCallDispatched", payload__tool="send_email").seq
-    assert flying["meta"]["seqs"] == [dispatched]
+    assert flying.last_seq == dispatched
 
 
 # --- lineage ------------------------------------------------------------------------------------
@@ -279,7 +280,7 @@ def test_a_history_of_ten_thousand_events_is_folded_and_paged(
     page = html(response)
     rows = re.findall(r'<tr id="pair-(\d+)" class="pair kind-(\w+)', page)
     folds = re.findall(r'<tr class="fold" id="pair-(\d+)" data-start="\d+" data-end="(\d+)"', page)
-    assert len(rows) + len(folds) <= selectors.DIFF_PAGE_ITEMS
+    assert len(rows) + len(folds) <= DIFF_PAGE_ITEMS
     # The fork's history is its TaskStarted and the source's steps 1..4999 (pairs 0..4999, the
     # same), then its own step: the first divergence is pair 5000, shown with 3 same before it.
     assert folds[0] == ("0", "4997")
@@ -292,7 +293,7 @@ def test_a_history_of_ten_thousand_events_is_folded_and_paged(
     assert re.findall(r'<tr id="pair-(\d+)" class="pair kind-only_in_a', last)
     unfolded = html(olivia_client.get(f"/tasks/{long.pk}/diff/{fork.pk}/?page=1&expand=0-4996"))
     shown = re.findall(r'<tr id="pair-(\d+)" class="pair kind-same', unfolded)
-    assert shown[: selectors.DIFF_EXPAND_MAX] == [str(n) for n in range(selectors.DIFF_EXPAND_MAX)]
+    assert shown[: DIFF_EXPAND_MAX] == [str(n) for n in range(DIFF_EXPAND_MAX)]
 
 
 # --- fork from failure, many at once -------------------------------------------------------------
@@ -449,7 +450,7 @@ def test_sandboxes_are_left_out_of_the_overview_and_the_task_list_by_default(
     fail(failed)
     sandboxes = [fork_of(source, 2, sandbox=True) for _ in range(2)]
     fail(sandboxes[0])
-    figures = selectors.overview()
+    figures = overview_figures()
     production = Task.objects.filter(sandbox=False)
     assert figures.tasks_by_status["pending"] == production.filter(status="pending").count() == 1
     assert figures.tasks_by_status["failed"] == 1
@@ -457,7 +458,7 @@ def test_sandboxes_are_left_out_of_the_overview_and_the_task_list_by_default(
     assert tile_value(page, "tasks-pending") == "1" and tile_value(page, "tasks-failed") == "1"
     production_events = Event.objects.filter(task__sandbox=False).count()
     assert figures.events_last_minute == production_events < Event.objects.count()
-    assert sum(selectors.activity_per_minute(hours=1)["series"]["events"]) == production_events
+    assert sum(activity_per_minute(hours=1)["series"]["events"]) == production_events
 
     def listed(query: str = "") -> set[str]:
         return set(re.findall(r'<tr data-task-id="([0-9a-f-]+)"', html(olivia_client.get(f"/tasks/{query}"))))

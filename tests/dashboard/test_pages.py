@@ -197,9 +197,10 @@ def test_it_pages_by_keyset_without_repeating_or_skipping(olivia_client: Client,
     made = {str(make_task(input={"n": n}).pk) for n in range(7)}
     seen: list[str] = []
     url = "/tasks/"
-    from dashboard import selectors
+    from dashboard.selectors.tasks import task_page
+    from dashboard.views import pages
 
-    monkeypatch.setattr(selectors, "task_page", functools.partial(selectors.task_page, limit=3))
+    monkeypatch.setattr(pages, "task_page", functools.partial(task_page, limit=3))
     for _ in range(5):
         page = html(olivia_client.get(url))
         seen += re.findall(r'data-task-id="([0-9a-f-]+)"', page)
@@ -244,14 +245,14 @@ def test_the_timeline_has_one_bar_per_tool_call_and_an_open_in_flight_one(olivia
     history: History = make_history()
     response = olivia_client.get(f"/tasks/{history.task.pk}/live/")
     timeline = response.json()["timeline"]
-    bars = [t for t in timeline["traces"] if t["meta"]["kind"] == "tool_call"]
-    assert sum(len(t["customdata"]) for t in bars) == 2 == timeline["tool_calls"]
-    done = next(t for t in bars if t["meta"]["state"] == "done")
-    flying = next(t for t in bars if t["meta"]["state"] == "in_flight")
-    assert done["customdata"] == [history.done_key] and flying["customdata"] == [history.in_flight_key]
-    assert flying["marker"]["color"] == ["rgba(0,0,0,0)"] and flying["marker"]["line"]["width"] > 0
+    calls = [span for span in timeline["spans"] if span["kind"] == "tool_call"]
+    assert len(calls) == 2 == timeline["tool_calls"] and timeline["in_flight"] == 1
+    [done] = [span for span in calls if span["end"] is not None]
+    [flying] = [span for span in calls if span["end"] is None]
+    assert done["key"] == history.done_key and flying["key"] == history.in_flight_key
+    assert flying["status"] == "in_flight" and flying["label"].endswith(" · in flight")
     assert timeline["lanes"][0] == "qualifier-1"
-    assert any(t["meta"]["kind"] == "subtask" for t in timeline["traces"])
+    assert any(span["kind"] == "subtask" for span in timeline["spans"])
 
 
 def test_the_live_read_returns_only_events_after_the_seq_it_was_given(olivia_client: Client,

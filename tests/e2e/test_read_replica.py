@@ -176,7 +176,7 @@ def listed_dead_letter_ids(client: Client) -> set[int]:
 
 
 def charted_events(client: Client) -> int:
-    """Events of the last hour on the overview's chart (raw SQL in dashboard/selectors.py)."""
+    """Events of the last hour on the overview's chart (raw SQL in dashboard/selectors/overview.py)."""
     response = client.get("/live/overview/")
     assert response.status_code == 200, response.content
     return sum(response.json()["chart"]["series"]["events"])

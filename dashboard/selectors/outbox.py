@@ -1,0 +1,111 @@
+"""Reads of the outbox page: the pending backlog per destination, what is failing now, and the
+last hour's delivery lag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from backplane.delivery.models import OutboxMessage
+from backplane.eventlog.chain import format_timestamp
+from backplane.runtime.replica import reads_connection
+
+
+@dataclass(frozen=True)
+class DestinationBacklog:
+    destination: str  # "broker", or the webhook subscription's name
+    waiting: int  # never tried yet
+    retrying: int  # failed at least once, due again later
+    oldest_at: datetime | None
+
+
+@dataclass(frozen=True)
+class OutboxHealth:
+    now: datetime
+    backlog: list[DestinationBacklog]
+    dead: int
+    delivered_last_hour: int
+    failing: list[Any]  # the pending messages that failed most recently
+
+    @property
+    def waiting(self) -> int:
+        return sum(row.waiting for row in self.backlog)
+
+    @property
+    def retrying(self) -> int:
+        return sum(row.retrying for row in self.backlog)
+
+    @property
+    def oldest_at(self) -> datetime | None:
+        return min((row.oldest_at for row in self.backlog if row.oldest_at), default=None)
+
+
+def outbox_health(*, now: datetime | None = None, failing_limit: int = 20) -> OutboxHealth:
+    """The outbox page's figures: the pending backlog per destination, dead and delivered
+    counts, and the messages that are failing now. Three queries."""
+    now = now or timezone.now()
+    with reads_connection().cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT coalesce(s.name, m.destination),
+                   count(*) FILTER (WHERE m.last_error = ''), count(*) FILTER (WHERE m.last_error <> ''),
+                   min(m.created_at)
+              FROM backplane_outboxmessage m LEFT JOIN backplane_webhooksubscription s ON s.id = m.subscription_id
+             WHERE m.status = 'pending'
+             GROUP BY 1 ORDER BY 1
+            """
+        )
+        backlog = [DestinationBacklog(*row) for row in cursor.fetchall()]
+        cursor.execute(
+            """
+            SELECT (SELECT count(*) FROM backplane_outboxmessage WHERE status = 'dead'),
+                   (SELECT count(*) FROM backplane_outboxmessage WHERE status = 'delivered' AND delivered_at >= %s)
+            """,
+            [now - timedelta(hours=1)],
+        )
+        dead, delivered = cursor.fetchone()
+    # Attempts are counted when the relay claims a row, so a first delivery under way has one:
+    # failing is what has a recorded failure.
+    failing = list(
+        OutboxMessage.objects.filter(status="pending").exclude(last_error="")
+        .select_related("subscription")
+        .only("id", "message_id", "topic", "destination", "subscription__name", "attempts", "last_error",
+              "next_attempt_at", "created_at", "task_id")
+        .order_by("-attempts", "next_attempt_at")[:failing_limit]
+    )
+    return OutboxHealth(now=now, backlog=backlog, dead=dead, delivered_last_hour=delivered, failing=failing)
+
+
+def delivery_lag_per_minute(*, now: datetime | None = None) -> dict[str, Any]:
+    """The last hour's delivery lag (from enqueue to delivery) per minute: mean and max seconds,
+    and how many were delivered, for every minute (zeros included)."""
+    now = now or timezone.now()
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - timedelta(hours=1)
+    with reads_connection().cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT date_trunc('minute', delivered_at),
+                   avg(extract(epoch FROM delivered_at - created_at)),
+                   max(extract(epoch FROM delivered_at - created_at)),
+                   count(*)
+              FROM backplane_outboxmessage
+             WHERE status = 'delivered' AND delivered_at >= %s AND delivered_at < %s
+             GROUP BY 1
+            """,
+            [start, end],
+        )
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    minutes, mean, peak, delivered = [], [], [], []
+    at = start
+    while at < end:
+        minutes.append(format_timestamp(at))
+        avg_s, max_s, n = rows.get(at, (None, None, 0))
+        mean.append(None if avg_s is None else round(float(avg_s), 3))
+        peak.append(None if max_s is None else round(float(max_s), 3))
+        delivered.append(n)
+        at += timedelta(minutes=1)
+    return {"minutes": minutes, "mean_seconds": mean, "max_seconds": peak, "delivered": delivered}
