@@ -11,14 +11,14 @@ import json
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.costs import decimal_text
 from backplane.eventlog.drift import MISSING
+from dashboard.selectors.spend import TOKEN_PARTS
 
 if TYPE_CHECKING:
-    from dashboard.selectors.spend import Spend
-    from dashboard.selectors.task_detail import TimelinePoint, TimelineSpan
-
-# Who the events and model calls with no agent are: the backplane's own.
-SERVER_LANE = "backplane"
+    from dashboard.selectors.spend import Spend, SpendRow, SpendToday
+    from dashboard.selectors.task_detail import Timeline, TimelinePoint, TimelineSpan
 
 # --- money and tokens ----------------------------------------------------------------------------
 
@@ -87,16 +87,6 @@ def spend_text(spend: Spend) -> str:
     return " + ".join(parts) if parts else "nothing"
 
 
-def spend_label(scope: str, key: str) -> str:
-    """A rollup row's name on the cost panels: the model, "tool <namespace/tool>", or the agent."""
-    if scope == "tool":
-        return f"tool {key}"
-    if scope == "agent":  # the backplane's own calls have no agent
-        namespace, _, agent = key.partition("/")
-        return f"{namespace}/{agent or SERVER_LANE}"
-    return key
-
-
 def spend_summary(scope: str, spend: Spend) -> str:
     """A rollup row in words: its cost, then what was counted (a tool's paid answers, or model
     calls and their tokens); ``scope`` is "" for the row that sums the rest of a long list."""
@@ -162,3 +152,51 @@ def diff_value(value: Any) -> str:
         return "(absent)"
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
     return text if len(text) <= DIFF_VALUE_CHARS else text[: DIFF_VALUE_CHARS - 1] + "…"
+
+
+def timeline_json(timeline: Timeline) -> dict[str, Any]:
+    """The timeline as the page's script draws it: times in RFC 3339, each point and bar with
+    its label."""
+    return {
+        "points": [{"kind": p.kind, "type": p.type, "seq": p.seq, "at": format_timestamp(p.at), "lane": p.lane,
+                    "label": timeline_point_label(p)} for p in timeline.points],
+        "spans": [{"kind": s.kind, "key": s.key, "lane": s.lane, "start": format_timestamp(s.start),
+                   "end": None if s.end is None else format_timestamp(s.end), "status": s.status,
+                   "last_seq": s.last_seq, "label": timeline_span_label(s)} for s in timeline.spans],
+        "lanes": timeline.lanes,
+        "since": None if timeline.since is None else format_timestamp(timeline.since),
+        "now": format_timestamp(timeline.now),
+        "tool_calls": timeline.tool_calls,
+        "in_flight": timeline.in_flight,
+        "truncated": timeline.truncated,
+    }
+
+
+def spend_chart(today: SpendToday) -> dict[str, Any]:
+    """The panel's charts' data. Per group (by model or tool, by agent), for each row: its
+    scope, key and label; per currency its cost (exact decimal strings) and that cost in
+    words; tokens per part; calls, and calls with no price (with their words); a summary
+    for the hover."""
+    currencies = sorted(today.total.cost)
+
+    def group(rows: list[SpendRow]) -> dict[str, Any]:
+        parts = [row.spend.token_parts() for row in rows]
+        zero = Decimal(0)
+        return {
+            "scopes": [row.scope for row in rows],
+            "keys": [row.key for row in rows],
+            "labels": [row.label for row in rows],
+            "cost": {c: {"amounts": [decimal_text(row.spend.cost.get(c, zero)) for row in rows],
+                         "text": [money_text(row.spend.cost[c], c) if c in row.spend.cost else ""
+                                  for row in rows]}
+                     for c in currencies},
+            "tokens": {part: [p[part] for p in parts] for part in TOKEN_PARTS},
+            "calls": [row.spend.calls for row in rows],
+            "unpriced_calls": [row.spend.unpriced_calls for row in rows],
+            "unpriced_text": [unpriced_text(row.spend.unpriced_calls) if row.spend.unpriced_calls else ""
+                              for row in rows],
+            "summary": [spend_summary(row.scope, row.spend) for row in rows],
+        }
+
+    return {"since": format_timestamp(today.since), "currencies": currencies, "total": today.total.as_json(),
+            "by_model": group(today.by_model), "by_agent": group(today.by_agent)}

@@ -25,11 +25,10 @@ from typing import Any
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.costs import decimal_text
 from backplane.eventlog.models import Agent, CostRollup, Task
 from backplane.runtime.replica import reads_connection
-from dashboard.text import money_text, spend_label, spend_summary, unpriced_text
+from dashboard.selectors.task_detail import SERVER_LANE
 
 _SPEND_COLUMNS = ("calls", "unpriced_calls", *et.USAGE_KEYS, "cost")
 # sum() of a bigint is a numeric: counts are cast back to whole numbers.
@@ -118,6 +117,16 @@ class SpendRow:
     spend: Spend
 
 
+def spend_label(scope: str, key: str) -> str:
+    """A rollup row's name on the cost panels: the model, "tool <namespace/tool>", or the agent."""
+    if scope == "tool":
+        return f"tool {key}"
+    if scope == "agent":  # the backplane's own calls have no agent
+        namespace, _, agent = key.partition("/")
+        return f"{namespace}/{agent or SERVER_LANE}"
+    return key
+
+
 # A chart shows this many rows, the biggest; the rest are one row ("N more").
 SPEND_TOP = 10
 
@@ -146,34 +155,6 @@ class SpendToday:
     by_model: list[SpendRow]  # models and paid tools
     by_agent: list[SpendRow]
 
-    def chart(self) -> dict[str, Any]:
-        """The panel's charts' data. Per group (by model or tool, by agent), for each row: its
-        scope, key and label; per currency its cost (exact decimal strings) and that cost in
-        words; tokens per part; calls, and calls with no price (with their words); a summary
-        for the hover."""
-        currencies = sorted(self.total.cost)
-
-        def group(rows: list[SpendRow]) -> dict[str, Any]:
-            parts = [row.spend.token_parts() for row in rows]
-            zero = Decimal(0)
-            return {
-                "scopes": [row.scope for row in rows],
-                "keys": [row.key for row in rows],
-                "labels": [row.label for row in rows],
-                "cost": {c: {"amounts": [decimal_text(row.spend.cost.get(c, zero)) for row in rows],
-                             "text": [money_text(row.spend.cost[c], c) if c in row.spend.cost else ""
-                                      for row in rows]}
-                         for c in currencies},
-                "tokens": {part: [p[part] for p in parts] for part in TOKEN_PARTS},
-                "calls": [row.spend.calls for row in rows],
-                "unpriced_calls": [row.spend.unpriced_calls for row in rows],
-                "unpriced_text": [unpriced_text(row.spend.unpriced_calls) if row.spend.unpriced_calls else ""
-                                  for row in rows],
-                "summary": [spend_summary(row.scope, row.spend) for row in rows],
-            }
-
-        return {"since": format_timestamp(self.since), "currencies": currencies, "total": self.total.as_json(),
-                "by_model": group(self.by_model), "by_agent": group(self.by_agent)}
 
 
 _SPEND_TODAY_SQL = f"""

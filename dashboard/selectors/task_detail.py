@@ -14,11 +14,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
-from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Event, Task
 from backplane.integrity.models import IntegrityAlert, IntegrityAlertKind, VerifiedHead
 from backplane.runtime.replica import reads_connection
-from dashboard.text import SERVER_LANE, timeline_point_label, timeline_span_label
 
 # --- family, chain, events -----------------------------------------------------------------------
 
@@ -165,6 +163,8 @@ def event_rows(task: Task, *, before_seq: int | None = None, after_seq: int | No
 # Plotly traces) is the page's script's (static/js/task_detail.js).
 
 TIMELINE_MAX_EVENTS = 5000
+# Who the events and model calls with no agent are: the backplane's own (a lane, a row's name).
+SERVER_LANE = "backplane"
 
 # The events drawn as points besides reasoning steps, model calls and claims: the page's script
 # has a legend name, a symbol and a colour for each of these types.
@@ -228,22 +228,6 @@ class Timeline:
     @property
     def in_flight(self) -> int:
         return sum(span.kind == "tool_call" and span.end is None for span in self.spans)
-
-    def as_json(self) -> dict[str, Any]:
-        """The page's script's data: times in RFC 3339, each point and bar with its label."""
-        return {
-            "points": [{"kind": p.kind, "type": p.type, "seq": p.seq, "at": format_timestamp(p.at), "lane": p.lane,
-                        "label": timeline_point_label(p)} for p in self.points],
-            "spans": [{"kind": s.kind, "key": s.key, "lane": s.lane, "start": format_timestamp(s.start),
-                       "end": None if s.end is None else format_timestamp(s.end), "status": s.status,
-                       "last_seq": s.last_seq, "label": timeline_span_label(s)} for s in self.spans],
-            "lanes": self.lanes,
-            "since": None if self.since is None else format_timestamp(self.since),
-            "now": format_timestamp(self.now),
-            "tool_calls": self.tool_calls,
-            "in_flight": self.in_flight,
-            "truncated": self.truncated,
-        }
 
 
 def task_timeline(task: Task, *, now: datetime | None = None) -> Timeline:

@@ -46,6 +46,7 @@ from dashboard.selectors.task_detail import (
     task_timeline,
 )
 from dashboard.selectors.tasks import BadCursor, task_page
+from dashboard.text import spend_chart, timeline_json
 from dashboard.views import searches
 from dashboard.views.common import across_namespaces, int_param, operators_only, viewers_only
 from recovery.fleet import pause_blocking, pauses_in_force
@@ -81,7 +82,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "dashboard/overview.html",
         {
             **parts,
-            "spend_chart": parts["spend"].chart(),
+            "spend_chart": spend_chart(parts["spend"]),
             "feed": feed,
             "last_position": feed[0].position if feed else 0,
             "chart": activity_per_minute(hours=1),
@@ -112,7 +113,7 @@ def overview_live(request: HttpRequest) -> JsonResponse:
             "last_position": feed[0].position if feed else after,
             "chart": activity_per_minute(hours=hours),
             "spend": render_to_string("dashboard/_spend_today.html", parts, request=request),
-            "spend_chart": parts["spend"].chart(),
+            "spend_chart": spend_chart(parts["spend"]),
         }
     )
 
@@ -199,7 +200,7 @@ def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | 
             "rows": rows,
             "before_seq": before_seq,
             "last_shown_seq": rows.events[-1].seq if rows.events else 0,
-            "timeline": task_timeline(task, now=parts["now"]).as_json(),
+            "timeline": timeline_json(task_timeline(task, now=parts["now"])),
             "timeline_max": TIMELINE_MAX_EVENTS,
             "lineage": task_lineage(task),
             "fork_form": fork_form,
@@ -228,7 +229,7 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
             "rows": render_to_string("dashboard/_event_rows.html", {**parts, "rows": rows}, request=request),
             "header": render_to_string("dashboard/_task_header.html", parts, request=request),
             "family": render_to_string("dashboard/_task_family.html", parts, request=request),
-            "timeline": task_timeline(task, now=parts["now"]).as_json(),
+            "timeline": timeline_json(task_timeline(task, now=parts["now"])),
             "chain": {"verified_seq": parts["chain"].verified_seq, "broken_seq": parts["chain"].broken_seq},
         }
     )

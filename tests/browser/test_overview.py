@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 from playwright.sync_api import Page, expect
 
+from backplane.delivery.models import OutboxMessage
 from backplane.eventlog.models import Event
 from backplane.runtime.duties import duties_watch_start, duty_stamp
 from tests.browser.conftest import ApiAgent, assert_not_reloaded, mark_document, path_of, wait_live
@@ -123,3 +126,23 @@ def test_it_updates_tiles_and_feed_without_a_reload(
     assert positions[0] == str(appended["position"])
     assert_not_reloaded(page)
     screenshot(page, "overview-live")
+
+
+def test_every_tile_shows_its_value_whole(
+    logged_in_page: Page, make_agent: Callable[..., ApiAgent], screenshot: Screenshot
+) -> None:
+    # The longest value a tile shows: an age in minutes and seconds ("31 min 02 s ago"), which
+    # does not fit one line of a tile at the width of a laptop's window.
+    build_fleet(make_agent("planner"))
+    oldest = OutboxMessage.objects.filter(status="pending").order_by("id").first()
+    assert oldest is not None
+    OutboxMessage.objects.filter(pk=oldest.pk).update(created_at=timezone.now() - timedelta(minutes=31, seconds=2))
+    page = logged_in_page
+    page.goto("/")
+    wait_live(page)
+    expect(page.locator(".tile[data-tile='outbox-oldest-age'] .tile-value")).to_contain_text("31 min")
+    clipped = page.locator(".tile .tile-value").evaluate_all(
+        "values => values.filter(v => v.scrollWidth > v.clientWidth || v.getBoundingClientRect().right >"
+        " v.closest('.tile').getBoundingClientRect().right).map(v => v.closest('.tile').dataset.tile)")
+    assert clipped == [], clipped
+    screenshot(page, "overview-long-age")
