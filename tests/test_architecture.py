@@ -1,20 +1,22 @@
 """Imports run one way (STYLE.md, "Layout shows the architecture"; docs/architecture.md).
 
-Every module under backplane/, recovery/ and dashboard/ is read with ``ast``, not imported:
-``import x`` and ``from x import y`` anywhere in a file count, inside functions and under
-``if TYPE_CHECKING:`` too, with relative imports resolved. A lower part that reached up "only
-lazily" would still depend on the part above it.
+Every module under backplane/, api/, recovery/, dashboard/, demo/ and backplane_client/ is read
+with ``ast``, not imported: ``import x`` and ``from x import y`` anywhere in a file count, inside
+functions and under ``if TYPE_CHECKING:`` too, with relative imports resolved. A lower part that
+reached up "only lazily" would still depend on the part above it; a circle closed by a lazy
+import is a circle. No module is longer than ``MAX_MODULE_LINES``.
 
 The offline verifier is the exception to "anywhere": what matters there is what runs when it
 is imported, so only imports at module level (not in a function, not under ``TYPE_CHECKING``)
 count, followed through every first-party module they load, parent packages included.
-tests/backplane/test_audit_verify.py checks the same in a real process; this one says which
+tests/backplane/integrity/test_audit_verify.py checks the same in a real process; this one says which
 line is to blame.
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("backplane", "api", "recovery", "dashboard", "demo")
+PACKAGES = ("backplane", "api", "recovery", "dashboard", "demo", "backplane_client")
+# A module longer than this does more than one job (STYLE.md); a migration is generated, not read.
+MAX_MODULE_LINES = 800
 
 LOWER_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity", "backplane.runtime")
 CORE_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity")
@@ -94,6 +98,9 @@ RULES = (
     # where it wires the surfaces into one process: its URL conf, its ASGI entry and its settings.
     Rule("the lower package imports the API only in its wiring", sources=("backplane",), forbidden=("api",),
          exempt=("backplane.urls", "backplane.asgi", "backplane.settings")),
+    # Its admin too: the agents' and the dead letters' admin act through recovery's services, so
+    # they are registered by recovery/admin.py.
+    Rule("the lower package does not import recovery", sources=("backplane",), forbidden=("recovery",)),
 )
 
 
@@ -228,6 +235,32 @@ def verifier_violations(modules: Mapping[str, Module], entries: Iterable[str] = 
     return found
 
 
+def import_graph(modules: Mapping[str, Module]) -> dict[str, set[str]]:
+    """Each module and the first-party modules its imports load (anywhere in it, as the rules
+    count them: a circle closed only by a lazy import is still a circle)."""
+    graph: dict[str, set[str]] = {}
+    for name, module in modules.items():
+        loaded = {_loaded_module(imp.target, modules) for imp in imports_of(module)}
+        graph[name] = {target for target in loaded if target is not None and target != name}
+    return graph
+
+
+def import_circle(modules: Mapping[str, Module]) -> list[str] | None:
+    """One circle of imports (``a -> b -> a``), or None when the imports run one way."""
+    try:
+        graphlib.TopologicalSorter(import_graph(modules)).prepare()
+    except graphlib.CycleError as exc:
+        circle: list[str] = exc.args[1]
+        return circle
+    return None
+
+
+def modules_too_long(modules: Iterable[Module], limit: int = MAX_MODULE_LINES) -> list[str]:
+    return [f"{module.path}: {lines} lines" for module in modules
+            if ".migrations." not in f".{module.name}."
+            and (lines := len(module.source.splitlines())) > limit]
+
+
 def violations_message(description: str, found: list[str]) -> str:
     return f"{description}; {len(found)} import(s) break it:\n  " + "\n  ".join(found)
 
@@ -256,6 +289,16 @@ def test_imports_run_one_way(rule: Rule, tree: dict[str, Module]) -> None:
     assert not found, violations_message(rule.description, found)
 
 
+def test_no_import_circles(tree: dict[str, Module]) -> None:
+    circle = import_circle(tree)
+    assert circle is None, "an import circle (move what both sides need down a level): " + " -> ".join(circle or [])
+
+
+def test_no_module_over_the_line_limit(tree: dict[str, Module]) -> None:
+    found = modules_too_long(tree.values())
+    assert not found, f"over {MAX_MODULE_LINES} lines (split it by job): " + ", ".join(found)
+
+
 def test_the_offline_verifier_loads_neither_django_nor_psycopg(tree: dict[str, Module]) -> None:
     found = verifier_violations(tree)
     assert not found, violations_message("the offline verifier must import without Django or psycopg", found)
@@ -277,7 +320,8 @@ def test_the_offline_verifier_loads_neither_django_nor_psycopg(tree: dict[str, M
          "1: from ..eventlog.models import Task"),
         (RULES[2], "backplane/runtime/__init__.py", "from .. import eventlog\n", "1: from .. import eventlog"),
         (RULES[1], "recovery/fake.py", "import api\n", "1: import api"),
-        (RULES[-1], "backplane/models.py", "from api import views\n", "1: from api import views"),
+        (RULES[-2], "backplane/models.py", "from api import views\n", "1: from api import views"),
+        (RULES[-1], "backplane/admin.py", "def f():\n    from recovery import bulk\n", "2: from recovery import bulk"),
         (RULES[1], "recovery/fake.py", "class C:\n    import dashboard\n", "2: import dashboard"),
         (RULES[2], "backplane/runtime/fake.py", "from backplane.eventlog.writer import write_events\n",
          "1: from backplane.eventlog.writer import write_events"),
@@ -311,6 +355,21 @@ def test_each_rule_reports_a_violation_with_its_line(rule: Rule, path: str, sour
 def test_imports_that_respect_the_layers_are_not_reported(path: str, source: str) -> None:
     module = fake_module(path, source)
     assert [rule_violations(rule, [module]) for rule in RULES] == [[] for _ in RULES]
+
+
+def test_the_circle_check_reports_a_lazy_circle_and_passes_one_way_imports() -> None:
+    one_way = {m.name: m for m in (fake_module("recovery/a.py", "from recovery import b\n"),
+                                   fake_module("recovery/b.py", "import json\n"))}
+    assert import_circle(one_way) is None
+    lazy = {**one_way, "recovery.b": fake_module("recovery/b.py", "def f():\n    from recovery.a import x\n")}
+    assert set(import_circle(lazy) or []) == {"recovery.a", "recovery.b"}
+
+
+def test_the_line_limit_reports_a_long_module_but_not_a_migration() -> None:
+    long = "x = 1\n" * (MAX_MODULE_LINES + 1)
+    assert modules_too_long([fake_module("recovery/a.py", long), fake_module("recovery/migrations/0001_x.py", long),
+                             fake_module("recovery/b.py", "x = 1\n" * MAX_MODULE_LINES)]) == [
+        f"recovery/a.py: {MAX_MODULE_LINES + 1} lines"]
 
 
 def _tree_with(tree: Mapping[str, Module], path: str, source: str) -> dict[str, Module]:
