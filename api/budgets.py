@@ -14,8 +14,8 @@ from rest_framework.response import Response
 from api.base import ApiView, errors, principal_of, validated
 from api.permissions import StaffViewerOperator
 from api.serializers import StrictCharField, StrictSerializer
-from recovery import budgets
-from recovery.models import Budget, BudgetPeriod, BudgetScope, BudgetUnit
+from recovery import budgets, selectors
+from recovery.models import BudgetPeriod, BudgetScope, BudgetUnit
 
 
 class BudgetIn(StrictSerializer):
@@ -49,7 +49,7 @@ class BudgetListOut(serializers.Serializer):
     results = BudgetOut(many=True)
 
 
-def budget_as_api_dict(state: budgets.BudgetState) -> dict[str, Any]:
+def budget_as_api_dict(state: selectors.BudgetState) -> dict[str, Any]:
     budget = state.budget
     return {"id": budget.pk, "scope": budget.scope, "key": budget.key, "period": budget.period,
             "unit": budget.unit, "currency": budget.currency or None, "limit": str(budget.limit),
@@ -66,8 +66,7 @@ class BudgetsView(ApiView):
         responses={200: BudgetListOut, **errors(403)},
     )
     def get(self, request: Request) -> Response:
-        states = [budgets.budget_state(b) for b in Budget.objects.order_by("scope", "key", "pk")]
-        return Response({"results": [budget_as_api_dict(state) for state in states]})
+        return Response({"results": [budget_as_api_dict(state) for state in selectors.budget_list()]})
 
     @extend_schema(
         operation_id="budgets_set",
@@ -93,7 +92,7 @@ class BudgetsView(ApiView):
         budget = budgets.budget_set(scope=data["scope"], key=data["key"], period=data["period"], unit=data["unit"],
                                     limit=data["limit"], currency=data.get("currency", ""), decided_by=by,
                                     reason=data["reason"])
-        return Response(budget_as_api_dict(budgets.budget_state(budget)))
+        return Response(budget_as_api_dict(selectors.budget_state(budget)))
 
 
 class BudgetResumeView(ApiView):
@@ -112,4 +111,4 @@ class BudgetResumeView(ApiView):
         by = principal_of(request).name
         data = validated(ResumeIn, request.data)
         budget = budgets.budget_resume(budget_id=budget_id, decided_by=by, reason=data["reason"])
-        return Response(budget_as_api_dict(budgets.budget_state(budget)))
+        return Response(budget_as_api_dict(selectors.budget_state(budget)))

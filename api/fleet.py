@@ -26,7 +26,7 @@ from api.serializers import (
     optional_timestamp,
     task_as_api_dict,
 )
-from recovery import fleet
+from recovery import fleet, selectors
 from recovery.models import Pause
 
 REASON_MAX_CHARS = 2000
@@ -62,7 +62,7 @@ class PauseOut(serializers.Serializer):
 
 class PauseListOut(serializers.Serializer):
     in_force = PauseOut(many=True)
-    recently_lifted = PauseOut(many=True, help_text=f"the last {fleet.RECENT_LIFTED} lifted, newest first")
+    recently_lifted = PauseOut(many=True, help_text=f"the last {selectors.RECENT_LIFTED} lifted, newest first")
 
 
 def pause_as_api_dict(pause: Pause) -> dict[str, Any]:
@@ -134,8 +134,8 @@ class PausesView(ApiView):
                                  value={"in_force": [_PAUSE_EXAMPLE], "recently_lifted": []})],
     )
     def get(self, request: Request) -> Response:
-        return Response({"in_force": [pause_as_api_dict(p) for p in fleet.pauses_in_force()],
-                         "recently_lifted": [pause_as_api_dict(p) for p in fleet.pauses_recently_lifted()]})
+        return Response({"in_force": [pause_as_api_dict(p) for p in selectors.pauses_in_force()],
+                         "recently_lifted": [pause_as_api_dict(p) for p in selectors.pauses_recently_lifted()]})
 
     @extend_schema(
         operation_id="pauses_set",

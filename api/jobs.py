@@ -124,8 +124,10 @@ def job_as_api_dict(job: BulkJob, *, sample: bool = False) -> dict[str, Any]:
         "pending": job.total - job.done - job.skipped - job.failed,
         "rate_per_second": job.rate_per_second, "chunk_size": job.chunk_size,
         "started_at": optional_timestamp(job.started_at), "finished_at": optional_timestamp(job.finished_at),
+        # Sorted here, not by the query: the jobs list prefetches every job's decisions in one.
         "decisions": [{"action": d.action, "decided_by": d.decided_by, "reason": d.reason,
-                       "at": format_timestamp(d.at)} for d in job.decisions.order_by("at", "pk")],
+                       "at": format_timestamp(d.at)}
+                      for d in sorted(job.decisions.all(), key=lambda decision: (decision.at, decision.pk))],
     }
     if sample:
         items, _ = selectors.bulk_job_items_page(job, status=None, after_index=-1, limit=bulk.SAMPLE_SIZE)
@@ -174,7 +176,7 @@ class JobsView(ApiView):
         cursor = query_int(request.query_params, "cursor", default=0, minimum=0)
         jobs, next_cursor = selectors.bulk_jobs_recent(
             limit=query_int(request.query_params, "limit", default=50, minimum=1, maximum=200),
-            before_id=cursor or None)
+            before_id=cursor or None, with_decisions=True)
         return Response({"results": [job_as_api_dict(job) for job in jobs], "next": _next_url(request, next_cursor)})
 
     @extend_schema(

@@ -24,7 +24,8 @@ receiver never sees a rule's "resolved" before its "firing". Someone is paged by
 subscription on ``backplane.alerts`` (backplane/delivery); delivery then retries with backoff and
 ends in a dead letter like every other message (docs/operations.md, "Saved searches and alerts").
 A firing rule that is deleted or disabled, or whose search is deleted, resolves with a reason,
-so a page opened by it is closed too.
+so a page opened by it is closed too. The reads (a rule's count, the searches with their counts,
+the firing rules, the recent transitions) are in recovery/selectors.py.
 """
 
 from __future__ import annotations
@@ -32,21 +33,19 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Q, QuerySet
+from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
 from backplane.delivery.outbox import outbox_enqueue
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import InvalidInput, NotFound
-from backplane.eventlog.models import Task
-from backplane.eventlog.selectors import TaskFilters, task_filters_from_json, tasks_filtered
+from backplane.eventlog.selectors import task_filters_from_json
 from recovery.models import (
     ALERT_THRESHOLD_MAX,
     ALERT_WINDOW_MAX_SECONDS,
@@ -56,6 +55,7 @@ from recovery.models import (
     AlertTransitionState,
     SavedSearch,
 )
+from recovery.selectors import alert_count
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +70,6 @@ _SLUG = re.compile(r"^[-a-zA-Z0-9_]+$")
 
 def search_path(search: SavedSearch) -> str:
     return SEARCH_PATH.format(slug=search.slug)
-
-
-def search_filters(search: SavedSearch) -> TaskFilters:
-    """The search's filter, checked again on the way out: a row written by hand (the admin) or by
-    an older release is refused here (``InvalidInput``) rather than counted wrongly."""
-    return task_filters_from_json(search.filter)
 
 
 # --- saved searches ------------------------------------------------------------------------------
@@ -196,12 +190,6 @@ def alert_rule_delete(*, rule_id: int, by: str, now: datetime | None = None) -> 
 # --- evaluation ----------------------------------------------------------------------------------
 
 
-def alert_count(rule: AlertRule, *, now: datetime) -> int:
-    """The tasks the rule's search matches whose ``updated_at`` is in ``(now - window, now]``."""
-    since = now - timedelta(seconds=rule.window_seconds)
-    return tasks_filtered(search_filters(rule.search)).filter(updated_at__gt=since, updated_at__lte=now).count()
-
-
 def alerts_evaluate(*, now: datetime | None = None) -> int:
     """Count every enabled rule and record the crossings. Returns how many rules changed state."""
     now = now or timezone.now()
@@ -271,60 +259,3 @@ def alert_message(transition: AlertTransition, *, rule: AlertRule, search: Saved
         "reason": transition.reason,
         "at": format_timestamp(transition.at),
     }
-
-
-# --- reads ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SearchCount:
-    search: SavedSearch
-    count: int | None  # None: the stored filter is not valid any more
-
-
-def _count_sql(tasks: QuerySet[Task]) -> tuple[str, tuple[Any, ...]]:
-    sql, params = tasks.order_by().values("pk").query.sql_with_params()
-    return f"(SELECT count(*) FROM ({sql}) AS matching)", tuple(params)
-
-
-def saved_search_counts(searches: Sequence[SavedSearch]) -> list[SearchCount]:
-    """How many tasks each search matches now (the task list's filter, no window): one statement
-    for all of them, each count a subquery."""
-    parts: list[str] = []
-    params: list[Any] = []
-    counted: list[SavedSearch] = []
-    for search in searches:
-        try:
-            filters = search_filters(search)
-        except InvalidInput:
-            continue
-        sql, sql_params = _count_sql(tasks_filtered(filters))
-        parts.append(sql)
-        params += sql_params
-        counted.append(search)
-    counts: dict[int, int] = {}
-    if parts:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT " + ", ".join(parts), params)
-            row = cursor.fetchone()
-        counts = {search.pk: int(value) for search, value in zip(counted, row or (), strict=True)}
-    return [SearchCount(search=search, count=counts.get(search.pk)) for search in searches]
-
-
-def saved_searches(*, pinned_only: bool = False) -> list[SavedSearch]:
-    """Saved searches by name; every one with its alert rules (two queries), or only the pinned
-    ones, without (one)."""
-    searches = SavedSearch.objects.order_by("name", "pk")
-    return list(searches.filter(pinned=True) if pinned_only else searches.prefetch_related("alert_rules"))
-
-
-def alerts_firing() -> list[AlertRule]:
-    """Rules firing now, the longest-firing first."""
-    return list(AlertRule.objects.filter(state=AlertState.FIRING).select_related("search").order_by("state_since"))
-
-
-def alert_transitions_recent(*, state: str | None = None, limit: int = 10) -> list[AlertTransition]:
-    transitions = AlertTransition.objects.order_by("-at", "-pk")
-    if state:
-        transitions = transitions.filter(state=state)
-    return list(transitions.select_related("rule__search")[:limit])

@@ -19,40 +19,35 @@ one call that reached it. A model call already made when the stop came is refuse
 the calls in flight then: at most one per agent working in the scope (docs/costs.md).
 
 People raise or lower a limit (``budget_set``) or let a spent scope go on for the rest of its
-period (``budget_resume``); each decision is a ``BudgetDecision``.
+period (``budget_resume``); each decision is a ``BudgetDecision``. What a budget has spent and
+whether it stops work are read in recovery/selectors.py (``budgets_spend``, ``budget_list``).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import date, datetime, time
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 from django.db import transaction
-from django.db.models import Q, Sum
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.async_services import HandOff
-from backplane.eventlog.costs import ALL_TIME, TASK_ROOT_SQL, costs_something, task_root_id
+from backplane.eventlog.costs import TASK_ROOT_SQL, costs_something, task_root_id
 from backplane.eventlog.errors import InvalidInput, NotFound
-from backplane.eventlog.models import CostRollup, Task
+from backplane.eventlog.models import Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
 from backplane.lib.sql_rows import RowLoader
 from recovery.errors import BudgetExceeded
 from recovery.models import Budget, BudgetDecision, BudgetPeriod, BudgetScope, BudgetUnit
+from recovery.selectors import budget_spend, budgets_spend, is_spent, period_of
 
 TOPIC = "backplane.budgets"
 THRESHOLDS = ((Decimal("0.8"), "warned_80_on"), (Decimal("0.95"), "warned_95_on"), (Decimal(1), "exceeded_on"))
-
-
-def period_of(budget: Budget, now: datetime) -> date:
-    """The day a budget's current period is filed under: today (UTC) for a day budget; for a
-    task tree's, one fixed day (its period never ends)."""
-    return now.date() if budget.period == BudgetPeriod.DAY else date(1970, 1, 1)
 
 
 # On the path of every model call's record: SQL written once, as the writer's statements are (the
@@ -92,26 +87,6 @@ async def budget_gate_async(conn: psycopg.AsyncConnection[Any], *, namespace: st
                                                                          root_id=root_id))).fetchall()
     if any(is_spent(BUDGET_ROWS.load(row), now=now) for row in rows):
         raise HandOff
-
-
-def budget_spend(budget: Budget, *, now: datetime) -> Decimal:
-    """What the budget's scope has spent this period, in the budget's unit, from the rollups."""
-    rollup_scope, hours = {
-        BudgetScope.NAMESPACE: ("namespace", Q(hour__gte=datetime.combine(now.date(), time(), tzinfo=now.tzinfo))),
-        BudgetScope.AGENT: ("agent", Q(hour__gte=datetime.combine(now.date(), time(), tzinfo=now.tzinfo))),
-        BudgetScope.TASK: ("tree", Q(hour=ALL_TIME)),
-    }[BudgetScope(budget.scope)]
-    rows = CostRollup.objects.filter(hours, scope=rollup_scope, key=budget.key)
-    if budget.unit == BudgetUnit.CURRENCY:
-        return rows.filter(currency=budget.currency).aggregate(total=Sum("cost"))["total"] or Decimal(0)
-    totals = rows.aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
-    return Decimal((totals["i"] or 0) + (totals["o"] or 0))
-
-
-def is_spent(budget: Budget, *, now: datetime) -> bool:
-    """Whether the budget stops work now: reached this period, and not resumed this period."""
-    period = period_of(budget, now)
-    return budget.exceeded_on == period and budget.resumed_on != period
 
 
 def _refusal(budget: Budget, *, now: datetime, less: Decimal = Decimal(0)) -> BudgetExceeded:
@@ -173,8 +148,7 @@ def budget_note_spending(written: WrittenEvents) -> None:
             # Rolls the record back: nothing is written. The spend shown is without this write.
             raise _refusal(budget, now=now, less=_spent_by(spending, budget))
     drafts = []
-    for budget in locked:
-        spend = budget_spend(budget, now=now)
+    for budget, spend in zip(locked, budgets_spend(locked, now=now), strict=True):
         period = period_of(budget, now)
         for share, field in THRESHOLDS:
             if spend < budget.limit * share:
@@ -211,20 +185,6 @@ def _crossing(budget: Budget, *, share: Decimal, spend: Decimal) -> EventDraft:
 
 
 # --- people's decisions ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BudgetState:
-    budget: Budget
-    spend: Decimal
-    spent: bool
-    resumed: bool  # resumed for the current period
-
-
-def budget_state(budget: Budget, *, now: datetime | None = None) -> BudgetState:
-    now = now or timezone.now()
-    return BudgetState(budget=budget, spend=budget_spend(budget, now=now), spent=is_spent(budget, now=now),
-                       resumed=budget.resumed_on == period_of(budget, now))
 
 
 def budget_set(

@@ -6,9 +6,10 @@ call is refused with ``task_closed`` naming the cancellation (``writer.task_clos
 With ``compensate`` the saga starts as it does for a terminal failure (recovery/handlers.py),
 and a cancelled sub-task reports to its parent like a failed one.
 
-A pause is a row (``recovery.models.Pause``) that claims read (``pause_scopes_sql``): pending
+A pause is a row (``recovery.models.Pause``) that claims read (recovery/leases.py): pending
 work of a paused namespace, or of a paused kind in it, is passed over; leases already held run
-on. Lifting it fills its resume fields, so the row is its own audit trail.
+on. Lifting it fills its resume fields, so the row is its own audit trail. The reads (the pauses
+in force, those lifted lately, the one holding a task back) are in recovery/selectors.py.
 """
 
 from __future__ import annotations
@@ -19,18 +20,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
-from backplane.eventlog.models import NAME_VALIDATOR, Task, TaskStatus
+from backplane.eventlog.models import NAME_VALIDATOR, Task
 from backplane.eventlog.writer import EventDraft, TaskWrite, lock_task, task_closed_error, write_events_many
 from recovery.errors import PauseInForce
 from recovery.models import Pause
-
-# How many lifted pauses the pages and the API show beside those in force.
-RECENT_LIFTED = 20
 
 
 def _require_reason(reason: str) -> str:
@@ -115,30 +112,3 @@ def pause_lift(*, pause_id: int, resumed_by: str, reason: str) -> Pause:
         pause.resumed_by, pause.resumed_at, pause.resume_reason = resumed_by, timezone.now(), reason
         pause.save(update_fields=["resumed_by", "resumed_at", "resume_reason"])
     return pause
-
-
-# --- selectors ----------------------------------------------------------------------------------
-
-
-def pauses_in_force(*, namespace: str | None = None) -> list[Pause]:
-    pauses = Pause.objects.filter(resumed_at__isnull=True)
-    if namespace is not None:
-        pauses = pauses.filter(namespace=namespace)
-    return list(pauses.order_by("-paused_at", "-pk"))
-
-
-def pauses_recently_lifted(*, limit: int = RECENT_LIFTED) -> list[Pause]:
-    return list(Pause.objects.filter(resumed_at__isnull=False).order_by("-resumed_at", "-pk")[:limit])
-
-
-def pause_blocking(task: Task) -> Pause | None:
-    """The pause that holds this pending task back (its namespace's, else its kind's)."""
-    if task.status != TaskStatus.PENDING:
-        return None
-    return pauses_holding_back(task.namespace, task.kind).order_by("kind", "paused_at").first()
-
-
-def pauses_holding_back(namespace: Any, kind: Any) -> QuerySet[Pause]:
-    """The pauses in force over work of ``namespace`` and ``kind`` (values or ``OuterRef``s):
-    the namespace's own, or its kind's. Claims exclude tasks for which this ``Exists``."""
-    return Pause.objects.filter(Q(kind="") | Q(kind=kind), namespace=namespace, resumed_at__isnull=True)

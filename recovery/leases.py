@@ -153,7 +153,7 @@ def _claimable_kinds(agent: Agent, kinds: Sequence[str] | None) -> list[str]:
 
 # The claim's one read, on either driver: the oldest pending task of the namespace (of ``kinds``,
 # when some are given), locked, passing over rows another claimer holds, the trees of spent task
-# budgets (sub-agents and all) and paused work (recovery/fleet.py's ``pauses_holding_back``, the
+# budgets (sub-agents and all) and paused work (recovery/selectors.py's ``pauses_holding_back``, the
 # same rule: the namespace's own pause, or its kind's). The pauses are read in the claim's own
 # statement: a pause committed before it started holds the task back; one committing meanwhile
 # holds back every later claim, and leases already granted run on.

@@ -1,16 +1,19 @@
-"""Reads for recovery: tool-call records and the recovery context rebuilt from the log."""
+"""Reads for recovery: tool-call records, the recovery context rebuilt from the log, the fleet,
+bulk jobs, budgets and their spend, pauses, saved searches and alerts."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, Window
+from django.db.models import Count, F, Q, QuerySet, Sum, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -18,10 +21,27 @@ from backplane.eventlog import event_types as et
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import InvalidInput, NotFound
 from backplane.eventlog.lineage import history_of
-from backplane.eventlog.models import Agent, BreakerTransition, Task
-from backplane.eventlog.selectors import task_visible
+from backplane.eventlog.models import ALL_TIME, Agent, BreakerTransition, CostRollup, Task, TaskStatus
+from backplane.eventlog.selectors import TaskFilters, task_filters_from_json, task_visible, tasks_filtered
 from backplane.lib.sql_rows import RowLoader
-from recovery.models import BulkItemStatus, BulkJob, BulkJobItem, StaffScope, Tool, ToolCall
+from recovery.models import (
+    AlertRule,
+    AlertState,
+    AlertTransition,
+    Budget,
+    BudgetDecision,
+    BudgetPeriod,
+    BudgetScope,
+    BudgetUnit,
+    BulkItemStatus,
+    BulkJob,
+    BulkJobItem,
+    Pause,
+    SavedSearch,
+    StaffScope,
+    Tool,
+    ToolCall,
+)
 
 TOOL_CALL_ROWS = RowLoader(ToolCall)
 # A tool call of a task of the namespace (any, for staff: None), on either driver (the HTTP front
@@ -321,9 +341,13 @@ def bulk_job_get(job_id: int) -> BulkJob:
     return job
 
 
-def bulk_jobs_recent(*, limit: int, before_id: int | None = None) -> tuple[list[BulkJob], int | None]:
-    """Jobs newest first, a keyset page: the jobs and the cursor of the next page (None: last)."""
+def bulk_jobs_recent(*, limit: int, before_id: int | None = None,
+                     with_decisions: bool = False) -> tuple[list[BulkJob], int | None]:
+    """Jobs newest first, a keyset page: the jobs and the cursor of the next page (None: last).
+    ``with_decisions``: every job's decisions too, in one more query for the whole page."""
     jobs = BulkJob.objects.order_by("-pk")
+    if with_decisions:
+        jobs = jobs.prefetch_related("decisions")
     if before_id is not None:
         jobs = jobs.filter(pk__lt=before_id)
     page = list(jobs[: limit + 1])
@@ -352,3 +376,191 @@ def bulk_job_planned_counts(job: BulkJob) -> list[tuple[str, int]]:
 def staff_namespace(*, user_id: int) -> str | None:
     """The one namespace a staff user is limited to (StaffScope), or None: every namespace."""
     return StaffScope.objects.filter(user_id=user_id).values_list("namespace", flat=True).first()
+
+
+# --- budgets (recovery/budgets.py) ------------------------------------------------------------------
+
+
+def period_of(budget: Budget, now: datetime) -> date:
+    """The day a budget's current period is filed under: today (UTC) for a day budget; for a
+    task tree's, one fixed day (its period never ends)."""
+    return now.date() if budget.period == BudgetPeriod.DAY else date(1970, 1, 1)
+
+
+def is_spent(budget: Budget, *, now: datetime) -> bool:
+    """Whether the budget stops work now: reached this period, and not resumed this period."""
+    period = period_of(budget, now)
+    return budget.exceeded_on == period and budget.resumed_on != period
+
+
+# The cost rollups' scope that holds each budget scope's spend.
+_ROLLUP_SCOPE = {BudgetScope.NAMESPACE: "namespace", BudgetScope.AGENT: "agent", BudgetScope.TASK: "tree"}
+
+
+def budgets_spend(budgets: Sequence[Budget], *, now: datetime) -> list[Decimal]:
+    """What each budget's scope has spent this period, in the budget's unit, from the rollups:
+    one query however many budgets (none for none), so a list of budgets is never N+1.
+
+    A namespace's or an agent's spend is today's hours (UTC), a tree's its one all-time row per
+    currency. The sums are grouped by currency: a currency budget takes its own currency's, a
+    token budget adds every currency's tokens."""
+    if not budgets:
+        return []
+    day_start = datetime.combine(now.date(), time(), tzinfo=now.tzinfo)
+    keys: dict[str, set[str]] = {}
+    for budget in budgets:
+        keys.setdefault(_ROLLUP_SCOPE[BudgetScope(budget.scope)], set()).add(budget.key)
+    wanted = Q()
+    for rollup_scope, scope_keys in keys.items():
+        hours = Q(hour=ALL_TIME) if rollup_scope == "tree" else Q(hour__gte=day_start)
+        wanted |= Q(hours, scope=rollup_scope, key__in=sorted(scope_keys))
+    sums = (CostRollup.objects.filter(wanted).values("scope", "key", "currency")
+            .annotate(cost=Sum("cost"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"))
+            .order_by())
+    by_scope: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in sums:
+        by_scope.setdefault((row["scope"], row["key"]), []).append(row)
+    spends = []
+    for budget in budgets:
+        rows = by_scope.get((_ROLLUP_SCOPE[BudgetScope(budget.scope)], budget.key), [])
+        if budget.unit == BudgetUnit.CURRENCY:
+            cost = next((row["cost"] for row in rows if row["currency"] == budget.currency), None)
+            # A sum of zero shows as 0, not with the rollups' twelve places.
+            spends.append(cost or Decimal(0))
+        else:
+            spends.append(Decimal(sum((row["input_tokens"] or 0) + (row["output_tokens"] or 0) for row in rows)))
+    return spends
+
+
+def budget_spend(budget: Budget, *, now: datetime) -> Decimal:
+    """What the budget's scope has spent this period, in the budget's unit, from the rollups."""
+    return budgets_spend([budget], now=now)[0]
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    budget: Budget
+    spend: Decimal
+    spent: bool
+    resumed: bool  # resumed for the current period
+
+
+def budget_states_of(budgets: Sequence[Budget], *, now: datetime | None = None) -> list[BudgetState]:
+    """These budgets with their spend and state now: one query for all of their spends."""
+    now = now or timezone.now()
+    return [BudgetState(budget=budget, spend=spend, spent=is_spent(budget, now=now),
+                        resumed=budget.resumed_on == period_of(budget, now))
+            for budget, spend in zip(budgets, budgets_spend(budgets, now=now), strict=True)]
+
+
+def budget_state(budget: Budget, *, now: datetime | None = None) -> BudgetState:
+    return budget_states_of([budget], now=now)[0]
+
+
+def budget_list(*, now: datetime | None = None) -> list[BudgetState]:
+    """Every budget by scope and key, with its spend and state: two queries however many."""
+    return budget_states_of(list(Budget.objects.order_by("scope", "key", "pk")), now=now)
+
+
+def budget_decisions_recent(*, limit: int) -> list[BudgetDecision]:
+    """The last decisions on budgets, newest first, each with its budget."""
+    return list(BudgetDecision.objects.select_related("budget").order_by("-at")[:limit])
+
+
+# --- pauses (recovery/fleet.py) ---------------------------------------------------------------------
+
+# How many lifted pauses the pages and the API show beside those in force.
+RECENT_LIFTED = 20
+
+
+def pauses_in_force(*, namespace: str | None = None) -> list[Pause]:
+    pauses = Pause.objects.filter(resumed_at__isnull=True)
+    if namespace is not None:
+        pauses = pauses.filter(namespace=namespace)
+    return list(pauses.order_by("-paused_at", "-pk"))
+
+
+def pauses_recently_lifted(*, limit: int = RECENT_LIFTED) -> list[Pause]:
+    return list(Pause.objects.filter(resumed_at__isnull=False).order_by("-resumed_at", "-pk")[:limit])
+
+
+def pause_blocking(task: Task) -> Pause | None:
+    """The pause that holds this pending task back (its namespace's, else its kind's)."""
+    if task.status != TaskStatus.PENDING:
+        return None
+    return pauses_holding_back(task.namespace, task.kind).order_by("kind", "paused_at").first()
+
+
+def pauses_holding_back(namespace: Any, kind: Any) -> QuerySet[Pause]:
+    """The pauses in force over work of ``namespace`` and ``kind`` (values or ``OuterRef``s):
+    the namespace's own, or its kind's, as a claim passes over them (recovery/leases.py)."""
+    return Pause.objects.filter(Q(kind="") | Q(kind=kind), namespace=namespace, resumed_at__isnull=True)
+
+
+# --- saved searches and alerts (recovery/alerts.py) ---------------------------------------------------
+
+
+def search_filters(search: SavedSearch) -> TaskFilters:
+    """The search's filter, checked again on the way out: a row written by hand (the admin) or by
+    an older release is refused here (``InvalidInput``) rather than counted wrongly."""
+    return task_filters_from_json(search.filter)
+
+
+def alert_count(rule: AlertRule, *, now: datetime) -> int:
+    """The tasks the rule's search matches whose ``updated_at`` is in ``(now - window, now]``."""
+    since = now - timedelta(seconds=rule.window_seconds)
+    return tasks_filtered(search_filters(rule.search)).filter(updated_at__gt=since, updated_at__lte=now).count()
+
+
+@dataclass(frozen=True)
+class SearchCount:
+    search: SavedSearch
+    count: int | None  # None: the stored filter is not valid any more
+
+
+def _count_sql(tasks: QuerySet[Task]) -> tuple[str, tuple[Any, ...]]:
+    sql, params = tasks.order_by().values("pk").query.sql_with_params()
+    return f"(SELECT count(*) FROM ({sql}) AS matching)", tuple(params)
+
+
+def saved_search_counts(searches: Sequence[SavedSearch]) -> list[SearchCount]:
+    """How many tasks each search matches now (the task list's filter, no window): one statement
+    for all of them, each count a subquery."""
+    parts: list[str] = []
+    params: list[Any] = []
+    counted: list[SavedSearch] = []
+    for search in searches:
+        try:
+            filters = search_filters(search)
+        except InvalidInput:
+            continue
+        sql, sql_params = _count_sql(tasks_filtered(filters))
+        parts.append(sql)
+        params += sql_params
+        counted.append(search)
+    counts: dict[int, int] = {}
+    if parts:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(parts), params)
+            row = cursor.fetchone()
+        counts = {search.pk: int(value) for search, value in zip(counted, row or (), strict=True)}
+    return [SearchCount(search=search, count=counts.get(search.pk)) for search in searches]
+
+
+def saved_searches(*, pinned_only: bool = False) -> list[SavedSearch]:
+    """Saved searches by name; every one with its alert rules (two queries), or only the pinned
+    ones, without (one)."""
+    searches = SavedSearch.objects.order_by("name", "pk")
+    return list(searches.filter(pinned=True) if pinned_only else searches.prefetch_related("alert_rules"))
+
+
+def alerts_firing() -> list[AlertRule]:
+    """Rules firing now, the longest-firing first."""
+    return list(AlertRule.objects.filter(state=AlertState.FIRING).select_related("search").order_by("state_since"))
+
+
+def alert_transitions_recent(*, state: str | None = None, limit: int = 10) -> list[AlertTransition]:
+    transitions = AlertTransition.objects.order_by("-at", "-pk")
+    if state:
+        transitions = transitions.filter(state=state)
+    return list(transitions.select_related("rule__search")[:limit])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
-
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -13,9 +11,11 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog.costs import decimal_text
 from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
+from dashboard.budget_forms import BudgetResumeForm, BudgetSetForm
 from dashboard.views.common import across_namespaces, operators_only, viewers_only
 from recovery import budgets
-from recovery.models import Budget, BudgetDecision, BudgetPeriod, BudgetScope, BudgetUnit
+from recovery.models import BudgetPeriod, BudgetScope, BudgetUnit
+from recovery.selectors import budget_decisions_recent, budget_list
 
 NAV = "budgets"
 RECENT_DECISIONS = 20
@@ -25,13 +25,11 @@ RECENT_DECISIONS = 20
 @viewers_only
 @across_namespaces
 def budgets_page(request: HttpRequest) -> HttpResponse:
-    states = [budgets.budget_state(budget) for budget in Budget.objects.order_by("scope", "key", "pk")]
     rows = [{"state": state, "share": min(100, int(state.spend * 100 / state.budget.limit)),
-             "spend": decimal_text(state.spend), "limit": decimal_text(state.budget.limit)} for state in states]
-    decisions = BudgetDecision.objects.select_related("budget").order_by("-at")[:RECENT_DECISIONS]
+             "spend": decimal_text(state.spend), "limit": decimal_text(state.budget.limit)} for state in budget_list()]
     return render(request, "dashboard/budgets.html", {
-        "nav": NAV, "rows": rows, "decisions": decisions, "scopes": BudgetScope.choices,
-        "periods": BudgetPeriod.choices, "units": BudgetUnit.choices,
+        "nav": NAV, "rows": rows, "decisions": budget_decisions_recent(limit=RECENT_DECISIONS),
+        "scopes": BudgetScope.choices, "periods": BudgetPeriod.choices, "units": BudgetUnit.choices,
     })
 
 
@@ -39,19 +37,17 @@ def budgets_page(request: HttpRequest) -> HttpResponse:
 @operators_only("Setting a budget")
 @across_namespaces
 def budget_set_view(request: HttpRequest) -> HttpResponse:
-    """Set a budget from the page's form: the same service, and the same refusals, as the API."""
-    form = request.POST
-    try:
-        limit = Decimal(form.get("limit", ""))
-    except InvalidOperation:
-        messages.error(request, "Not set: the limit must be a number.")
+    """Set a budget from the page's form: the same service, and the same refusals, as the API.
+    A refusal is said on the page the browser comes back to; nothing is written."""
+    form = BudgetSetForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not set: {form.refusal()}.")
         return redirect("dashboard:budgets")
+    data = form.cleaned_data
     try:
-        budget = budgets.budget_set(scope=form.get("scope", ""), key=form.get("key", "").strip(),
-                                    period=form.get("period", ""), unit=form.get("unit", ""), limit=limit,
-                                    currency=form.get("currency", "").strip().upper()
-                                    if form.get("unit") == BudgetUnit.CURRENCY else "",
-                                    decided_by=user_actor(request.user), reason=form.get("reason", ""))
+        budget = budgets.budget_set(scope=data["scope"], key=data["key"], period=data["period"], unit=data["unit"],
+                                    limit=data["limit"], currency=data["currency"],
+                                    decided_by=user_actor(request.user), reason=data["reason"])
     except BackplaneError as exc:
         messages.error(request, f"Not set: {exc.message}.")
         return redirect("dashboard:budgets")
@@ -63,9 +59,13 @@ def budget_set_view(request: HttpRequest) -> HttpResponse:
 @operators_only("Resuming a budget")
 @across_namespaces
 def budget_resume_view(request: HttpRequest, budget_id: int) -> HttpResponse:
+    form = BudgetResumeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not resumed: {form.refusal()}.")
+        return redirect("dashboard:budgets")
     try:
         budget = budgets.budget_resume(budget_id=budget_id, decided_by=user_actor(request.user),
-                                       reason=request.POST.get("reason", ""))
+                                       reason=form.cleaned_data["reason"])
     except BackplaneError as exc:
         messages.error(request, f"Not resumed: {exc.message}.")
         return redirect("dashboard:budgets")

@@ -17,6 +17,7 @@ from backplane.eventlog.models import user_actor
 from dashboard.access import namespace_of
 from dashboard.views.common import across_namespaces, operators_only, viewers_only
 from recovery import fleet
+from recovery.selectors import pauses_in_force, pauses_recently_lifted
 
 NAV = "pauses"
 
@@ -43,7 +44,7 @@ def task_cancel_view(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
 @across_namespaces
 def pauses_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/pauses.html", {
-        "nav": NAV, "in_force": fleet.pauses_in_force(), "lifted": fleet.pauses_recently_lifted(),
+        "nav": NAV, "in_force": pauses_in_force(), "lifted": pauses_recently_lifted(),
         "namespace": request.GET.get("namespace", ""), "kind": request.GET.get("kind", ""),
     })
 

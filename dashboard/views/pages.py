@@ -49,8 +49,7 @@ from dashboard.selectors.tasks import BadCursor, task_page
 from dashboard.text import spend_chart, timeline_json
 from dashboard.views import searches
 from dashboard.views.common import across_namespaces, int_param, operators_only, viewers_only
-from recovery.fleet import pause_blocking, pauses_in_force
-from recovery.selectors import recovery_context
+from recovery.selectors import pause_blocking, pauses_in_force, recovery_context
 
 # --- overview ------------------------------------------------------------------------------------
 

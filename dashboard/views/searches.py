@@ -31,6 +31,13 @@ from dashboard.views.common import (
 )
 from recovery import alerts
 from recovery.models import AlertRule, SavedSearch
+from recovery.selectors import (
+    alert_transitions_recent,
+    alerts_firing,
+    saved_search_counts,
+    saved_searches,
+    search_filters,
+)
 
 NAV = "searches"
 RECENT_TRANSITIONS = 20
@@ -46,7 +53,7 @@ def _refused(request: HttpRequest, exc: BackplaneError, *, what: str, back: str)
 def task_list_query(search: SavedSearch) -> str:
     """The task list's query string for a search: its filter (times as RFC 3339, which the list's
     form reads as they are) and ``search``, which names it on the page."""
-    filters = alerts.search_filters(search).as_json()
+    filters = search_filters(search).as_json()
     return urlencode({**filters, "search": search.slug})
 
 
@@ -59,13 +66,13 @@ def searches_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         return _save(request)
     if request.GET.get("partial") == "counts":
-        counted = alerts.saved_search_counts(list(SavedSearch.objects.order_by("pk")))
+        counted = saved_search_counts(list(SavedSearch.objects.order_by("pk")))
         return JsonResponse({"counts": {row.search.slug: row.count for row in counted}})
-    searches = alerts.saved_searches()
+    searches = saved_searches()
     return render(request, "dashboard/searches.html", {
         "nav": NAV,
-        "rows": alerts.saved_search_counts(searches),
-        "transitions": alerts.alert_transitions_recent(limit=RECENT_TRANSITIONS),
+        "rows": saved_search_counts(searches),
+        "transitions": alert_transitions_recent(limit=RECENT_TRANSITIONS),
     })
 
 
@@ -195,13 +202,13 @@ class PinnedTile:
 def overview_parts() -> dict[str, Any]:
     """What the overview shows of saved searches: pinned tiles with counts (marked while a rule of
     theirs fires), firing alerts and recent resolutions (``_saved_tiles.html``, ``_alerts.html``)."""
-    firing = alerts.alerts_firing()
-    pinned = alerts.saved_search_counts(alerts.saved_searches(pinned_only=True))
+    firing = alerts_firing()
+    pinned = saved_search_counts(saved_searches(pinned_only=True))
     return {
         "pinned": [PinnedTile(search=row.search, count=row.count,
                               firing=[rule for rule in firing if rule.search_id == row.search.pk]) for row in pinned],
         "alerts_firing": firing,
-        "alerts_resolved": alerts.alert_transitions_recent(state="resolved", limit=5),
+        "alerts_resolved": alert_transitions_recent(state="resolved", limit=5),
     }
 
 

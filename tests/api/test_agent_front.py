@@ -816,6 +816,7 @@ def test_spent_budgets_open_breakers_and_pauses_are_decided_as_the_service_decid
     from recovery import budgets
     from recovery.fleet import pause_lift, pause_set
     from recovery.models import Budget
+    from recovery.selectors import period_of
 
     claims = record_loop(monkeypatch, "lease_claim_async")
     today = timezone.now().date()
@@ -827,7 +828,7 @@ def test_spent_budgets_open_breakers_and_pauses_are_decided_as_the_service_decid
     # So is the tree of a spent task budget.
     tree = budgets.budget_set(scope="task", key=agent["task_id"], period="task", unit="tokens", limit=Decimal(10),
                               decided_by="ops", reason="cap")
-    Budget.objects.filter(pk=tree.pk).update(exceeded_on=budgets.period_of(tree, timezone.now()))
+    Budget.objects.filter(pk=tree.pk).update(exceeded_on=period_of(tree, timezone.now()))
     assert both_write(reads, "POST", "/api/v1/leases/", token=agent["token"], body=b"{}").status_code == 204
     assert claims[-1:] == [True]
     Budget.objects.filter(pk=tree.pk).update(exceeded_on=None)
@@ -1027,11 +1028,12 @@ def test_a_dispatch_a_spent_budget_refuses_is_the_services_409(
 
     from recovery import budgets
     from recovery.models import Budget, ToolCall
+    from recovery.selectors import period_of
 
     dispatches = record_loop(monkeypatch, "tool_call_dispatch_async", agent_front.tool_calls)
     tree = budgets.budget_set(scope="task", key=agent["task_id"], period="task", unit="tokens", limit=Decimal(10),
                               decided_by="ops", reason="cap")
-    Budget.objects.filter(pk=tree.pk).update(exceeded_on=budgets.period_of(tree, timezone.now()))
+    Budget.objects.filter(pk=tree.pk).update(exceeded_on=period_of(tree, timezone.now()))
     body = json.dumps({"step": 1, "tool": "search", "input": {}}).encode()
     refused = both_write(reads, "POST", f"/api/v1/tasks/{agent['task_id']}/tool-calls/", token=agent["token"],
                          body=body)

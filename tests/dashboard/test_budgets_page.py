@@ -12,6 +12,7 @@ from backplane.eventlog.models import ModelPrice
 from backplane.eventlog.writer import EventDraft
 from recovery import budgets
 from recovery.models import Budget, BudgetDecision
+from tests.dashboard.conftest import html
 
 
 def spend_calls(count: int) -> None:
@@ -52,3 +53,25 @@ def test_setting_from_the_page_goes_through_the_service_and_refusals_write_nothi
     assert Budget.objects.count() == 1 and BudgetDecision.objects.count() == 1
     assert "Not set: a budget decision needs a reason" in olivia_client.post(
         "/budgets/set/", {**body, "reason": " "}, follow=True).content.decode()
+
+
+def test_bad_input_is_said_on_the_page_and_writes_nothing(olivia_client: Client) -> None:
+    body = {"scope": "namespace", "key": "acme", "period": "day", "unit": "currency", "currency": "usd",
+            "limit": "5", "reason": "plan"}
+    for changed, said in (
+        ({"limit": "five"}, "Not set: the limit must be a number."),
+        ({"limit": "NaN"}, "Not set: the limit must be a number."),
+        ({"scope": "galaxy"}, "Not set: the scope must be one of namespace, agent, task."),
+        ({"key": "ac\x00me"}, "Not set: Null characters are not allowed."),
+        ({"reason": "\x00"}, "Not set: Null characters are not allowed."),
+        ({"key": " ", "reason": ""}, "Not set: a budget needs a key: a namespace, namespace/agent or a root task "
+                                     "id; a budget decision needs a reason."),
+    ):
+        page = olivia_client.post("/budgets/set/", {**body, **changed}, follow=True)
+        assert page.status_code == 200 and said in html(page), changed
+    assert not Budget.objects.exists() and not BudgetDecision.objects.exists()
+    assert "Budget set: namespace acme: 5 USD a day." in html(olivia_client.post("/budgets/set/", body, follow=True))
+    budget = Budget.objects.get()
+    refused = olivia_client.post(f"/budgets/{budget.pk}/resume/", {"reason": "  "}, follow=True)
+    assert "Not resumed: a budget decision needs a reason." in html(refused)
+    assert BudgetDecision.objects.count() == 1

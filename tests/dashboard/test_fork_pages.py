@@ -472,7 +472,7 @@ def test_sandboxes_are_left_out_of_the_overview_and_the_task_list_by_default(
 # --- queries ------------------------------------------------------------------------------------
 
 # The session and its user are two of them on every page; a task's model spend is one more, and
-# so is the pause that may hold a pending task back (recovery/fleet.py).
+# so is the pause that may hold a pending task back (recovery/selectors.py).
 # Each with 3 for who may look (the user's and their groups' permissions, their staff scope); the
 # diff looks the scope up for each of its two tasks.
 TASK_PAGE_QUERIES = 12 + 3

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -13,7 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from backplane.eventlog import forks, services
 from backplane.eventlog.models import Task
 from backplane.eventlog.writer import EventDraft
-from tests.dashboard.conftest import History
+from tests.dashboard.conftest import History, reviewers_group
+from tests.support import list_rows
 
 # The session and its user are two of them on every page. A task page reads its forks (and a
 # fork's page where it came from); the diff reads each history range by range, one query per
@@ -21,7 +23,7 @@ from tests.dashboard.conftest import History
 # The overview and a task's page read their model spend from the cost rollups in one query each.
 # The overview's saved searches: the pinned ones, the firing rules, the recent resolutions (their
 # counts add one statement for all pinned searches, when there are some).
-# The pauses in force (recovery/fleet.py) are one more on the overview, and a pending task's page
+# The pauses in force (recovery/selectors.py) are one more on the overview, and a pending task's page
 # (the fork here) reads the pause that may hold it back. The task list asks once whether the
 # user may review (its bulk bar makes a bulk job, which is for reviewers only).
 # Every page adds 2 for who may look (the user's and their groups' permissions) and 1 for the
@@ -78,3 +80,43 @@ def test_no_page_runs_more_queries_for_more_rows(olivia_client: Client, make_his
     for name, path in pages(history, fork).items():
         with django_assert_max_num_queries(BOUNDS[name]):
             olivia_client.get(path)
+
+
+# --- the other list pages ------------------------------------------------------------------------
+
+# Every page that lists rows, by its name in dashboard/urls.py (a list included from a page's own
+# module by the name it has there). Each runs the same queries for 1 row of each kind as for 21:
+# a read per row (a budget's spend, a job's decisions, a search's rules) would add 20.
+LIST_PAGES = {
+    "budgets": "/budgets/",
+    "pauses": "/pauses/",
+    "dead-letters": "/dead-letters/",
+    "jobs": "/jobs/",
+    "job": "/jobs/{job}/",
+    "searches": "/searches/",
+    "searches-counts": "/searches/?partial=counts",
+    "agents": "/agents/",
+    "outbox": "/outbox/",
+    "integrity": "/integrity/",
+}
+
+
+def queries_per_list_page(client: Client, rows: list_rows.ListRows) -> dict[str, int]:
+    counted = {}
+    for name, path in LIST_PAGES.items():
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get(path.format(job=rows.job.pk)).status_code == 200, path
+        counted[name] = len(captured.captured_queries)
+    return counted
+
+
+def test_no_list_page_runs_more_queries_for_more_rows(olivia: User) -> None:
+    # A reviewer as well as an operator: the job pages show what a reviewer may do.
+    olivia.groups.add(reviewers_group())
+    client = Client()
+    client.force_login(olivia)
+    rows = list_rows.start()
+    list_rows.grow(rows, 1)
+    one = queries_per_list_page(client, rows)
+    list_rows.grow(rows, 20)
+    assert queries_per_list_page(client, rows) == one

@@ -21,7 +21,7 @@ from backplane.eventlog.models import Task
 from backplane.eventlog.selectors import TaskFilters, tasks_filtered
 from backplane.eventlog.writer import EventDraft
 from backplane.runtime import duties
-from recovery import alerts
+from recovery import alerts, selectors
 from recovery import tasks as recovery_tasks
 from recovery.models import ALERT_WINDOW_MAX_SECONDS, AlertRule, AlertState, AlertTransition, SavedSearch
 from tests.backplane.eventlog.test_concurrent_appends import run_in_threads
@@ -176,9 +176,9 @@ def test_a_saved_search_with_a_payload_search_counts_like_the_task_list(make_tas
     filters = TaskFilters(q="wants a refund", namespace="acme")
     search = alerts.saved_search_save(name="Refunds", filter=filters.as_json(), created_by=BY)
     assert tasks_filtered(filters).count() == 2  # what the task list shows
-    assert [c.count for c in alerts.saved_search_counts([search])] == [2]
+    assert [c.count for c in selectors.saved_search_counts([search])] == [2]
     rule = rule_on(search, threshold=2)
-    assert alerts.alert_count(rule, now=timezone.now()) == 2
+    assert selectors.alert_count(rule, now=timezone.now()) == 2
     assert evaluate_at() == 1
 
 
@@ -189,7 +189,7 @@ def test_counts_of_many_searches_take_one_query(
     searches = [search_of({"namespace": "acme"}, name="All"), search_of({"kind": "other"}, name="Other"),
                 search_of({"q": "alice@example.com"}, name="Alice"), search_of({"status": "completed"}, name="Done")]
     with django_assert_num_queries(1):
-        counts = alerts.saved_search_counts(searches)
+        counts = selectors.saved_search_counts(searches)
     assert [c.count for c in counts] == [2, 1, 2, 0]
 
 
@@ -298,7 +298,7 @@ def test_a_search_whose_stored_filter_went_bad_is_not_counted(make_task: Callabl
     make_task()
     SavedSearch.objects.filter(pk=search.pk).update(filter={"colour": "red"})
     search.refresh_from_db()
-    assert [c.count for c in alerts.saved_search_counts([search])] == [None]
+    assert [c.count for c in selectors.saved_search_counts([search])] == [None]
     assert evaluate_at() == 0
     assert AlertRule.objects.get(pk=rule.pk).last_evaluated_at is None
 

@@ -17,7 +17,7 @@ from backplane.eventlog import services
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound, TaskClosed
 from backplane.eventlog.models import Agent, Event, Task
 from backplane.eventlog.writer import EventDraft, lock_task
-from recovery import fleet, leases
+from recovery import fleet, leases, selectors
 from recovery.errors import PauseInForce
 from tests.api.conftest import AgentClient, assert_error, claim, create_task, row_counts
 from tests.backplane.eventlog.test_concurrent_appends import run_in_threads
@@ -190,7 +190,7 @@ def test_a_scope_has_one_pause_in_force(db: None) -> None:
     # Another scope is another pause: the namespace as a whole, or the same kind elsewhere.
     fleet.pause_set(namespace="acme", kind="", paused_by="user:ops", reason="all of it")
     fleet.pause_set(namespace="globex", kind="enrich", paused_by="user:ops", reason="there too")
-    assert len(fleet.pauses_in_force()) == 3
+    assert len(selectors.pauses_in_force()) == 3
 
 
 def test_a_pause_is_lifted_once_with_a_reason(db: None) -> None:
@@ -203,7 +203,7 @@ def test_a_pause_is_lifted_once_with_a_reason(db: None) -> None:
         fleet.pause_lift(pause_id=pause.pk, resumed_by="user:ops", reason="twice")
     with pytest.raises(NotFound):
         fleet.pause_lift(pause_id=pause.pk + 1000, resumed_by="user:ops", reason="who")
-    assert fleet.pauses_in_force() == [] and fleet.pauses_recently_lifted() == [lifted]
+    assert selectors.pauses_in_force() == [] and selectors.pauses_recently_lifted() == [lifted]
     # Lifted, the scope can be paused again.
     fleet.pause_set(namespace="acme", kind="", paused_by="user:ops", reason="again")
 
@@ -212,17 +212,17 @@ def test_pause_needs_a_reason_and_a_valid_scope(db: None) -> None:
     for namespace, kind, reason in (("acme", "", ""), ("", "", "why"), ("acme", "bad kind!", "why")):
         with pytest.raises(InvalidInput):
             fleet.pause_set(namespace=namespace, kind=kind, paused_by="user:ops", reason=reason)
-    assert fleet.pauses_in_force() == []
+    assert selectors.pauses_in_force() == []
 
 
 def test_pause_blocking_names_the_pause_holding_a_pending_task(make_task: Callable[..., Task]) -> None:
     task = make_task(kind="enrich")
-    assert fleet.pause_blocking(task) is None
+    assert selectors.pause_blocking(task) is None
     kind_pause = fleet.pause_set(namespace="acme", kind="enrich", paused_by="user:ops", reason="tool down")
-    assert fleet.pause_blocking(task) == kind_pause
+    assert selectors.pause_blocking(task) == kind_pause
     namespace_pause = fleet.pause_set(namespace="acme", kind="", paused_by="user:ops", reason="all")
-    assert fleet.pause_blocking(task) == namespace_pause
-    assert fleet.pause_blocking(make_task(namespace="globex", kind="enrich")) is None
+    assert selectors.pause_blocking(task) == namespace_pause
+    assert selectors.pause_blocking(make_task(namespace="globex", kind="enrich")) is None
 
 
 # --- claims pass over paused work -------------------------------------------------------------------
@@ -249,7 +249,7 @@ def test_claims_skip_a_paused_kind_while_other_kinds_are_leased(make_task: Calla
     assert take(worker, ["enrich", "score"]) is None
     assert take(worker, None, task_id=paused.pk) is None
     assert Task.objects.get(pk=paused.pk).status == "pending"
-    pause = fleet.pauses_in_force()[0]
+    pause = selectors.pauses_in_force()[0]
     fleet.pause_lift(pause_id=pause.pk, resumed_by="user:ops", reason="fixed")
     got = take(worker, ["enrich", "score"])
     assert got is not None and got.pk == paused.pk
