@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd
+.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd kafka kafka-jars
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -21,7 +21,7 @@ FAST := -m "not slow and not browser"
 test: $(STAMP) promtool
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 
-test-all: $(STAMP) browser node promtool rabbitmq etcd
+test-all: $(STAMP) browser node promtool rabbitmq etcd kafka-jars
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 	$(PY) -m pytest -m "slow or browser"
 
@@ -194,6 +194,30 @@ RABBITMQ_SERVICE_OFF := if command -v systemctl >/dev/null 2>&1 && [ -d /run/sys
 		$$sudo invoke-rc.d rabbitmq-server stop >/dev/null 2>&1 || true; \
 		$$sudo update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true; \
 	fi;
+
+# The Kafka harness (tests/support/kafka.py, tests/backplane/delivery/test_kafka_harness.py) runs
+# brokers from Maven Central's jars: kafka/pom.xml names the broker, Kafka's tools and a log4j2
+# backend, and Maven copies them with their dependencies into $(KAFKA_LIB), once (again when the POM
+# changes). The folder is emptied first, so a jar the POM no longer brings does not stay on the
+# classpath, and the stamp is written last, so an interrupted copy is never taken for a finished one.
+# Maven keeps its downloads in its default ~/.m2: shared by every clone on the machine (CI runs in a
+# fresh clone), so a new clone copies from it instead of downloading again; only $(KAFKA_LIB) is read
+# by the harness. A Connect or Debezium classpath gets a folder of its own beside it: Debezium pins
+# another Kafka client.
+KAFKA_LIB := var/kafka/broker-lib
+KAFKA_STAMP := $(KAFKA_LIB)/.fetched
+kafka-jars: $(KAFKA_STAMP)
+$(KAFKA_STAMP): kafka/pom.xml
+	$(call apt_install,maven,mvn,the Kafka harness (Debian's maven brings a Java runtime too))
+	rm -rf $(KAFKA_LIB)
+	mvn -q -B -f kafka/pom.xml package -Dbroker.lib=$(CURDIR)/$(KAFKA_LIB)
+	touch $(KAFKA_STAMP)
+
+# One Kafka node (KRaft, broker and controller) for people, in the foreground on 127.0.0.1:$(KAFKA_PORT):
+# it prints its bootstrap address and runs until Ctrl-C, which stops it and removes its data.
+KAFKA_PORT ?= 9092
+kafka: $(STAMP) $(KAFKA_STAMP)
+	$(PY) -m tests.support.kafka --port $(KAFKA_PORT)
 
 # The HTTP load generator for `make bench`: Debian's wrk, from apt (as root, else with sudo).
 wrk:
