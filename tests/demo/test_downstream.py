@@ -46,6 +46,8 @@ def test_it_hears_each_lifecycle_message_once_even_when_it_comes_again(
                 sinks.close()
             assert downstream_drain_once(simple, timeout=2) and downstream_drain_once(simple, timeout=2)
             assert not downstream_drain_once(simple, timeout=0.2)
+            # Unbound again: its "#" would route every later test's messages in this process.
+            simple.queue.delete()
     assert processed_ids() == {str(message.message_id)}
     assert downstream_prune(older_than=timedelta(0)) == 1 and processed_ids() == set()
 
