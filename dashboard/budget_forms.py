@@ -11,6 +11,7 @@ from typing import Any
 
 from django import forms
 
+from dashboard.forms import RefusalForm
 from recovery.models import BudgetPeriod, BudgetScope, BudgetUnit
 
 REASON_REQUIRED = "a budget decision needs a reason"
@@ -26,7 +27,7 @@ def _reason_field() -> forms.CharField:
     return forms.CharField(strip=True, error_messages={"required": REASON_REQUIRED})
 
 
-class BudgetSetForm(forms.Form):
+class BudgetSetForm(RefusalForm):
     scope = _choice(BudgetScope.choices, "scope")
     key = forms.CharField(max_length=320, strip=True,
                           error_messages={"required": "a budget needs a key: a namespace, namespace/agent or a "
@@ -45,13 +46,6 @@ class BudgetSetForm(forms.Form):
         data["currency"] = (data.get("currency") or "").upper() if data.get("unit") == BudgetUnit.CURRENCY else ""
         return data
 
-    def refusal(self) -> str:
-        """Every error, in the fields' order, as one line."""
-        return "; ".join(str(error).rstrip(".") for errors in self.errors.values() for error in errors)
 
-
-class BudgetResumeForm(forms.Form):
+class BudgetResumeForm(RefusalForm):
     reason = _reason_field()
-
-    def refusal(self) -> str:
-        return "; ".join(str(error).rstrip(".") for error in self.errors.get("reason", []))

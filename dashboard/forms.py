@@ -77,6 +77,14 @@ class TaskFilterForm(forms.Form):
         )
 
 
+class RefusalForm(forms.Form):
+    """A page's action form whose refusal the page says in one line after "Not done: "."""
+
+    def refusal(self) -> str:
+        """Every error, in the fields' order, as one line."""
+        return "; ".join(str(error).rstrip(".") for errors in self.errors.values() for error in errors)
+
+
 class BulkSelectionForm(forms.Form):
     """A list page's bulk bar: the rows checked (``ids``, a field each page declares for its own
     ids), or every row matching the list's filter (``query``, the filter as a query string). It

@@ -1,6 +1,6 @@
 """Cancel a task and pause work from the dashboard: the same services, and refusals, as the API.
 
-Thin: read the form, call one service in recovery/fleet.py, say what happened, redirect."""
+Thin: check the form (dashboard/fleet_forms.py), call one service in recovery/fleet.py, say what happened, redirect."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
 from dashboard.access import namespace_of
+from dashboard.fleet_forms import PauseResumeForm, PauseSetForm, TaskCancelForm
 from dashboard.views.common import across_namespaces, operators_only, viewers_only
 from recovery import fleet
 from recovery.selectors import pauses_in_force, pauses_recently_lifted
@@ -25,10 +26,14 @@ NAV = "pauses"
 @require_POST
 @operators_only("Cancelling a task")
 def task_cancel_view(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+    form = TaskCancelForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not cancelled: {form.refusal()}.")
+        return redirect("dashboard:task", task_id=task_id)
     try:
         task = fleet.task_cancel(namespace=namespace_of(request.user), task_id=task_id,
-                                 cancelled_by=user_actor(request.user), reason=request.POST.get("reason", ""),
-                                 compensate=request.POST.get("compensate") == "on")
+                                 cancelled_by=user_actor(request.user), reason=form.cleaned_data["reason"],
+                                 compensate=form.cleaned_data["compensate"])
     except BackplaneError as exc:
         messages.error(request, f"Not cancelled: {exc.message}.")
         return redirect("dashboard:task", task_id=task_id)
@@ -53,10 +58,14 @@ def pauses_page(request: HttpRequest) -> HttpResponse:
 @operators_only("Pausing work")
 @across_namespaces
 def pause_set_view(request: HttpRequest) -> HttpResponse:
-    form = request.POST
+    form = PauseSetForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not paused: {form.refusal()}.")
+        return redirect("dashboard:pauses")
+    data = form.cleaned_data
     try:
-        pause = fleet.pause_set(namespace=form.get("namespace", "").strip(), kind=form.get("kind", "").strip(),
-                                paused_by=user_actor(request.user), reason=form.get("reason", ""))
+        pause = fleet.pause_set(namespace=data["namespace"], kind=data["kind"], paused_by=user_actor(request.user),
+                                reason=data["reason"])
     except BackplaneError as exc:
         messages.error(request, f"Not paused: {exc.message}.")
         return redirect("dashboard:pauses")
@@ -69,9 +78,13 @@ def pause_set_view(request: HttpRequest) -> HttpResponse:
 @operators_only("Resuming work")
 @across_namespaces
 def pause_resume_view(request: HttpRequest, pause_id: int) -> HttpResponse:
+    form = PauseResumeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not resumed: {form.refusal()}.")
+        return redirect("dashboard:pauses")
     try:
         pause = fleet.pause_lift(pause_id=pause_id, resumed_by=user_actor(request.user),
-                                 reason=request.POST.get("reason", ""))
+                                 reason=form.cleaned_data["reason"])
     except BackplaneError as exc:
         messages.error(request, f"Not resumed: {exc.message}.")
         return redirect("dashboard:pauses")

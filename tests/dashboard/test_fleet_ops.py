@@ -100,3 +100,20 @@ def test_only_staff_see_or_use_them(victor: User) -> None:
     assert client.post("/pauses/set/", {"namespace": "acme", "reason": "x"}).status_code == 403
     assert client.post(f"/tasks/{task.pk}/cancel/", {"reason": "x"}).status_code == 403
     assert not Pause.objects.exists() and Task.objects.get(pk=task.pk).status == "pending"
+
+
+def test_what_no_form_takes_is_said_on_the_page_and_changes_nothing(olivia_client: Client) -> None:
+    # U+0000 would reach PostgreSQL, which refuses it in text with an error the page would not
+    # survive; the forms say so first.
+    task = pending_task()
+    refused = olivia_client.post("/pauses/set/", {"namespace": "ac\x00me", "kind": "", "reason": "x"}, follow=True)
+    assert refused.status_code == 200 and "Not paused: Null characters are not allowed" in html(refused)
+    assert not Pause.objects.exists()
+    refused = olivia_client.post(f"/tasks/{task.pk}/cancel/", {"reason": "dup\x00"}, follow=True)
+    assert refused.status_code == 200 and "Not cancelled: Null characters are not allowed" in html(refused)
+    assert Task.objects.get(pk=task.pk).status == "pending"
+    pause = fleet.pause_set(namespace="acme", kind="", paused_by="user:ops", reason="deploy")
+    refused = olivia_client.post(f"/pauses/{pause.pk}/resume/", {"reason": "x" * 1001}, follow=True)
+    assert refused.status_code == 200 and "Not resumed: Ensure this value has at most 1000 characters" in html(refused)
+    pause.refresh_from_db()
+    assert pause.resumed_at is None
