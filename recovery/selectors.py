@@ -554,6 +554,16 @@ def saved_searches(*, pinned_only: bool = False) -> list[SavedSearch]:
     return list(searches.filter(pinned=True) if pinned_only else searches.prefetch_related("alert_rules"))
 
 
+def saved_searches_bare() -> list[SavedSearch]:
+    """Every saved search without its rules (one query): what their counts need."""
+    return list(SavedSearch.objects.order_by("pk"))
+
+
+def saved_search_named(slug: str) -> SavedSearch | None:
+    """The saved search a link names by its slug, if there is one."""
+    return SavedSearch.objects.filter(slug=slug).first()
+
+
 def alerts_firing() -> list[AlertRule]:
     """Rules firing now, the longest-firing first."""
     return list(AlertRule.objects.filter(state=AlertState.FIRING).select_related("search").order_by("state_since"))

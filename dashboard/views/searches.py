@@ -35,7 +35,9 @@ from recovery.selectors import (
     alert_transitions_recent,
     alerts_firing,
     saved_search_counts,
+    saved_search_named,
     saved_searches,
+    saved_searches_bare,
     search_filters,
 )
 
@@ -66,7 +68,7 @@ def searches_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         return _save(request)
     if request.GET.get("partial") == "counts":
-        counted = saved_search_counts(list(SavedSearch.objects.order_by("pk")))
+        counted = saved_search_counts(saved_searches_bare())
         return JsonResponse({"counts": {row.search.slug: row.count for row in counted}})
     searches = saved_searches()
     return render(request, "dashboard/searches.html", {
@@ -189,7 +191,7 @@ def alert_rule_delete_view(request: HttpRequest, rule_id: int) -> HttpResponse:
 
 def named_search(slug: str | None) -> SavedSearch | None:
     """The saved search a task-list link names (``?search=<slug>``), to say so on the page."""
-    return SavedSearch.objects.filter(slug=slug).first() if slug else None
+    return saved_search_named(slug) if slug else None
 
 
 @dataclass(frozen=True)
