@@ -260,6 +260,8 @@ class TaskListOut(Answer):
     next: Annotated[str, Meta(extra_json_schema={"format": "uri"})] | None
 
 
+# Field for field the row it is made from (eventlog/selectors.py's EventRow): this is the answer's
+# declaration, which the schema is generated from; that, the columns the events page reads.
 class EventOut(Answer):
     """The Event object of docs/api.md; ``hash`` covers every field but itself and ``position``."""
 
