@@ -12,6 +12,7 @@ from django.utils import timezone
 from backplane.delivery.models import OutboxMessage
 from backplane.eventlog.chain import format_timestamp
 from backplane.runtime.replica import reads_connection
+from dashboard.selectors.minutes import buckets, window_to_this_minute
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,7 @@ def delivery_lag_per_minute(*, now: datetime | None = None) -> dict[str, Any]:
     """The last hour's delivery lag (from enqueue to delivery) per minute: mean and max seconds,
     and how many were delivered, for every minute (zeros included)."""
     now = now or timezone.now()
-    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    start = end - timedelta(hours=1)
+    start, end = window_to_this_minute(now, hours=1)
     with reads_connection().cursor() as cursor:
         cursor.execute(
             """
@@ -100,12 +100,10 @@ def delivery_lag_per_minute(*, now: datetime | None = None) -> dict[str, Any]:
         )
         rows = {row[0]: row[1:] for row in cursor.fetchall()}
     minutes, mean, peak, delivered = [], [], [], []
-    at = start
-    while at < end:
+    for at in buckets(start, end, timedelta(minutes=1)):
         minutes.append(format_timestamp(at))
         avg_s, max_s, n = rows.get(at, (None, None, 0))
         mean.append(None if avg_s is None else round(float(avg_s), 3))
         peak.append(None if max_s is None else round(float(max_s), 3))
         delivered.append(n)
-        at += timedelta(minutes=1)
     return {"minutes": minutes, "mean_seconds": mean, "max_seconds": peak, "delivered": delivered}

@@ -15,6 +15,7 @@ from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Event, TaskStatus
 from backplane.integrity.models import VerificationMode, VerificationRun
 from backplane.runtime.replica import reads_connection
+from dashboard.selectors.minutes import buckets, window_to_this_minute
 
 CHART_SERIES = {
     "events": None,
@@ -113,8 +114,7 @@ def activity_per_minute(*, hours: int, now: datetime | None = None) -> dict[str,
     chart's data: every minute present (zeros included), times in RFC 3339. Sandboxes' events
     are left out."""
     now = now or timezone.now()
-    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    start = end - timedelta(hours=hours)
+    start, end = window_to_this_minute(now, hours=hours)
     bucket = "date_trunc('minute', recorded_at)" if hours <= 6 else "date_bin('5 minutes', recorded_at, %(start)s)"
     step = timedelta(minutes=1 if hours <= 6 else 5)
     with reads_connection().cursor() as cursor:
@@ -134,12 +134,10 @@ def activity_per_minute(*, hours: int, now: datetime | None = None) -> dict[str,
         counted = {row[0]: row[1:] for row in cursor.fetchall()}
     minutes: list[str] = []
     series: dict[str, list[int]] = {name: [] for name in CHART_SERIES}
-    at = start
-    while at < end:
+    for at in buckets(start, end, step):
         minutes.append(format_timestamp(at))
         for name, value in zip(CHART_SERIES, counted.get(at, (0, 0, 0, 0)), strict=True):
             series[name].append(value)
-        at += step
     return {"minutes": minutes, "series": series, "hours": hours, "step_minutes": int(step.total_seconds() // 60)}
 
 
