@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import secrets
 import sys
 import tempfile
@@ -366,7 +367,8 @@ if CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
     CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
     CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
 
-# Where the relay publishes outbox messages (a kombu URL); by default the Celery broker.
+# Where the relay publishes outbox messages: a kombu URL, or kafka://host:port,… for Kafka
+# (backplane/delivery/kafka_sink.py); by default the Celery broker.
 BACKPLANE_OUTBOX_BROKER_URL = env_str("BACKPLANE_OUTBOX_BROKER_URL", "") or CELERY_BROKER_URL
 
 # Threads, not prefork: a prefork child SIGKILLed while holding the pool's shared queue lock
@@ -537,6 +539,21 @@ for _binding in env_list("BACKPLANE_OUTBOX_QUEUES", []):
 # tests/backplane/delivery/test_product_topics.py checks the default of an install.
 BACKPLANE_OUTBOX_BROKER_TOPICS: list[str] = env_list("BACKPLANE_OUTBOX_BROKER_TOPICS",
                                                      ["backplane.#"] if BACKPLANE_ENV == "test" else [])
+# Kafka, when BACKPLANE_OUTBOX_BROKER_URL is kafka://host:port,… (docs/delivery.md, "Kafka"): a
+# message goes to the first Kafka topic here whose pattern matches its topic ("kafka_topic=pattern"
+# pairs, comma-separated, AMQP patterns as the queues' bindings), else to BACKPLANE_OUTBOX_KAFKA_TOPIC.
+_KAFKA_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+BACKPLANE_OUTBOX_KAFKA_TOPIC = env_str("BACKPLANE_OUTBOX_KAFKA_TOPIC", "backplane.outbox")
+BACKPLANE_OUTBOX_KAFKA_TOPICS: list[tuple[str, str]] = []
+for _route in env_list("BACKPLANE_OUTBOX_KAFKA_TOPICS", []):
+    _kafka_topic, _, _pattern = (part.strip() for part in _route.partition("="))
+    if not _pattern or not _KAFKA_TOPIC_NAME.match(_kafka_topic):
+        raise ImproperlyConfiguredEnv(f"BACKPLANE_OUTBOX_KAFKA_TOPICS: {_route!r} is not kafka_topic=pattern "
+                                      "(a Kafka topic is 1 to 249 of A-Z a-z 0-9 . _ -)")
+    BACKPLANE_OUTBOX_KAFKA_TOPICS.append((_kafka_topic, _pattern))
+if not _KAFKA_TOPIC_NAME.match(BACKPLANE_OUTBOX_KAFKA_TOPIC):
+    raise ImproperlyConfiguredEnv(f"BACKPLANE_OUTBOX_KAFKA_TOPIC={BACKPLANE_OUTBOX_KAFKA_TOPIC!r} is not a Kafka "
+                                  "topic name (1 to 249 of A-Z a-z 0-9 . _ -)")
 BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
 BACKPLANE_NO_PROGRESS_FLAG_SECONDS = env_int("BACKPLANE_NO_PROGRESS_FLAG_SECONDS", 300, minimum=1)
 BACKPLANE_NO_PROGRESS_STALL_SECONDS = env_int("BACKPLANE_NO_PROGRESS_STALL_SECONDS", 1800, minimum=1)

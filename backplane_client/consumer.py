@@ -23,8 +23,9 @@ failed), the second insert succeeds and that process does the work. Exactly one 
 commits. This relies on READ COMMITTED (PostgreSQL's default); under REPEATABLE READ or
 SERIALIZABLE the waiter gets a serialization failure instead, which is safe but must be retried.
 
-Only the standard library and psycopg 3 are used; psycopg is imported inside the functions that
-need it, so :mod:`backplane_client.signing` works without it.
+Only the standard library and psycopg 3 are used (and confluent-kafka by handle_kafka_message);
+both are imported inside the functions that need them, so :mod:`backplane_client.signing` works
+without either.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import confluent_kafka
     import psycopg
     from psycopg import sql
 
@@ -44,6 +46,7 @@ __all__ = [
     "Envelope",
     "Handler",
     "ensure_processed_table",
+    "handle_kafka_message",
     "handle_kombu_message",
     "parse_envelope",
     "process_once",
@@ -194,4 +197,40 @@ def handle_kombu_message(
     envelope = parse_envelope(body)
     processed = process_once(conn, envelope, handler, table=table)
     message.ack()
+    return processed
+
+
+def handle_kafka_message(
+    conn: psycopg.Connection[Any],
+    consumer: confluent_kafka.Consumer,
+    message: confluent_kafka.Message,
+    handler: Handler,
+    *,
+    table: str = DEFAULT_TABLE,
+) -> bool:
+    """Process a message polled from Kafka once, then commit its offset (confluent-kafka).
+
+    The consumer must run with ``enable.auto.commit=false``: only this function commits, and
+    only after the handler's transaction committed. A crash in between redelivers the message
+    from the last committed offset, and :func:`process_once` drops it as a repeat by
+    ``message_id`` (the relay's redeliveries too: they carry the same id).
+
+    When parsing or the handler fails, nothing is committed and the consumer is rewound to this
+    message before the exception propagates: a Kafka consumer reads on past a message it did not
+    commit, and a later commit would skip it for good. The next ``poll`` returns it again; a
+    message that can never be processed (poison) has to be set aside by the caller, e.g. to a
+    dead-letter topic, then committed.
+    """
+    try:
+        envelope = parse_envelope(message.value() or b"")
+        processed = process_once(conn, envelope, handler, table=table)
+    except BaseException:
+        from confluent_kafka import TopicPartition
+
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        if topic is not None and partition is not None and offset is not None:
+            consumer.seek(TopicPartition(topic, partition, offset))
+        raise
+    # Synchronous: the next message is not handled before this offset is stored in Kafka.
+    consumer.commit(message=message, asynchronous=False)
     return processed

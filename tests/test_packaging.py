@@ -183,8 +183,12 @@ def test_the_client_package_declares_httpx_and_rfc8785_as_its_only_dependencies(
     assert project["tool"]["setuptools"]["packages"] == ["backplane_client"]
     assert [Requirement(r).name for r in project["project"]["dependencies"]] == ["httpx", "rfc8785"]
     client_imports = distributions_of(imported_modules(["backplane_client"]))
-    # psycopg is imported inside the consumer helpers only, and is the "consumer" extra.
-    assert client_imports <= {"httpx", "rfc8785", "psycopg", "psycopg-binary"}, client_imports
+    # psycopg is imported inside the consumer helpers only, and is the "consumer" extra;
+    # confluent-kafka inside the Kafka one only, the "kafka" extra.
+    assert client_imports <= {"httpx", "rfc8785", "psycopg", "psycopg-binary", "confluent-kafka"}, client_imports
+    extras = {name: [Requirement(r).name for r in requirements]
+              for name, requirements in project["project"]["optional-dependencies"].items()}
+    assert extras == {"consumer": ["psycopg"], "kafka": ["psycopg", "confluent-kafka"]}
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ more than the pool minus the broker's share, so any number of hanging endpoints 
 broker's deliveries alone. The periodic task that calls ``tick()`` returns at once: a Celery worker
 thread never waits for a POST, and the duties beside it (the stall detector) keep theirs.
 
-A destination whose delivery ran into its deadline is probed: its jobs claim one message at a
-time until one is delivered again.
+A destination whose delivery ran into its deadline goes on *trial*, as a circuit breaker's half-open
+state does: its jobs claim one message at a time until one is delivered again.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class LaneRunner:
         self._lock = threading.Lock()
         self._running: Counter[Lane] = Counter()
         self._futures: set[Future[None]] = set()
-        self._probing: set[Lane] = set()
+        self._on_trial: set[Lane] = set()
         self._stopping = threading.Event()
         self._local = threading.local()
         self._publishers: list[relay.Publisher] = []
@@ -66,9 +66,9 @@ class LaneRunner:
             webhook_room = self.threads - broker_share - sum(n for lane, n in self._running.items() if lane is not None)
             for policy in policies:
                 limit = broker_share if policy.lane is BROKER_LANE else policy.concurrency
-                # A destination being probed gets one job; the others fill their concurrency
+                # A destination on trial gets one job; the others fill their concurrency
                 # (jobs that find nothing left to claim end at once).
-                if policy.lane in self._probing:
+                if policy.lane in self._on_trial:
                     limit = 1
                 while self._running[policy.lane] < limit:
                     if policy.lane is not BROKER_LANE:
@@ -124,16 +124,16 @@ class LaneRunner:
             while not self._stopping.is_set() and time.monotonic() < deadline:
                 step = relay.outbox_relay_lane_once(
                     policy=policy, publish=self._publisher(), batch_size=self.batch_size,
-                    probe=policy.lane in self._probing, should_stop=self._stopping.is_set, deadline=deadline,
+                    trial=policy.lane in self._on_trial, should_stop=self._stopping.is_set, deadline=deadline,
                 )
                 with self._lock:
                     if step.timed_out:
-                        if policy.lane not in self._probing:
-                            logger.warning("outbox destination %s did not answer within %.0f s; probing it with "
-                                           "one message at a time", policy.name, policy.timeout_seconds)
-                        self._probing.add(policy.lane)
+                        if policy.lane not in self._on_trial:
+                            logger.warning("outbox destination %s did not answer within %.0f s; trying it "
+                                           "with one message at a time", policy.name, policy.timeout_seconds)
+                        self._on_trial.add(policy.lane)
                     elif step.delivered:
-                        self._probing.discard(policy.lane)
+                        self._on_trial.discard(policy.lane)
                 if step.claimed == 0 or step.timed_out:
                     break
                 if step.failed or step.dead:

@@ -55,12 +55,21 @@ def outbox_key_scope(*, topic: str, namespace: str | None) -> str:
     return SERVER_KEY_SCOPE if namespace is None or topic_is_reserved(topic) else namespace
 
 
+# The broker URL that makes the broker lane publish to Kafka (backplane/delivery/kafka_sink.py).
+KAFKA_URL_SCHEME = "kafka://"
+
+
+def broker_is_kafka(url: str | None = None) -> bool:
+    return (url or settings.BACKPLANE_OUTBOX_BROKER_URL).startswith(KAFKA_URL_SCHEME)
+
+
 def broker_takes(topic: str) -> bool:
     """Whether a message on ``topic`` gets a row for the broker. An agent's message always does
     (it asked for it: unroutable, it is retried and then a dead letter). The backplane's own only
     where a route is declared for it (``BACKPLANE_OUTBOX_QUEUES``' bindings,
-    ``BACKPLANE_OUTBOX_BROKER_TOPICS``): nobody else asked for them."""
-    if not topic_is_reserved(topic):
+    ``BACKPLANE_OUTBOX_BROKER_TOPICS``): nobody else asked for them. Kafka takes every message:
+    it keeps them for consumers that come later, where a topic exchange would drop them."""
+    if not topic_is_reserved(topic) or broker_is_kafka():
         return True
     routes = [*(binding for _, binding in settings.BACKPLANE_OUTBOX_QUEUES), *settings.BACKPLANE_OUTBOX_BROKER_TOPICS]
     return any(topic_matches(route, topic) for route in routes)

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -71,8 +71,8 @@ class PublishError(Exception):
     """A sink could not deliver a message; the relay retries it later.
 
     ``timed_out``: the destination did not answer within its deadline. The rest of that claim
-    is given back untried (each would wait a whole deadline too) and the destination is probed
-    with one message at a time until it answers again.
+    is given back untried (each would wait a whole deadline too) and the destination goes on
+    trial: one message at a time until it answers again.
     """
 
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
@@ -80,7 +80,17 @@ class PublishError(Exception):
         self.timed_out = timed_out
 
 
-Publisher = Callable[[OutboxMessage, dict[str, Any]], None]
+class Acknowledgement(Protocol):
+    """A publish its destination has not answered yet. Kafka's producer sends in batches and
+    acknowledges later (backplane/delivery/kafka_sink.py); RabbitMQ's confirm and a webhook's
+    answer arrive within the publish call, which then returns None."""
+
+    def wait(self, timeout: float) -> None:
+        """Return once the destination acknowledged; raise PublishError when it refused, or
+        (``timed_out``) when no answer came within ``timeout`` seconds."""
+
+
+Publisher = Callable[[OutboxMessage, dict[str, Any]], Acknowledgement | None]
 
 
 # --- 1. claim -------------------------------------------------------------------------------
@@ -88,7 +98,7 @@ Publisher = Callable[[OutboxMessage, dict[str, Any]], None]
 # Claimable: pending, due, not under another relay's live claim, and no earlier message of the
 # same key, key scope and destination still undelivered or holding its key (per-key order). Checking that
 # for every due row costs in proportion to the backlog: with fewer keys than the batch size the
-# LIMIT is never reached and each claim would probe every pending row. So the check runs over a
+# LIMIT is never reached and each claim would read every pending row. So the check runs over a
 # window, the destination's oldest due rows, which finds the keys' heads in the usual interleaved
 # backlog for a bounded cost. When the window holds nothing claimable (its rows all wait behind
 # a head that is backing off, claimed, or held by a dead letter), the second statement looks at
@@ -322,15 +332,45 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
                          should_stop: Callable[[], bool] = lambda: False, deadline: float | None = None) -> RelayStep:
     """Deliver a claim's messages one by one, in id order, with no transaction open, recording
     each outcome. Stops early (giving the rest back untried) when ``should_stop()`` says so,
-    when the monotonic ``deadline`` passes, or when the destination stops answering."""
+    when the monotonic ``deadline`` passes, or when the destination stops answering.
+
+    A claim holds at most one message of each key (a key's next message waits for this one), so
+    the publishes of one claim may be in flight together: a sink that acknowledges later
+    (Kafka) gets the whole claim, and its acknowledgements are awaited before rows are marked."""
     step = RelayStep(claimed=len(claim.messages))
     destination = "broker" if policy.lane is BROKER_LANE else "webhook"  # a label: never the URL
     ours = {m.pk for m in claim.messages}
     pending_marks: list[int] = []
+    awaited: list[tuple[OutboxMessage, Acknowledgement]] = []
     marked_at = time.monotonic()
+
+    def record_failure(message: OutboxMessage, exc: Exception) -> None:
+        if not isinstance(exc, PublishError):
+            logger.exception("publishing outbox message %s failed unexpectedly", message.message_id, exc_info=exc)
+        outcome = outbox_record_failure(message=message, claim=claim, error=_describe(exc), policy=policy)
+        counters.delivery_failure_count(destination=destination, outcome=outcome)
+        step.failed += outcome == FAILED
+        step.dead += outcome == DEAD
+        step.lost += outcome == LOST
+        step.timed_out |= isinstance(exc, PublishError) and exc.timed_out
+
+    def settle() -> None:
+        """Wait for the acknowledgements still owed, in id order, within one deadline: the
+        producer gave up on the first ones by then, and on the later ones no later."""
+        nonlocal awaited
+        settle_by = time.monotonic() + policy.timeout_seconds
+        for message, acknowledgement in awaited:
+            try:
+                acknowledgement.wait(max(0.0, settle_by - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - recorded on the row, like a publish that raised
+                record_failure(message, exc)
+                continue
+            pending_marks.append(message.pk)
+        awaited = []
 
     def mark() -> None:
         nonlocal pending_marks, marked_at
+        settle()
         done = outbox_mark_delivered(claim=claim, ids=pending_marks)
         step.delivered += done
         counters.deliveries_count(destination=destination, count=done)
@@ -340,12 +380,13 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
 
     for index, message in enumerate(claim.messages):
         rest = [m.pk for m in claim.messages[index:]]
-        if should_stop() or (deadline is not None and time.monotonic() >= deadline):
+        if should_stop() or (deadline is not None and time.monotonic() >= deadline) or step.timed_out:
             step.released += outbox_release(claim=claim, ids=rest)
             break
         # The lease must outlast this delivery and its record; lengthen it when it would not.
         if (claim.until - timezone.now()).total_seconds() < policy.timeout_seconds + 1:
-            ours = outbox_extend_claim(claim=claim, ids=rest, lease_seconds=policy.lease_seconds)
+            ours = outbox_extend_claim(claim=claim, ids=[*(m.pk for m, _ in awaited), *rest],
+                                       lease_seconds=policy.lease_seconds)
         if message.pk not in ours:
             step.lost += 1
             continue
@@ -354,22 +395,16 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
             with publish_span(topic=message.topic, message_id=str(message.message_id),
                               destination=message.destination, headers=message.headers,
                               attempt=max(1, message.attempts)) as sent_traceparent:
-                publish(message, envelope(message, traceparent=sent_traceparent))
+                acknowledgement = publish(message, envelope(message, traceparent=sent_traceparent))
         except Exception as exc:  # noqa: BLE001 - any failure is recorded on the row, never lost in a log
-            if not isinstance(exc, PublishError):
-                logger.exception("publishing outbox message %s failed unexpectedly", message.message_id)
-            outcome = outbox_record_failure(message=message, claim=claim, error=_describe(exc), policy=policy)
-            counters.delivery_failure_count(destination=destination, outcome=outcome)
-            step.failed += outcome == FAILED
-            step.dead += outcome == DEAD
-            step.lost += outcome == LOST
-            if isinstance(exc, PublishError) and exc.timed_out:
-                # Each of the others would wait a whole deadline too: give them back for now.
-                step.timed_out = True
-                step.released += outbox_release(claim=claim, ids=rest[1:])
-                break
+            # A timeout here means each of the others would wait a whole deadline too: the next
+            # round of the loop gives them back for now.
+            record_failure(message, exc)
             continue
-        pending_marks.append(message.pk)
+        if acknowledgement is None:
+            pending_marks.append(message.pk)
+        else:
+            awaited.append((message, acknowledgement))
         if time.monotonic() - marked_at >= _MARK_EVERY_SECONDS:
             mark()
     mark()
@@ -394,12 +429,12 @@ def outbox_lanes_due(*, now: datetime | None = None) -> list[LanePolicy]:
     return lanes + [webhook_policy(subscription) for subscription in subscriptions]
 
 
-def outbox_relay_lane_once(*, policy: LanePolicy, publish: Publisher, batch_size: int, probe: bool = False,
+def outbox_relay_lane_once(*, policy: LanePolicy, publish: Publisher, batch_size: int, trial: bool = False,
                            should_stop: Callable[[], bool] = lambda: False,
                            deadline: float | None = None) -> RelayStep:
-    """Claim one batch for one destination, deliver it, record the outcomes. ``probe``: claim a
+    """Claim one batch for one destination, deliver it, record the outcomes. ``trial``: claim a
     single message (the destination timed out lately)."""
-    claim = outbox_claim(lane=policy.lane, limit=1 if probe else policy.claim_size(batch_size),
+    claim = outbox_claim(lane=policy.lane, limit=1 if trial else policy.claim_size(batch_size),
                          lease_seconds=policy.lease_seconds)
     if claim is None:
         return RelayStep()

@@ -1,4 +1,4 @@
-"""Where relayed messages go: the broker through kombu, and signed webhooks."""
+"""Where relayed messages go: the broker through kombu (or Kafka: kafka_sink.py), and signed webhooks."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import httpx
 from django.conf import settings
 from kombu import Connection, Exchange, Queue
 
+from backplane.delivery.kafka_sink import KafkaSink
 from backplane.delivery.models import OutboxDestination, OutboxMessage
 from backplane.delivery.outbound import OutboundRefused, outbound_client
-from backplane.delivery.relay import PublishError
+from backplane.delivery.outbox import broker_is_kafka
+from backplane.delivery.relay import Acknowledgement, PublishError
 
 logger = logging.getLogger(__name__)
 
@@ -237,15 +239,16 @@ class Sinks:
     """A publisher for the relay: sends each message to the sink its destination names. Not
     thread-safe: each relay thread has its own (backplane/delivery/lanes.py)."""
 
-    def __init__(self, broker: KombuSink | None = None, webhooks: WebhookSink | None = None) -> None:
-        self.broker = broker or KombuSink()
+    def __init__(self, broker: KombuSink | KafkaSink | None = None, webhooks: WebhookSink | None = None) -> None:
+        # The broker URL's scheme says which: kafka:// for Kafka, any other for kombu.
+        self.broker = broker or (KafkaSink() if broker_is_kafka() else KombuSink())
         self.webhooks = webhooks or WebhookSink()
 
-    def __call__(self, message: OutboxMessage, body: dict[str, Any]) -> None:
+    def __call__(self, message: OutboxMessage, body: dict[str, Any]) -> Acknowledgement | None:
         if message.destination == OutboxDestination.WEBHOOK:
             self.webhooks.publish(message, body)
-        else:
-            self.broker.publish(message, body)
+            return None
+        return self.broker.publish(message, body)
 
     def close(self) -> None:
         self.broker.close()
