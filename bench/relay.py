@@ -297,14 +297,16 @@ def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
     return condition()
 
 
-def lag(rate: float, seconds: float, keys: int, producers: int, first: int, log: Path) -> dict[str, Any]:
+def lag(rate: float, seconds: float, keys: int, producers: int, first: int, log: Path,
+        consumer_factory: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """``consumer_factory``: a thread like ``Consumer`` reading another broker (bench/relay_kafka.py)."""
     from django.db import connection, transaction
     from django.utils import timezone
 
     from backplane.delivery.models import OutboxMessage
     from backplane.delivery.outbox import outbox_enqueue
 
-    consumer = Consumer(polling_interval=0.01)
+    consumer = consumer_factory() if consumer_factory else Consumer(polling_interval=0.01)
     consumer.start()
     consumer.ready.wait()
     if consumer.error:

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connection
 from kombu import Connection, Exchange, Queue
 
+from backplane.delivery.outbox import broker_is_kafka
 from backplane_client.consumer import handle_kombu_message
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,11 @@ class Downstream(threading.Thread):
         self.processed = 0
 
     def run(self) -> None:
+        if broker_is_kafka():
+            # Its consumer is a kombu queue's; on Kafka the lifecycle messages wait in their topic.
+            logger.info("demo downstream: the outbox goes to Kafka, which the demo's consumer does not read; "
+                        "it is off")
+            return
         # Its table is made by the demo's migration 0002: the application's role may not create one.
         while not self.stop.is_set():
             try:

@@ -4,8 +4,11 @@ declared, so the relay's messages are routed and delivered, and a redelivery is 
 from __future__ import annotations
 
 import importlib
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -17,7 +20,7 @@ from backplane.delivery.sinks import Sinks
 from backplane.eventlog.models import Task
 from backplane.runtime import launcher
 from backplane_client.consumer import ensure_processed_table
-from demo.downstream import QUEUE, TABLE, downstream_drain_once, downstream_prune, downstream_queue
+from demo.downstream import QUEUE, TABLE, Downstream, downstream_drain_once, downstream_prune, downstream_queue
 
 
 def processed_ids() -> set[str]:
@@ -61,3 +64,11 @@ def test_the_launcher_declares_the_demo_s_queue_by_its_name() -> None:
 def test_the_migration_makes_the_table_the_consumer_writes() -> None:
     made = importlib.import_module("demo.migrations.0002_processed_messages")
     assert made.TABLE == TABLE
+
+
+def test_on_kafka_it_stops_at_once_instead_of_retrying_a_kombu_queue_forever(settings: Any) -> None:
+    settings.BACKPLANE_OUTBOX_BROKER_URL = "kafka://127.0.0.1:9092"
+    downstream = Downstream(threading.Event())
+    started = time.monotonic()
+    downstream.run()  # in this thread: it must return by itself
+    assert time.monotonic() - started < 1 and downstream.processed == 0

@@ -1,0 +1,172 @@
+"""The outbox relay to Kafka beside the raw producer, on one private KRaft node, in one run.
+
+    .venv/bin/python bench/relay_kafka.py [--messages 20000] [--keys 200] [--seconds 10] [--fractions 0.5]
+
+The phases of bench/relay.py, with Kafka for the broker (``BACKPLANE_OUTBOX_BROKER_URL`` is the
+node's ``kafka://`` URL, so ``Sinks()`` and ``manage.py relay`` publish with the Kafka sink):
+1. Raw: a confluent-kafka producer with the relay's settings (idempotent, ``acks=all``) handing
+   over the same envelopes, then waiting for every acknowledgement; before and after phase 2.
+2. Relay maximum: the messages committed into the outbox first, then ``outbox_relay_until_idle``
+   in process until nothing is pending (a claim takes at most one message per key).
+3. Lag: the real ``manage.py relay`` as a subprocess, producer threads committing one message per
+   transaction at ``--fractions`` of the relay maximum; a consumer thread reads the Kafka topic.
+   Lag = consumed minus committed, split at the row's ``delivered_at``.
+Needs ``make kafka-jars``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from _support import ROOT, bench_database, describe, percentile
+
+sys.path.insert(0, str(ROOT))
+
+import relay as kombu_bench  # noqa: E402 - bench/relay.py: the phases, shared
+
+from tests.support.kafka import KafkaCluster, kafka_missing_reason  # noqa: E402
+
+PARTITIONS = 6
+
+
+def raw_produce(bootstrap: str, topic: str, messages: int, keys: int) -> float:
+    from confluent_kafka import Producer
+
+    bodies = [kombu_bench.raw_envelope(n, keys) for n in range(messages)]
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    failures: list[Any] = []
+    started = time.perf_counter()
+    for body in bodies:
+        headers = [("message_id", body["message_id"]), ("topic", body["topic"]), ("attempt", "1")]
+        while True:
+            try:
+                producer.produce(topic, value=json.dumps(body, separators=(",", ":"), sort_keys=True).encode(),
+                                 key=body["key"].encode(), headers=headers,
+                                 on_delivery=lambda error, _m: error and failures.append(error))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    left = producer.flush(60)
+    elapsed = time.perf_counter() - started
+    if left or failures:
+        raise SystemExit(f"raw producer: {left} unacknowledged, {len(failures)} refused")
+    return messages / elapsed
+
+
+def count(bootstrap: str, topic: str) -> int:
+    """Messages in a topic: the sum of its partitions' end offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{secrets.token_hex(4)}"})
+    try:
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS))
+    finally:
+        consumer.close()
+
+
+class KafkaConsumer(threading.Thread):
+    """Reads the relay's topic from its end, noting when each message_id arrived (bench/relay.py's
+    ``Consumer``, on Kafka)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.arrivals: list[tuple[str, str, float]] = []
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer
+
+        try:
+            consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"lag-{secrets.token_hex(4)}",
+                                 "auto.offset.reset": "latest", "enable.auto.commit": False,
+                                 "fetch.wait.max.ms": 10})
+            assigned = threading.Event()
+            consumer.subscribe([self.topic], on_assign=lambda c, partitions: assigned.set())
+            while not assigned.is_set() and not self.stopping.is_set():
+                consumer.poll(0.1)
+            self.ready.set()
+            while not self.stopping.is_set():
+                message = consumer.poll(0.1)
+                if message is not None and message.error() is None:
+                    body = json.loads(message.value())
+                    self.arrivals.append((body["message_id"], body["key"], time.time()))
+            consumer.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            self.error = exc
+            self.ready.set()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--fractions", default="0.5")
+    args = parser.parse_args()
+    if reason := kafka_missing_reason():
+        raise SystemExit(reason)
+    cluster = KafkaCluster(1).start()
+    try:
+        topic = "bench-relay"
+        cluster.create_topic(topic, partitions=PARTITIONS)
+        raw_topic = "bench-raw"
+        cluster.create_topic(raw_topic, partitions=PARTITIONS)
+        os.environ["BACKPLANE_OUTBOX_BROKER_URL"] = f"kafka://{cluster.bootstrap}"
+        os.environ["BACKPLANE_OUTBOX_KAFKA_TOPIC"] = topic
+        with bench_database():
+            from django.conf import settings
+
+            raw_produce(cluster.bootstrap, raw_topic, 2000, args.keys)  # warm up
+            raw_before = raw_produce(cluster.bootstrap, raw_topic, args.messages, args.keys)
+            relay_rate, timed, enqueue_rate = kombu_bench.relay_max(args.messages, args.keys)
+            relayed = count(cluster.bootstrap, topic)
+            raw_after = raw_produce(cluster.bootstrap, raw_topic, args.messages, args.keys)
+            raw_rate = (raw_before + raw_after) / 2
+            log = Path(settings.VAR_DIR) / "bench-relay-kafka.log"
+            results = []
+            for index, fraction in enumerate(float(f) for f in args.fractions.split(",")):
+                first = args.messages + index * 1_000_000
+                results.append((fraction, kombu_bench.lag(
+                    relay_rate * fraction, args.seconds, args.keys, args.producers, first, log,
+                    consumer_factory=lambda: KafkaConsumer(cluster.bootstrap, topic))))
+    finally:
+        cluster.stop()
+
+    ratio = relay_rate / raw_rate
+    print(f"relay bench on Kafka (1 KRaft node, {PARTITIONS} partitions): {args.messages} messages over "
+          f"{args.keys} keys, same node, same run")
+    print(f"  raw confluent-kafka producer (idempotent, acks=all): {raw_rate:9.0f} msgs/s  (before the relay "
+          f"{raw_before:.0f}, after {raw_after:.0f})")
+    print(f"  relay, outbox_relay_until_idle:      {relay_rate:9.0f} msgs/s  ratio to raw {ratio:.2f}"
+          f"  target >= 0.50: {'met' if ratio >= 0.5 else 'NOT met'}  (topic holds {relayed} of {args.messages})")
+    batches = max(timed.claims, 1)
+    print(f"    {timed.claims} batches, {args.messages / batches:.1f} msgs/batch; per message "
+          f"{1e6 / relay_rate:.0f} us: publish call {timed.publish_seconds / args.messages * 1e6:.0f}, "
+          f"SQL {timed.sql_seconds / args.messages * 1e6:.0f}; enqueue beforehand {enqueue_rate:.0f} msgs/s")
+    for fraction, result in results:
+        lags = result["lags_ms"]
+        p99 = percentile(lags, 99)
+        target = f"  target p99 < 1 s: {'met' if p99 < 1000 else 'NOT met'}" if fraction == 0.5 else ""
+        print(f"  lag at {fraction:.2f} x relay max ({result['offered']:.0f} msgs/s offered, achieved "
+              f"{result['achieved']:.0f}): commit-to-consume {describe(lags)}{target}")
+        print(f"    commit -> delivered_at {describe(result['relay_ms'])}; delivered_at -> consumed "
+              f"{describe(result['broker_ms'])}; relay process {result['relay_cpu']:.0%} of a core; sent "
+              f"{result['sent']}, received {result['received']}, duplicates {result['duplicates']}, per-key "
+              f"order inversions {result['inversions']}{'' if result['drained'] else ', NOT all received'}")
+
+
+if __name__ == "__main__":
+    main()
