@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Set
 from typing import Any
 
 import pytest
@@ -44,7 +45,7 @@ class Later:
 
 
 class LaterSink:
-    def __init__(self, refused: set[str] = frozenset(), silent: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    def __init__(self, refused: Set[str] = frozenset(), silent: Set[str] = frozenset()) -> None:
         self.refused, self.silent = refused, silent
         self.handed: list[str] = []
         self.waited: list[str] = []
