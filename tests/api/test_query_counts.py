@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -56,3 +59,10 @@ def test_no_list_runs_more_queries_for_more_rows(alice: AgentClient) -> None:
     one = queries_per_list(staff, alice, paths)
     list_rows.grow(rows, 20)
     assert queries_per_list(staff, alice, paths) == one
+
+
+def test_every_list_operation_of_the_contract_is_counted() -> None:
+    """A list added to the API is added here too, or this fails: docs/openapi.yaml is the judge."""
+    spec = (Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml").read_text()
+    operations = set(re.findall(r"operationId: ([a-z_]+_list)\b", spec))
+    assert operations and operations <= set(LISTS), operations - set(LISTS)
