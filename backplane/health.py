@@ -1,7 +1,8 @@
 """Probes for orchestrators, load balancers and monitors.
 
 ``/readyz`` is the whole product's readiness: the database, the broker and every periodic duty,
-so a beat that stopped turns it red instead of leaving the product quietly half-stopped.
+so a beat that stopped turns it red instead of leaving the product quietly half-stopped. When the
+outbox goes to Kafka, the Kafka cluster too: while it is down the outbox's messages wait.
 ``/readyz/traffic`` is what a load balancer gates on: only what the web process needs to serve
 the API (the database and the broker). The API does not depend on beat, and a load balancer
 that read the duties would take every web process out of rotation when beat died.
@@ -30,6 +31,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backplane.celery import app as celery_app
+from backplane.delivery.kafka_sink import kafka_problem
+from backplane.delivery.outbox import broker_is_kafka
 from backplane.metrics import metrics_token_sent
 from backplane.runtime.database_gate import gate
 from backplane.runtime.duties import duties_overdue
@@ -63,6 +66,12 @@ def _broker_problem() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any transport error means "not ready"
         return f"broker unreachable: {exc.__class__.__name__}"
     return None
+
+
+def _outbox_broker_problem() -> str | None:
+    """The outbox's own broker, when it is not Celery's (checked above): Kafka. The API serves
+    without it, its messages waiting in the outbox, so only ``/readyz`` reads it."""
+    return kafka_problem() if broker_is_kafka() else None
 
 
 def _overdue_duties() -> list[str]:
@@ -101,7 +110,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     product is not quietly half-stopped."""
     detailed = _may_see_details(request)
     database = _database_problem()
-    problems = [p for p in (database, _broker_problem()) if p]
+    problems = [p for p in (database, _broker_problem(), _outbox_broker_problem()) if p]
     if database is None:
         problems += _overdue_duties()
     if problems:

@@ -39,6 +39,9 @@ from backplane.delivery.outbox import KAFKA_URL_SCHEME, broker_is_kafka, topic_m
 from backplane.delivery.relay import PublishError
 
 logger = logging.getLogger(__name__)
+# librdkafka's own lines (a broker down, a leader moved), through logging like every other line
+# instead of raw on stderr; confluent-kafka hands them over inside poll() and flush().
+librdkafka_logger = logging.getLogger("backplane.delivery.librdkafka")
 
 # The properties the relay's guarantees rest on: a URL's query cannot change them.
 _GUARANTEED = {"enable.idempotence": True, "acks": "all"}
@@ -118,6 +121,7 @@ class KafkaSink:
             "linger.ms": 5,
             "message.timeout.ms": timeout_ms,
             "socket.connection.setup.timeout.ms": timeout_ms,
+            "logger": librdkafka_logger,
             **_GUARANTEED,
         }
 
@@ -136,7 +140,8 @@ class KafkaSink:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         wanted = sorted({self.default_topic, *(kafka_topic for kafka_topic, _ in self.routes)})
-        admin = AdminClient({**self.client_config, "socket.connection.setup.timeout.ms": int(self.timeout * 1000)})
+        admin = AdminClient({**self.client_config, "socket.connection.setup.timeout.ms": int(self.timeout * 1000),
+                             "logger": librdkafka_logger})
         try:
             existing = set(admin.list_topics(timeout=self.timeout).topics)
             missing = [NewTopic(name, num_partitions=-1, replication_factor=-1) for name in wanted
@@ -186,3 +191,27 @@ class KafkaSink:
             # What is still in flight is acknowledged, or given up on and retried from its row.
             self._producer.flush(self.timeout)
         self._producer = None
+
+
+# One per process, for /readyz: librdkafka's client keeps its connections and threads, so each
+# probe is a metadata request, not a new client.
+_probe_client: Any = None
+
+
+def kafka_problem(timeout: float = 0.5) -> str | None:
+    """Why the Kafka cluster of the broker URL cannot take messages now, or None: a metadata
+    request within ``timeout`` seconds (the relay's rows wait meanwhile; /readyz says so)."""
+    global _probe_client
+    from confluent_kafka.admin import AdminClient
+
+    config = kafka_client_config(settings.BACKPLANE_OUTBOX_BROKER_URL)
+    if _probe_client is None or _probe_client[0] != config:
+        # Silent: its answer is the probe's problem; the lines would repeat at every probe.
+        _probe_client = (config, AdminClient({**config, "socket.connection.setup.timeout.ms": 1000, "log_level": 0}))
+    try:
+        metadata = _probe_client[1].list_topics(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - any client error means "cannot take messages"
+        return f"outbox broker unreachable: Kafka at {config['bootstrap.servers']}: {exc.__class__.__name__}"
+    if not metadata.brokers:
+        return f"outbox broker unreachable: Kafka at {config['bootstrap.servers']}: no broker answers"
+    return None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from typing import Any
 
 import httpx
@@ -97,3 +99,20 @@ def test_readyz_is_503_when_the_database_is_unreachable(client: Client) -> None:
     assert body["error"]["code"] == "unavailable"
     assert any("database" in p for p in body["error"]["details"]["problems"])
     assert response["Retry-After"] == "5"
+
+
+def test_readyz_says_when_the_outbox_s_kafka_does_not_answer_and_traffic_still_flows(
+    client: Client, db: None, settings: Any,
+) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    settings.BACKPLANE_OUTBOX_BROKER_URL = f"kafka://127.0.0.1:{port}"
+    started = time.monotonic()
+    response = client.get("/readyz", headers=WITH_TOKEN)
+    assert time.monotonic() - started < 3
+    assert response.status_code == 503
+    assert response.json()["error"]["details"]["problems"] == [
+        f"outbox broker unreachable: Kafka at 127.0.0.1:{port}: KafkaException"]
+    # The API serves without it: the messages wait in the outbox.
+    assert client.get("/readyz/traffic").status_code == 200

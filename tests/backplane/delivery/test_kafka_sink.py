@@ -195,3 +195,10 @@ def test_the_consumer_helper_processes_each_message_once_and_commits_after_its_t
     assert sorted(int(value) for (value,) in rows) == list(range(12))  # the failed tries rolled back
     # Everything processed is committed, nothing more (a partition no key hashed to has no offset).
     assert [tp.offset if end else 0 for tp, end in zip(committed, ends, strict=True)] == ends
+
+
+def test_readyz_is_green_while_the_outbox_s_kafka_answers(
+        db: None, kafka_outbox: str, settings: Any, client: Any) -> None:
+    settings.BACKPLANE_METRICS_TOKEN = "kafka-readyz"
+    response = client.get("/readyz", headers={"Authorization": "Bearer kafka-readyz"})
+    assert response.status_code == 200, response.content
