@@ -7,7 +7,9 @@ node's ``kafka://`` URL, so ``Sinks()`` and ``manage.py relay`` publish with the
 1. Raw: a confluent-kafka producer with the relay's settings (idempotent, ``acks=all``) handing
    over the same envelopes, then waiting for every acknowledgement; before and after phase 2.
 2. Relay maximum: the messages committed into the outbox first, then ``outbox_relay_until_idle``
-   in process until nothing is pending (a claim takes at most one message per key).
+   in process until nothing is pending (a claim takes at most one message per key): one claim
+   at a time. Then the same with the relay process's lanes (``LaneRunner``, as ``manage.py
+   relay`` and the worker run them): ``BACKPLANE_OUTBOX_BROKER_CONCURRENCY`` claims in flight.
 3. Lag: the real ``manage.py relay`` as a subprocess, producer threads committing one message per
    transaction at ``--fractions`` of the relay maximum; a consumer thread reads the Kafka topic.
    Lag = consumed minus committed, split at the row's ``delivered_at``.
@@ -60,6 +62,22 @@ def raw_produce(bootstrap: str, topic: str, messages: int, keys: int) -> float:
     if left or failures:
         raise SystemExit(f"raw producer: {left} unacknowledged, {len(failures)} refused")
     return messages / elapsed
+
+
+def relay_lanes(messages: int, keys: int, first: int) -> float:
+    """The relay process's delivery lanes (backplane/delivery/lanes.py) draining the outbox."""
+    from backplane.delivery.lanes import LaneRunner
+
+    kombu_bench.enqueue(first, messages, keys)
+    runner = LaneRunner()
+    started = time.perf_counter()
+    try:
+        while kombu_bench.pending():
+            runner.tick()
+            time.sleep(0.02)
+        return messages / (time.perf_counter() - started)
+    finally:
+        runner.stop()
 
 
 def count(bootstrap: str, topic: str) -> int:
@@ -133,6 +151,8 @@ def main() -> None:
             raw_before = raw_produce(cluster.bootstrap, raw_topic, args.messages, args.keys)
             relay_rate, timed, enqueue_rate = kombu_bench.relay_max(args.messages, args.keys)
             relayed = count(cluster.bootstrap, topic)
+            lanes_rate = relay_lanes(args.messages, args.keys, first=2_000_000)
+            concurrency = settings.BACKPLANE_OUTBOX_BROKER_CONCURRENCY
             raw_after = raw_produce(cluster.bootstrap, raw_topic, args.messages, args.keys)
             raw_rate = (raw_before + raw_after) / 2
             log = Path(settings.VAR_DIR) / "bench-relay-kafka.log"
@@ -152,6 +172,8 @@ def main() -> None:
           f"{raw_before:.0f}, after {raw_after:.0f})")
     print(f"  relay, outbox_relay_until_idle:      {relay_rate:9.0f} msgs/s  ratio to raw {ratio:.2f}"
           f"  target >= 0.50: {'met' if ratio >= 0.5 else 'NOT met'}  (topic holds {relayed} of {args.messages})")
+    print(f"  relay lanes (LaneRunner, {concurrency} broker lanes): {lanes_rate:9.0f} msgs/s  ratio to raw "
+          f"{lanes_rate / raw_rate:.2f}")
     batches = max(timed.claims, 1)
     print(f"    {timed.claims} batches, {args.messages / batches:.1f} msgs/batch; per message "
           f"{1e6 / relay_rate:.0f} us: publish call {timed.publish_seconds / args.messages * 1e6:.0f}, "
