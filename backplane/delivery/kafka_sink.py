@@ -140,8 +140,10 @@ class KafkaSink:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         wanted = sorted({self.default_topic, *(kafka_topic for kafka_topic, _ in self.routes)})
-        admin = AdminClient({**self.client_config, "socket.connection.setup.timeout.ms": int(self.timeout * 1000),
-                             "logger": librdkafka_logger})
+        # confluent-kafka takes a logging.Logger as "logger", which its type stubs leave out.
+        config: dict[str, Any] = {**self.client_config, "logger": librdkafka_logger,
+                                  "socket.connection.setup.timeout.ms": int(self.timeout * 1000)}
+        admin = AdminClient(config)
         try:
             existing = set(admin.list_topics(timeout=self.timeout).topics)
             missing = [NewTopic(name, num_partitions=-1, replication_factor=-1) for name in wanted
