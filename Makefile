@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd kafka kafka-jars
+.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd kafka kafka-jars connect-jars
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -21,7 +21,7 @@ FAST := -m "not slow and not browser"
 test: $(STAMP) promtool
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 
-test-all: $(STAMP) browser node promtool rabbitmq etcd kafka-jars
+test-all: $(STAMP) browser node promtool rabbitmq etcd kafka-jars connect-jars
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 	$(PY) -m pytest -m "slow or browser"
 
@@ -212,6 +212,18 @@ $(KAFKA_STAMP): kafka/pom.xml
 	rm -rf $(KAFKA_LIB)
 	mvn -q -B -f kafka/pom.xml package -Dbroker.lib=$(CURDIR)/$(KAFKA_LIB)
 	touch $(KAFKA_STAMP)
+
+# The CDC relay's Kafka Connect worker (tests/support/kafka_connect.py; docs/delivery.md, "Change data
+# capture"): kafka/connect/pom.xml names Connect, Debezium's PostgreSQL connector (its BOM pins their
+# Kafka version) and junixsocket, copied as above into a folder of their own.
+CONNECT_LIB := var/kafka/connect-lib
+CONNECT_STAMP := $(CONNECT_LIB)/.fetched
+connect-jars: $(CONNECT_STAMP)
+$(CONNECT_STAMP): kafka/connect/pom.xml
+	$(call apt_install,maven,mvn,the Kafka Connect harness (Debian's maven brings a Java runtime too))
+	rm -rf $(CONNECT_LIB)
+	mvn -q -B -f kafka/connect/pom.xml package -Dconnect.lib=$(CURDIR)/$(CONNECT_LIB)
+	touch $(CONNECT_STAMP)
 
 # One Kafka node (KRaft, broker and controller) for people, in the foreground on 127.0.0.1:$(KAFKA_PORT):
 # it prints its bootstrap address and runs until Ctrl-C, which stops it and removes its data.

@@ -2,7 +2,8 @@
 
 ``/readyz`` is the whole product's readiness: the database, the broker and every periodic duty,
 so a beat that stopped turns it red instead of leaving the product quietly half-stopped. When the
-outbox goes to Kafka, the Kafka cluster too: while it is down the outbox's messages wait.
+outbox goes to Kafka, the Kafka cluster too: while it is down the outbox's messages wait; and with
+the CDC relay, its replication slot (missing, invalidated, or holding back too much WAL).
 ``/readyz/traffic`` is what a load balancer gates on: only what the web process needs to serve
 the API (the database and the broker). The API does not depend on beat, and a load balancer
 that read the duties would take every web process out of rotation when beat died.
@@ -31,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backplane.celery import app as celery_app
+from backplane.delivery.cdc import cdc_problem
 from backplane.delivery.kafka_sink import kafka_problem
 from backplane.delivery.outbox import broker_is_kafka
 from backplane.metrics import metrics_token_sent
@@ -84,6 +86,13 @@ def _overdue_duties() -> list[str]:
         return [f"duties unknown: {exc.__class__.__name__}"]
 
 
+def _cdc_slot_problem() -> str | None:
+    try:
+        return cdc_problem()
+    except DatabaseError as exc:
+        return f"cdc slot unknown: {exc.__class__.__name__}"
+
+
 def _replica_summary() -> dict[str, str]:
     """``{"replica": "..."}`` when a replica is configured, else nothing: it never fails a probe."""
     return {"replica": replica_state().summary} if replica_configured() else {}
@@ -113,6 +122,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     problems = [p for p in (database, _broker_problem(), _outbox_broker_problem()) if p]
     if database is None:
         problems += _overdue_duties()
+        problems += [p for p in (_cdc_slot_problem(),) if p]
     if problems:
         return _problems_response(problems, message="not ready", detailed=detailed)
     return JsonResponse({"status": "ready", **(_replica_summary() if detailed else {})})

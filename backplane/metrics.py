@@ -34,6 +34,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from backplane.delivery import selectors as delivery_selectors
+from backplane.delivery.outbox import cdc_enabled
 from backplane.eventlog.models import Event, Task
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import MerkleLeaf, SignedTreeHead, VerificationRun
@@ -79,6 +80,7 @@ class BackplaneCollector:
         yield from self.collect_sealing()
         yield from self.collect_duties()
         yield from self.collect_replica()
+        yield from self.collect_cdc_slot()
 
     @staticmethod
     def collect_verification_runs(*last_runs: VerificationRun | None) -> Iterator[Metric]:
@@ -149,6 +151,21 @@ class BackplaneCollector:
         if state.lag_seconds is not None:
             lag.add_metric([], state.lag_seconds)
         yield lag
+
+
+    @staticmethod
+    def collect_cdc_slot() -> Iterator[Metric]:
+        """The CDC relay's replication slot (backplane/delivery/cdc.py); nothing in the polling mode."""
+        if not cdc_enabled():
+            return
+        state = delivery_selectors.slot_state()
+        yield GaugeMetricFamily("backplane_cdc_slot_present", "1 when the CDC relay's replication slot exists",
+                                value=1 if state.exists else 0)
+        yield GaugeMetricFamily("backplane_cdc_slot_active", "1 while Kafka Connect reads the replication slot",
+                                value=1 if state.active else 0)
+        yield GaugeMetricFamily("backplane_cdc_slot_lag_bytes",
+                                "WAL the CDC relay's slot holds back: from its confirmed position to the server's",
+                                value=state.lag_bytes)
 
 
 class SummedAcrossProcesses:

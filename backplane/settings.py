@@ -162,13 +162,14 @@ def _database_url() -> str:
 # Two roles (docs/production.md): DATABASE_URL is the application's, which may insert events but
 # not change them, alter tables or switch triggers off (backplane/runtime/db_roles.py); the
 # optional MIGRATION_DATABASE_URL is the owner of the tables and is used by `manage.py migrate`
-# alone, which then also lets the application's role log in with DATABASE_URL's password. Without
-# it, migrate uses DATABASE_URL (one role for everything, as the test suite does).
+# alone (and by `manage.py cdc`, which makes the CDC relay's publication, slot and role), which then
+# also lets the application's role log in with DATABASE_URL's password. Without it, migrate uses
+# DATABASE_URL (one role for everything, as the test suite does).
 BACKPLANE_DB_APP_ROLE = env_str("BACKPLANE_DB_APP_ROLE", "backplane_app")
 BACKPLANE_DB_APP_LOGIN: dict[str, str] | None = None
 _migration_url = env_str("MIGRATION_DATABASE_URL", "")
 _app_database = database_from_url(_database_url())
-if _migration_url and Path(sys.argv[0]).name == "manage.py" and sys.argv[1:2] == ["migrate"]:
+if _migration_url and Path(sys.argv[0]).name == "manage.py" and sys.argv[1:2] in (["migrate"], ["cdc"]):
     if _app_database["USER"] != BACKPLANE_DB_APP_ROLE:
         raise ImproperlyConfiguredEnv(
             f"with MIGRATION_DATABASE_URL set, DATABASE_URL must log in as BACKPLANE_DB_APP_ROLE "
@@ -554,6 +555,30 @@ for _route in env_list("BACKPLANE_OUTBOX_KAFKA_TOPICS", []):
 if not _KAFKA_TOPIC_NAME.match(BACKPLANE_OUTBOX_KAFKA_TOPIC):
     raise ImproperlyConfiguredEnv(f"BACKPLANE_OUTBOX_KAFKA_TOPIC={BACKPLANE_OUTBOX_KAFKA_TOPIC!r} is not a Kafka "
                                   "topic name (1 to 249 of A-Z a-z 0-9 . _ -)")
+# How the outbox's broker messages reach Kafka (docs/delivery.md, "Change data capture"): "poll",
+# the relay claims and publishes them; "cdc", Debezium reads them from the WAL through a
+# publication and a replication slot (`manage.py cdc setup` makes both) and the relay only marks
+# what it finds published. Webhooks are the relay's in both modes.
+BACKPLANE_OUTBOX_RELAY_MODE = env_str("BACKPLANE_OUTBOX_RELAY_MODE", "poll")
+if BACKPLANE_OUTBOX_RELAY_MODE not in ("poll", "cdc"):
+    raise ImproperlyConfiguredEnv(f"BACKPLANE_OUTBOX_RELAY_MODE={BACKPLANE_OUTBOX_RELAY_MODE!r} is not poll or cdc")
+if BACKPLANE_OUTBOX_RELAY_MODE == "cdc" and not BACKPLANE_OUTBOX_BROKER_URL.startswith("kafka://"):
+    raise ImproperlyConfiguredEnv("BACKPLANE_OUTBOX_RELAY_MODE=cdc publishes to Kafka: BACKPLANE_OUTBOX_BROKER_URL "
+                                  "must be a kafka:// URL")
+_SQL_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+BACKPLANE_CDC_SLOT = env_str("BACKPLANE_CDC_SLOT", "backplane_outbox")
+BACKPLANE_CDC_PUBLICATION = env_str("BACKPLANE_CDC_PUBLICATION", "backplane_outbox")
+# The role Debezium logs in as: REPLICATION and SELECT on the outbox table, nothing else.
+BACKPLANE_CDC_ROLE = env_str("BACKPLANE_CDC_ROLE", "backplane_cdc")
+BACKPLANE_CDC_PASSWORD = env_str("BACKPLANE_CDC_PASSWORD", "")
+for _name, _value in (("BACKPLANE_CDC_SLOT", BACKPLANE_CDC_SLOT), ("BACKPLANE_CDC_PUBLICATION",
+                      BACKPLANE_CDC_PUBLICATION), ("BACKPLANE_CDC_ROLE", BACKPLANE_CDC_ROLE)):
+    if not _SQL_NAME.match(_value):
+        raise ImproperlyConfiguredEnv(f"{_name}={_value!r} is not a lower-case SQL name (a-z 0-9 _)")
+# /readyz turns red when the slot holds back more WAL than this (its consumer stopped or lags).
+BACKPLANE_CDC_MAX_LAG_BYTES = env_int("BACKPLANE_CDC_MAX_LAG_BYTES", 256 * 1024 * 1024, minimum=1)
+# The Kafka consumer group that reads back what Debezium published, to mark it delivered.
+BACKPLANE_CDC_CONFIRM_GROUP = env_str("BACKPLANE_CDC_CONFIRM_GROUP", "backplane-cdc-confirm")
 BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
 BACKPLANE_NO_PROGRESS_FLAG_SECONDS = env_int("BACKPLANE_NO_PROGRESS_FLAG_SECONDS", 300, minimum=1)
 BACKPLANE_NO_PROGRESS_STALL_SECONDS = env_int("BACKPLANE_NO_PROGRESS_STALL_SECONDS", 1800, minimum=1)

@@ -69,6 +69,12 @@ def kafka_client_config(url: str) -> dict[str, Any]:
     return config
 
 
+def settings_kafka_topics() -> list[str]:
+    """Every Kafka topic the settings send messages to: the default and each route's."""
+    return sorted({settings.BACKPLANE_OUTBOX_KAFKA_TOPIC,
+                   *(kafka_topic for kafka_topic, _ in settings.BACKPLANE_OUTBOX_KAFKA_TOPICS)})
+
+
 class KafkaAcknowledgement:
     """One message's answer from the cluster, filled by the producer's delivery callback, which
     librdkafka runs inside ``poll``/``flush`` on the thread that calls them (the relay's)."""
@@ -119,6 +125,9 @@ class KafkaSink:
             # Gathers a claim's messages into few requests: its publishes come within a
             # millisecond of each other, and its acknowledgements are awaited together.
             "linger.ms": 5,
+            # Java's partitioner (murmur2), which Kafka Connect's producer uses: a key's messages
+            # keep their partition, hence their order, when the relay mode changes (cdc.py).
+            "partitioner": "murmur2_random",
             "message.timeout.ms": timeout_ms,
             "socket.connection.setup.timeout.ms": timeout_ms,
             "logger": librdkafka_logger,
@@ -139,7 +148,7 @@ class KafkaSink:
         that is still missing fails each publish to it, which is retried as always."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        wanted = sorted({self.default_topic, *(kafka_topic for kafka_topic, _ in self.routes)})
+        wanted = settings_kafka_topics()
         # confluent-kafka takes a logging.Logger as "logger", which its type stubs leave out.
         config: dict[str, Any] = {**self.client_config, "logger": librdkafka_logger,
                                   "socket.connection.setup.timeout.ms": int(self.timeout * 1000)}

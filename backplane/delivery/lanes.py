@@ -13,6 +13,10 @@ thread never waits for a POST, and the duties beside it (the stall detector) kee
 
 A destination whose delivery ran into its deadline goes on *trial*, as a circuit breaker's half-open
 state does: its jobs claim one message at a time until one is delivered again.
+
+In the CDC mode (backplane/delivery/cdc.py) the broker's messages are Debezium's to publish: the
+broker's share of the threads runs one job instead that reads back what reached Kafka and marks
+those rows delivered (``PublishedConfirmations``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from django.conf import settings
 from django.db import connection
 
 from backplane.delivery import relay
+from backplane.delivery.cdc import PublishedConfirmations
+from backplane.delivery.outbox import cdc_enabled
 from backplane.delivery.policy import BROKER_LANE, Lane, LanePolicy
 from backplane.delivery.sinks import Sinks
 
@@ -52,6 +58,8 @@ class LaneRunner:
         self._stopping = threading.Event()
         self._local = threading.local()
         self._publishers: list[relay.Publisher] = []
+        self._confirmations: PublishedConfirmations | None = None
+        self._confirming = False
 
     # -- what the caller does --
 
@@ -62,6 +70,10 @@ class LaneRunner:
         policies = relay.outbox_lanes_due()
         started = 0
         with self._lock:
+            if cdc_enabled() and not self._confirming:
+                self._confirming = True
+                self._submit(self._confirm_job)
+                started += 1
             broker_share = min(settings.BACKPLANE_OUTBOX_BROKER_CONCURRENCY, self.threads - 1)
             webhook_room = self.threads - broker_share - sum(n for lane, n in self._running.items() if lane is not None)
             for policy in policies:
@@ -76,11 +88,14 @@ class LaneRunner:
                             break
                         webhook_room -= 1
                     self._running[policy.lane] += 1
-                    future = self._executor.submit(self._job, policy)
-                    self._futures.add(future)
-                    future.add_done_callback(self._futures.discard)
+                    self._submit(self._job, policy)
                     started += 1
         return started
+
+    def _submit(self, job: Callable[..., None], *args: object) -> None:
+        future = self._executor.submit(job, *args)
+        self._futures.add(future)
+        future.add_done_callback(self._futures.discard)
 
     def running(self) -> dict[Lane, int]:
         with self._lock:
@@ -95,6 +110,11 @@ class LaneRunner:
         self._executor.shutdown(wait=False, cancel_futures=True)
         if still_running:
             return False
+        if self._confirmations is not None:
+            try:
+                self._confirmations.close()
+            except Exception:  # noqa: BLE001 - shutting down; its uncommitted records are read again
+                logger.debug("closing the CDC confirmations' consumer failed", exc_info=True)
         with self._lock:
             publishers, self._publishers = self._publishers, []
         for publisher in publishers:
@@ -117,6 +137,25 @@ class LaneRunner:
             with self._lock:
                 self._publishers.append(publisher)
         return publisher
+
+    def _confirm_job(self) -> None:
+        """Mark delivered what Debezium published, for one job's time (one such job at a time:
+        its Kafka consumer is not shared between threads)."""
+        try:
+            if self._confirmations is None:
+                self._confirmations = PublishedConfirmations()
+            self._confirmations.confirm(until=time.monotonic() + JOB_SECONDS, should_stop=self._stopping.is_set)
+        except Exception:  # noqa: BLE001 - the next tick starts another; the rows wait, counted as pending
+            logger.exception("marking the messages Debezium published failed")
+            # A fresh consumer next time: it reads again from the last committed offsets.
+            confirmations, self._confirmations = self._confirmations, None
+            if confirmations is not None:
+                confirmations.close()
+            time.sleep(1)
+        finally:
+            connection.close()
+            with self._lock:
+                self._confirming = False
 
     def _job(self, policy: LanePolicy) -> None:
         deadline = time.monotonic() + JOB_SECONDS

@@ -63,6 +63,11 @@ def broker_is_kafka(url: str | None = None) -> bool:
     return (url or settings.BACKPLANE_OUTBOX_BROKER_URL).startswith(KAFKA_URL_SCHEME)
 
 
+def cdc_enabled() -> bool:
+    """Whether Debezium publishes the broker's messages (backplane/delivery/cdc.py) rather than the relay."""
+    return settings.BACKPLANE_OUTBOX_RELAY_MODE == "cdc"
+
+
 def broker_takes(topic: str) -> bool:
     """Whether a message on ``topic`` gets a row for the broker. An agent's message always does
     (it asked for it: unroutable, it is retried and then a dead letter). The backplane's own only

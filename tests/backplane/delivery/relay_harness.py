@@ -10,6 +10,7 @@ its own.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -25,6 +26,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
+from confluent_kafka import Consumer
 from django.conf import settings
 from django.db import connection
 from kombu import Connection, Exchange, Queue
@@ -138,6 +140,63 @@ def enqueue_keyed_messages(*, keys: Sequence[str], per_key: int, first_seq: int 
         services.event_append_batch(namespace=task.namespace, task_id=task.pk,
                                     drafts=drafts[start:start + events_per_append], agent="loader")
     return Enqueued(task=task, keys=list(keys), per_key=per_key)
+
+
+class TopicCounter(threading.Thread):
+    """Reads the topic from its start in a consumer group of its own: every record, in order."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.records: list[tuple[str, str, int | None, bytes]] = []  # message_id, key, seq, value
+        self.stopping = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"count-{secrets.token_hex(4)}",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer.subscribe([self.topic])
+        try:
+            while not self.stopping.is_set():
+                message = consumer.poll(0.2)
+                if message is None:
+                    continue
+                if message.error() is not None:
+                    self.errors.append(str(message.error()))
+                    continue
+                value = message.value() or b""
+                body = json.loads(value)
+                self.records.append((body["message_id"], body["key"], body["payload"].get("seq"), value))
+        finally:
+            consumer.close()
+
+    def message_ids(self) -> set[str]:
+        return {record[0] for record in list(self.records)}
+
+
+class Appender(threading.Thread):
+    """Appends events with outbox messages on 8 keys until stopped: the load the faults land in."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stopping = threading.Event()
+        self.rounds = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        keys = [f"key-{i}" for i in range(8)]
+        try:
+            task = None
+            while not self.stopping.is_set():
+                enqueued = enqueue_keyed_messages(keys=keys, per_key=5, first_seq=self.rounds * 5, task=task,
+                                                  events_per_append=5)
+                task = enqueued.task
+                self.rounds += 1
+                time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+        finally:
+            connection.close()
 
 
 # --- relay processes -----------------------------------------------------------------------

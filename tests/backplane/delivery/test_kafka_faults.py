@@ -9,82 +9,21 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
-from django.db import connection
 
 from backplane.delivery.models import OutboxMessage
 from tests.support.kafka import KafkaCluster, kafka_three_nodes  # noqa: F401 - the module's nodes (a fixture)
 
-from .relay_harness import RelayProcess, enqueue_keyed_messages, pending_count, wait_until
+from .relay_harness import Appender, RelayProcess, TopicCounter, pending_count, wait_until
 
 pytestmark = [pytest.mark.slow]
 
 PARTITIONS = 3
-
-
-class TopicCounter(threading.Thread):
-    """Reads the topic from its start in a consumer group of its own: every record, in order."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic = bootstrap, topic
-        self.records: list[tuple[str, str, int | None, bytes]] = []  # message_id, key, seq, value
-        self.stopping = threading.Event()
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"count-{secrets.token_hex(4)}",
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
-        consumer.subscribe([self.topic])
-        try:
-            while not self.stopping.is_set():
-                message = consumer.poll(0.2)
-                if message is None:
-                    continue
-                if message.error() is not None:
-                    self.errors.append(str(message.error()))
-                    continue
-                value = message.value() or b""
-                body = json.loads(value)
-                self.records.append((body["message_id"], body["key"], body["payload"].get("seq"), value))
-        finally:
-            consumer.close()
-
-    def message_ids(self) -> set[str]:
-        return {record[0] for record in list(self.records)}
-
-
-class Appender(threading.Thread):
-    """Appends events with outbox messages on 8 keys until stopped: the load the faults land in."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.stopping = threading.Event()
-        self.rounds = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        keys = [f"key-{i}" for i in range(8)]
-        try:
-            task = None
-            while not self.stopping.is_set():
-                enqueued = enqueue_keyed_messages(keys=keys, per_key=5, first_seq=self.rounds * 5, task=task,
-                                                  events_per_append=5)
-                task = enqueued.task
-                self.rounds += 1
-                time.sleep(0.05)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-        finally:
-            connection.close()
 
 
 @pytest.fixture
