@@ -38,6 +38,7 @@ from backplane.delivery.outbox import cdc_enabled
 from backplane.eventlog.models import Event, Task
 from backplane.integrity import verification as integrity
 from backplane.integrity.models import MerkleLeaf, SignedTreeHead, VerificationRun
+from backplane.integrity.stream import event_stream_lag
 from backplane.runtime.duties import duties_state
 from backplane.runtime.replica import replica_configured, replica_state
 
@@ -81,6 +82,10 @@ class BackplaneCollector:
         yield from self.collect_duties()
         yield from self.collect_replica()
         yield from self.collect_cdc_slot()
+        if settings.BACKPLANE_EVENT_STREAM:
+            yield GaugeMetricFamily("backplane_event_stream_lag_leaves",
+                                    "Sealed events not yet published to the event log's Kafka topics",
+                                    value=event_stream_lag())
 
     @staticmethod
     def collect_verification_runs(*last_runs: VerificationRun | None) -> Iterator[Metric]:

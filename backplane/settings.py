@@ -579,6 +579,25 @@ for _name, _value in (("BACKPLANE_CDC_SLOT", BACKPLANE_CDC_SLOT), ("BACKPLANE_CD
 BACKPLANE_CDC_MAX_LAG_BYTES = env_int("BACKPLANE_CDC_MAX_LAG_BYTES", 256 * 1024 * 1024, minimum=1)
 # The Kafka consumer group that reads back what Debezium published, to mark it delivered.
 BACKPLANE_CDC_CONFIRM_GROUP = env_str("BACKPLANE_CDC_CONFIRM_GROUP", "backplane-cdc-confirm")
+# The sealed event log as a stream (backplane/integrity/stream.py; docs/delivery.md, "The event log
+# as a stream"): every sealed event to the Kafka topic PREFIX + its namespace, keyed by task id,
+# in the seal's order (a task's in seq order), on the outbox's Kafka cluster.
+BACKPLANE_EVENT_STREAM = env_bool("BACKPLANE_EVENT_STREAM", False)
+BACKPLANE_EVENT_STREAM_TOPIC_PREFIX = env_str("BACKPLANE_EVENT_STREAM_TOPIC_PREFIX", "backplane.events.")
+BACKPLANE_EVENT_STREAM_SECONDS = env_int("BACKPLANE_EVENT_STREAM_SECONDS", 1, minimum=1)
+BACKPLANE_EVENT_STREAM_BATCH = env_int("BACKPLANE_EVENT_STREAM_BATCH", 1000, minimum=1, maximum=100_000)
+if BACKPLANE_EVENT_STREAM and not BACKPLANE_OUTBOX_BROKER_URL.startswith("kafka://"):
+    raise ImproperlyConfiguredEnv("BACKPLANE_EVENT_STREAM streams to the outbox's Kafka cluster: "
+                                  "BACKPLANE_OUTBOX_BROKER_URL must be a kafka:// URL")
+# A namespace is up to 100 of A-Z a-z 0-9 . _ - (NAMESPACE_VALIDATOR): any prefix of these
+# characters up to 149 long makes a valid Kafka topic name with it.
+if not re.match(r"^[A-Za-z0-9._-]{1,149}$", BACKPLANE_EVENT_STREAM_TOPIC_PREFIX):
+    raise ImproperlyConfiguredEnv(f"BACKPLANE_EVENT_STREAM_TOPIC_PREFIX={BACKPLANE_EVENT_STREAM_TOPIC_PREFIX!r}: "
+                                  "1 to 149 of A-Z a-z 0-9 . _ -")
+if BACKPLANE_EVENT_STREAM:
+    CELERY_BEAT_SCHEDULE["stream-events"] = {
+        "task": "backplane.tasks.stream_events", "schedule": float(BACKPLANE_EVENT_STREAM_SECONDS),
+        "options": {"expires": 5 * BACKPLANE_EVENT_STREAM_SECONDS}}
 BACKPLANE_TOOL_CALL_TTL_SECONDS = env_int("BACKPLANE_TOOL_CALL_TTL_SECONDS", 24 * 3600, minimum=1)
 BACKPLANE_NO_PROGRESS_FLAG_SECONDS = env_int("BACKPLANE_NO_PROGRESS_FLAG_SECONDS", 300, minimum=1)
 BACKPLANE_NO_PROGRESS_STALL_SECONDS = env_int("BACKPLANE_NO_PROGRESS_STALL_SECONDS", 1800, minimum=1)

@@ -75,6 +75,31 @@ def settings_kafka_topics() -> list[str]:
                    *(kafka_topic for kafka_topic, _ in settings.BACKPLANE_OUTBOX_KAFKA_TOPICS)})
 
 
+def create_missing_topics(client_config: dict[str, Any], names: list[str], *, timeout: float) -> None:
+    """Create the Kafka topics of ``names`` that are missing, with the cluster's defaults. Best
+    effort: where this principal may not create topics (ACLs), an operator has, and a topic that
+    is still missing fails each publish to it, which is retried as always. A cluster that does not
+    answer is a ``PublishError`` (timed out)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    # confluent-kafka takes a logging.Logger as "logger", which its type stubs leave out.
+    config: dict[str, Any] = {**client_config, "logger": librdkafka_logger,
+                              "socket.connection.setup.timeout.ms": int(timeout * 1000)}
+    admin = AdminClient(config)
+    try:
+        existing = set(admin.list_topics(timeout=timeout).topics)
+        missing = [NewTopic(name, num_partitions=-1, replication_factor=-1) for name in names if name not in existing]
+        for name, future in admin.create_topics(missing, request_timeout=timeout).items() if missing else ():
+            try:
+                future.result(timeout=timeout)
+                logger.info("created Kafka topic %s", name)
+            except Exception as exc:  # noqa: BLE001 - created by another process meanwhile, or not ours to create
+                logger.info("Kafka topic %s not created: %s", name, exc)
+    except Exception as exc:  # noqa: BLE001 - the cluster is not answering; the publishes say so too
+        raise PublishError(f"kafka: the cluster at {client_config['bootstrap.servers']} did not answer: "
+                           f"{exc}", timed_out=True) from exc
+
+
 class KafkaAcknowledgement:
     """One message's answer from the cluster, filled by the producer's delivery callback, which
     librdkafka runs inside ``poll``/``flush`` on the thread that calls them (the relay's)."""
@@ -143,29 +168,7 @@ class KafkaSink:
         return self._producer
 
     def _create_topics(self) -> None:
-        """Create the Kafka topics of the settings that are missing, with the cluster's defaults.
-        Best effort: where the relay may not create topics (ACLs), an operator has, and a topic
-        that is still missing fails each publish to it, which is retried as always."""
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        wanted = settings_kafka_topics()
-        # confluent-kafka takes a logging.Logger as "logger", which its type stubs leave out.
-        config: dict[str, Any] = {**self.client_config, "logger": librdkafka_logger,
-                                  "socket.connection.setup.timeout.ms": int(self.timeout * 1000)}
-        admin = AdminClient(config)
-        try:
-            existing = set(admin.list_topics(timeout=self.timeout).topics)
-            missing = [NewTopic(name, num_partitions=-1, replication_factor=-1) for name in wanted
-                       if name not in existing]
-            for name, future in admin.create_topics(missing, request_timeout=self.timeout).items() if missing else ():
-                try:
-                    future.result(timeout=self.timeout)
-                    logger.info("created Kafka topic %s", name)
-                except Exception as exc:  # noqa: BLE001 - created by another relay meanwhile, or not ours to create
-                    logger.info("Kafka topic %s not created: %s", name, exc)
-        except Exception as exc:  # noqa: BLE001 - the cluster is not answering; the publishes say so too
-            raise PublishError(f"kafka: the cluster at {self.client_config['bootstrap.servers']} did not answer: "
-                               f"{exc}", timed_out=True) from exc
+        create_missing_topics(self.client_config, settings_kafka_topics(), timeout=self.timeout)
 
     def publish(self, message: OutboxMessage, body: dict[str, Any]) -> KafkaAcknowledgement:
         from confluent_kafka import KafkaException

@@ -124,6 +124,20 @@ class MerkleLeaf(models.Model):
         return f"leaf {self.leaf_index} = event {self.event_id}"
 
 
+class EventStreamCursor(models.Model):
+    """How far the sealed log has been streamed to Kafka (backplane/integrity/stream.py): the
+    next leaf to publish, and the lease of the run publishing from it. One row."""
+
+    name = models.CharField(max_length=20, primary_key=True)
+    next_leaf = models.BigIntegerField(default=0)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    claim_token = models.UUIDField(null=True, blank=True)
+    advanced_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}: next leaf {self.next_leaf}"
+
+
 # The stored levels of MerkleNode: multiples of this (level 0 is the leaf table). A perfect subtree
 # at any level is then folded from at most 2**(MERKLE_TILE_HEIGHT - 1) stored hashes. Changing it
 # means rewriting the table (a migration like 0021's backfill).

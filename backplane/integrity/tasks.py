@@ -97,3 +97,13 @@ def audit_export(self: Task) -> list[int]:
         if self.request.retries >= self.max_retries:
             export.audit_export_record_failure(error=exc, attempts=self.request.retries + 1)
         raise
+
+
+# Beat runs it every BACKPLANE_EVENT_STREAM_SECONDS when BACKPLANE_EVENT_STREAM is on (settings).
+# A failure leaves the cursor where it was; the next run publishes the same leaves again.
+@shared_task(name="backplane.tasks.stream_events", ignore_result=True)
+def stream_events() -> dict[str, int]:
+    from backplane.integrity import stream
+
+    step = stream.event_stream_until_idle()
+    return {"published": step.published, "next_leaf": step.next_leaf}

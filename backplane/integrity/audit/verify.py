@@ -18,6 +18,10 @@ Segments are checked in order from 1, stopping at the first problem:
 5. the recomputed hashes, as leaves appended to the tree of all earlier segments, give the
    signed root: an edit whose author recomputed the whole chain still fails here.
 
+``verify-events FILE`` checks events read from the event log's Kafka stream (backplane/integrity/
+stream.py), one JSON object a line: every task's chain, as in step 4; repeats (the stream is at
+least once) must equal what was read before.
+
 A successful run prints a summary and exits 0; a problem exits 1 with a message naming the
 segment (and line); a usage error (bad key, unreadable location) exits 2.
 """
@@ -28,7 +32,7 @@ import argparse
 import hashlib
 import json
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -151,6 +155,83 @@ def _check_manifest(number: int, raw: bytes, state: _State, trusted: Collection[
     return manifest
 
 
+def _recomputed_hash(event: object, at: str) -> tuple[str, int, str]:
+    """The event's task id, seq and hash recomputed from its content, which must be its stored one."""
+    if not isinstance(event, dict):
+        raise VerificationProblem(f"{at}: not a JSON object")
+    task_id, seq, prev_hash, stored = (event.get(k) for k in ("task_id", "seq", "prev_hash", "hash"))
+    if not isinstance(task_id, str) or type(seq) is not int or not isinstance(prev_hash, str):
+        raise VerificationProblem(f"{at}: not an event (task_id, seq and prev_hash are required)")
+    try:
+        recomputed = api_event_hash(event)
+    except NotCanonicalizable as exc:
+        raise VerificationProblem(f"{at}: task {task_id} seq {seq} cannot be canonicalised ({exc})") from None
+    if recomputed != stored:
+        raise VerificationProblem(
+            f"{at}: task {task_id} seq {seq}: the hash recomputed from its content is {recomputed}, "
+            f"not the stored {stored!r}"
+        )
+    return task_id, seq, recomputed
+
+
+def check_chain_link(event: object, chains: dict[str, tuple[int, str]], *, at: str) -> str:
+    """Check one event (the API's form) as the next link of its task's chain in ``chains`` (task
+    id -> last seq and its hash; a task's first event is seq 1 on the genesis hash), record it
+    there and return its recomputed hash. Raises ``VerificationProblem`` naming ``at``."""
+    task_id, seq, recomputed = _recomputed_hash(event, at)
+    assert isinstance(event, dict)
+    last_seq, last_hash = chains.get(task_id, (0, GENESIS_HASH))
+    if seq != last_seq + 1:
+        raise VerificationProblem(f"{at}: task {task_id} has seq {seq} where seq {last_seq + 1} was expected")
+    if event["prev_hash"] != last_hash:
+        raise VerificationProblem(
+            f"{at}: task {task_id} seq {seq}: prev_hash does not link to "
+            + (f"seq {last_seq}'s hash" if last_seq else "the genesis hash")
+        )
+    chains[task_id] = (seq, recomputed)
+    return recomputed
+
+
+@dataclass
+class EventsSummary:
+    source: str
+    events: int = 0
+    tasks: int = 0
+    repeats: int = 0
+
+    def __str__(self) -> str:
+        return (f"OK {self.source}: {self.events} event(s) of {self.tasks} task(s), each task's chain whole from "
+                f"seq 1; {self.repeats} repeat(s) of an event already read, dropped")
+
+
+def verify_event_lines(lines: Iterable[bytes], *, source: str) -> EventsSummary:
+    """Check events read from a stream (the event log's Kafka topics, one event per line as the
+    API renders it): every task's chain, from seq 1, in the order its events come. A stream
+    delivers at least once: an event read again must be exactly the one read before, and is
+    then dropped. The signed tree heads are not in a stream; ``verify`` checks an export's."""
+    chains: dict[str, tuple[int, str]] = {}
+    seen: dict[tuple[str, int], str] = {}
+    summary = EventsSummary(source=source)
+    for line_number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        at = f"{source} line {line_number}"
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise VerificationProblem(f"{at}: not valid JSON ({exc})") from None
+        task_id, seq, recomputed = _recomputed_hash(event, at)
+        if (task_id, seq) in seen:
+            if seen[(task_id, seq)] != recomputed:
+                raise VerificationProblem(f"{at}: task {task_id} seq {seq} was read before with another content")
+            summary.repeats += 1
+            continue
+        seen[(task_id, seq)] = check_chain_link(event, chains, at=at)
+        summary.events += 1
+    summary.tasks = len(chains)
+    return summary
+
+
 def _check_events(number: int, data: bytes, manifest: dict[str, Any], state: _State) -> int:
     where = f"segment {number} ({fmt.segment_name(number)})"
     if data and not data.endswith(b"\n"):
@@ -162,29 +243,7 @@ def _check_events(number: int, data: bytes, manifest: dict[str, Any], state: _St
             event = json.loads(line)
         except ValueError as exc:
             raise VerificationProblem(f"{at}: not valid JSON ({exc})") from None
-        if not isinstance(event, dict):
-            raise VerificationProblem(f"{at}: not a JSON object")
-        task_id, seq, prev_hash, stored = (event.get(k) for k in ("task_id", "seq", "prev_hash", "hash"))
-        if not isinstance(task_id, str) or type(seq) is not int or not isinstance(prev_hash, str):
-            raise VerificationProblem(f"{at}: not an event (task_id, seq and prev_hash are required)")
-        try:
-            recomputed = api_event_hash(event)
-        except NotCanonicalizable as exc:
-            raise VerificationProblem(f"{at}: task {task_id} seq {seq} cannot be canonicalised ({exc})") from None
-        if recomputed != stored:
-            raise VerificationProblem(
-                f"{at}: task {task_id} seq {seq}: the hash recomputed from its content is {recomputed}, "
-                f"not the stored {stored!r}"
-            )
-        last_seq, last_hash = state.chains.get(task_id, (0, GENESIS_HASH))
-        if seq != last_seq + 1:
-            raise VerificationProblem(f"{at}: task {task_id} has seq {seq} where seq {last_seq + 1} was expected")
-        if prev_hash != last_hash:
-            raise VerificationProblem(
-                f"{at}: task {task_id} seq {seq}: prev_hash does not link to "
-                + (f"seq {last_seq}'s hash" if last_seq else "the genesis hash")
-            )
-        state.chains[task_id] = (seq, recomputed)
+        recomputed = check_chain_link(event, state.chains, at=at)
         # The leaf is built from the recomputed hash, never the stored one.
         state.frontier.append(merkle.event_leaf_hash(recomputed))
     if len(lines) != manifest["events"]:
@@ -283,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint-url", default=None,
         help="S3-compatible endpoint (default: AWS, or the AWS_ENDPOINT_URL environment variable)",
     )
+    events = commands.add_parser("verify-events", help="verify events read from the event log's Kafka stream")
+    events.add_argument("path", help="a file of events, one JSON object a line (- for standard input)")
     check = commands.add_parser("check-proof", help="check one event's inclusion-proof bundle (from the dashboard)")
     check.add_argument("bundle", help="the downloaded JSON file")
     check.add_argument("--public-key", action="append", required=True, metavar="HEX_OR_FILE",
@@ -305,10 +366,27 @@ def check_proof_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def verify_events_main(args: argparse.Namespace) -> int:
+    try:
+        data = sys.stdin.buffer.read() if args.path == "-" else Path(args.path).read_bytes()
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    source = "standard input" if args.path == "-" else args.path
+    try:
+        print(verify_event_lines(data.split(b"\n"), source=source))
+    except VerificationProblem as exc:
+        print(f"FAILED {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check-proof":
         return check_proof_main(args)
+    if args.command == "verify-events":
+        return verify_events_main(args)
     try:
         keys = {parse_public_key(value) for value in args.public_key}
         store = open_location(args.location, endpoint_url=args.endpoint_url)

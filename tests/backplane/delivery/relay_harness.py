@@ -28,12 +28,12 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from confluent_kafka import Consumer
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from kombu import Connection, Exchange, Queue
 
 from backplane.delivery.models import OutboxMessage, OutboxStatus
 from backplane.eventlog import services
-from backplane.eventlog.models import Task
+from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft
 from backplane_client.consumer import ensure_processed_table, parse_envelope, process_once
 
@@ -101,6 +101,25 @@ def restart_embedded_postgres(pgdata: Path) -> None:
     """
     code = "import sys, pathlib; from backplane.runtime.embedded_db import restart; restart(pathlib.Path(sys.argv[1]))"
     subprocess.run([sys.executable, "-c", code, str(pgdata)], cwd=PROJECT_DIR, check=True, timeout=120)
+
+
+def kill_embedded_postgres(pgdata: Path) -> None:
+    """SIGKILL the embedded server's postmaster and every backend it started, as a crash of the
+    database's machine would end them: no shutdown checkpoint, no goodbye to any client."""
+    import psutil
+
+    from backplane.runtime import embedded_db
+
+    pid = embedded_db.postmaster_pid(pgdata)
+    assert pid is not None, f"no PostgreSQL runs on {pgdata}"
+    postmaster = psutil.Process(pid)
+    processes = [postmaster, *postmaster.children(recursive=True)]
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=30)
 
 
 def outbox_status_counts() -> Counter[str]:
@@ -177,19 +196,37 @@ class TopicCounter(threading.Thread):
 class Appender(threading.Thread):
     """Appends events with outbox messages on 8 keys until stopped: the load the faults land in."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ride_out_outages: bool = False) -> None:
         super().__init__(daemon=True)
         self.stopping = threading.Event()
         self.rounds = 0
         self.error: BaseException | None = None
+        # While the database is away (a test kills it), appends fail: wait and go on.
+        self.ride_out_outages = ride_out_outages
+        self.outage_errors = 0
 
     def run(self) -> None:
         keys = [f"key-{i}" for i in range(8)]
+        task: Task | None = None
+        recount = False
         try:
-            task = None
             while not self.stopping.is_set():
-                enqueued = enqueue_keyed_messages(keys=keys, per_key=5, first_seq=self.rounds * 5, task=task,
-                                                  events_per_append=5)
+                try:
+                    if recount and task is not None:
+                        # The failed round's commit may have happened (its answer lost): count
+                        # what the log holds, a round being 5 events after TaskStarted.
+                        self.rounds = (Event.objects.filter(task=task).count() - 1) // 5
+                    recount = False
+                    enqueued = enqueue_keyed_messages(keys=keys, per_key=5, first_seq=self.rounds * 5, task=task,
+                                                      events_per_append=5)
+                except DatabaseError:
+                    if not self.ride_out_outages:
+                        raise
+                    self.outage_errors += 1
+                    recount = True
+                    connection.close()
+                    time.sleep(0.2)
+                    continue
                 task = enqueued.task
                 self.rounds += 1
                 time.sleep(0.05)

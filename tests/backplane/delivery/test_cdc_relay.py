@@ -12,6 +12,7 @@ disappears turns /readyz red."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from collections import defaultdict
 from collections.abc import Iterator
@@ -31,7 +32,17 @@ from backplane.delivery.selectors import slot_state
 from tests.support.kafka import KafkaCluster, kafka_one_node  # noqa: F401 - the module's node (a fixture)
 from tests.support.kafka_connect import ConnectWorker, connect_missing_reason
 
-from .relay_harness import Appender, RelayProcess, TopicCounter, enqueue_keyed_messages, pending_count, wait_until
+from .relay_harness import (
+    Appender,
+    RelayProcess,
+    TopicCounter,
+    enqueue_keyed_messages,
+    kill_embedded_postgres,
+    pending_count,
+    reconnect_django,
+    restart_embedded_postgres,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -177,6 +188,47 @@ def test_a_killed_connect_worker_loses_nothing_and_reorders_nothing(
         appender.join(timeout=60)
     assert appender.error is None, appender.error
 
+    check_every_message_arrived_once_in_order(counter, appender, relay, worker,
+                                              f"records before Connect's kill {at_kill}")
+
+
+def test_a_killed_postgresql_loses_nothing_and_reorders_nothing(
+        worker: ConnectWorker, cdc_settings: dict[str, str], relays: list[RelayProcess], tmp_path: Path,
+        kafka_one_node: KafkaCluster) -> None:  # noqa: F811
+    pgdata = os.environ.get("BACKPLANE_TEST_PGDATA")
+    if not pgdata:
+        pytest.skip("the suite runs on an external DATABASE_URL; there is no embedded server to kill")
+    worker.start()
+    counter = TopicCounter(kafka_one_node.bootstrap, cdc_settings["BACKPLANE_OUTBOX_KAFKA_TOPIC"])
+    counter.start()
+    relay = start_relay(relays, tmp_path, cdc_settings)
+    appender = Appender(ride_out_outages=True)
+    appender.start()
+    try:
+        wait_until(lambda: len(counter.records) >= 300, timeout=90, what="Debezium publishes",
+                   on_timeout=worker.log_tail)
+        kill_embedded_postgres(Path(pgdata))
+        at_kill = len(counter.records)
+        reconnect_django()
+        restart_embedded_postgres(Path(pgdata))
+        reconnect_django()
+        wait_until(lambda: len(counter.records) >= at_kill + 300, timeout=180,
+                   what="Debezium goes on after PostgreSQL's restart", on_timeout=worker.log_tail)
+        assert worker.task_state() == "RUNNING"
+    finally:
+        appender.stopping.set()
+        appender.join(timeout=60)
+    assert appender.error is None, appender.error
+    assert appender.outage_errors > 0, "the appends never met the outage"
+    check_every_message_arrived_once_in_order(counter, appender, relay, worker,
+                                              f"records before PostgreSQL's kill {at_kill}, "
+                                              f"{appender.outage_errors} appends refused during the outage")
+
+
+def check_every_message_arrived_once_in_order(counter: TopicCounter, appender: Appender, relay: RelayProcess,
+                                              worker: ConnectWorker, where: str) -> None:
+    """Everything the outbox holds reached the topic and was marked; a key's first deliveries in
+    the order written; a repeat the same record."""
     expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
     wait_until(lambda: expected <= counter.message_ids(), timeout=120, what="every message reaches Kafka",
                on_timeout=worker.log_tail)
@@ -201,7 +253,7 @@ def test_a_killed_connect_worker_loses_nothing_and_reorders_nothing(
             per_key[key].append(seq)
     print(f"\ncdc faults: {appender.rounds} append rounds, {len(expected)} messages in the outbox, "
           f"{len(records)} records read, {duplicates} duplicates, {len(expected - counter.message_ids())} lost; "
-          f"records before Connect's kill {at_kill}")
+          f"{where}")
     assert counter.message_ids() == expected
     assert all(len(v) == 1 for v in values.values()), "a repeat differs from its first delivery"
     assert all(seqs == sorted(seqs) for seqs in per_key.values()), {k: s for k, s in per_key.items()
