@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,6 +234,45 @@ class Appender(threading.Thread):
             self.error = exc
         finally:
             connection.close()
+
+
+def check_every_message_arrived_once_in_order(counter: TopicCounter, appender: Appender, *, label: str, where: str,
+                                              details: Callable[[], str],
+                                              same_record: Callable[[bytes], bytes] = lambda value: value) -> None:
+    """After a fault test: everything the outbox holds reached the topic and was marked delivered;
+    a key's first deliveries came in the order written; a repeat is the same record (after
+    ``same_record``, which leaves out what a redelivery may change). Prints the figures."""
+    expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
+    wait_until(lambda: expected <= counter.message_ids(), timeout=120, what="every message reaches Kafka",
+               on_timeout=details)
+    wait_until(lambda: pending_count() == 0, timeout=60, what="every message is marked delivered",
+               on_timeout=details)
+    counter.stopping.set()
+    counter.join(timeout=30)
+
+    records = list(counter.records)
+    first_seen: dict[str, tuple[str, int | None]] = {}
+    values: dict[str, set[bytes]] = defaultdict(set)
+    duplicates = 0
+    for message_id, key, seq, value in records:
+        values[message_id].add(same_record(value))
+        if message_id in first_seen:
+            duplicates += 1
+        else:
+            first_seen[message_id] = (key, seq)
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for key, seq in first_seen.values():
+        if seq is not None:
+            per_key[key].append(seq)
+    print(f"\n{label}: {appender.rounds} append rounds, {len(expected)} messages in the outbox, "
+          f"{len(records)} records read, {duplicates} duplicates, {len(expected - counter.message_ids())} lost; "
+          f"{where}")
+    assert counter.message_ids() == expected
+    assert all(len(v) == 1 for v in values.values()), "a repeat differs from its first delivery"
+    # Records are read in partition order, and a key has one partition.
+    assert all(seqs == sorted(seqs) for seqs in per_key.values()), {k: s for k, s in per_key.items()
+                                                                     if s != sorted(s)}
+    assert sum(len(seqs) for seqs in per_key.values()) == appender.rounds * 5 * 8
 
 
 # --- relay processes -----------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +35,9 @@ from .relay_harness import (
     Appender,
     RelayProcess,
     TopicCounter,
+    check_every_message_arrived_once_in_order,
     enqueue_keyed_messages,
     kill_embedded_postgres,
-    pending_count,
     reconnect_django,
     restart_embedded_postgres,
     wait_until,
@@ -188,8 +187,9 @@ def test_a_killed_connect_worker_loses_nothing_and_reorders_nothing(
         appender.join(timeout=60)
     assert appender.error is None, appender.error
 
-    check_every_message_arrived_once_in_order(counter, appender, relay, worker,
-                                              f"records before Connect's kill {at_kill}")
+    check_every_message_arrived_once_in_order(counter, appender, label="cdc faults",
+                                              where=f"records before Connect's kill {at_kill}",
+                                              details=lambda: worker.log_tail() + relay.log()[-3000:])
 
 
 def test_a_killed_postgresql_loses_nothing_and_reorders_nothing(
@@ -220,45 +220,10 @@ def test_a_killed_postgresql_loses_nothing_and_reorders_nothing(
         appender.join(timeout=60)
     assert appender.error is None, appender.error
     assert appender.outage_errors > 0, "the appends never met the outage"
-    check_every_message_arrived_once_in_order(counter, appender, relay, worker,
-                                              f"records before PostgreSQL's kill {at_kill}, "
-                                              f"{appender.outage_errors} appends refused during the outage")
-
-
-def check_every_message_arrived_once_in_order(counter: TopicCounter, appender: Appender, relay: RelayProcess,
-                                              worker: ConnectWorker, where: str) -> None:
-    """Everything the outbox holds reached the topic and was marked; a key's first deliveries in
-    the order written; a repeat the same record."""
-    expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
-    wait_until(lambda: expected <= counter.message_ids(), timeout=120, what="every message reaches Kafka",
-               on_timeout=worker.log_tail)
-    wait_until(lambda: pending_count() == 0, timeout=60, what="the relay marks them all",
-               on_timeout=lambda: relay.log()[-3000:])
-    counter.stopping.set()
-    counter.join(timeout=30)
-
-    records = list(counter.records)
-    first_seen: dict[str, tuple[str, int | None]] = {}
-    values: dict[str, set[bytes]] = defaultdict(set)
-    duplicates = 0
-    for message_id, key, seq, value in records:
-        values[message_id].add(value)
-        if message_id in first_seen:
-            duplicates += 1
-        else:
-            first_seen[message_id] = (key, seq)
-    per_key: dict[str, list[int]] = defaultdict(list)
-    for key, seq in first_seen.values():
-        if seq is not None:
-            per_key[key].append(seq)
-    print(f"\ncdc faults: {appender.rounds} append rounds, {len(expected)} messages in the outbox, "
-          f"{len(records)} records read, {duplicates} duplicates, {len(expected - counter.message_ids())} lost; "
-          f"{where}")
-    assert counter.message_ids() == expected
-    assert all(len(v) == 1 for v in values.values()), "a repeat differs from its first delivery"
-    assert all(seqs == sorted(seqs) for seqs in per_key.values()), {k: s for k, s in per_key.items()
-                                                                     if s != sorted(s)}
-    assert sum(len(seqs) for seqs in per_key.values()) == appender.rounds * 5 * 8
+    check_every_message_arrived_once_in_order(counter, appender, label="cdc faults",
+                                              where=f"records before PostgreSQL's kill {at_kill}, "
+                                                    f"{appender.outage_errors} appends refused during the outage",
+                                              details=lambda: worker.log_tail() + relay.log()[-3000:])
 
 
 def test_readyz_turns_red_when_the_slot_falls_behind_or_is_gone(

@@ -1,25 +1,34 @@
 """The relay to Kafka through faults, as real processes: three KRaft nodes (replication factor 3,
 ``min.insync.replicas=2``), ``manage.py relay`` children publishing with the Kafka sink, appends
 going on in a thread, and an independent consumer counting what reaches the topic. Mid-stream,
-the partition leader is SIGKILLed, then the relay; both come back. Nothing the outbox holds may
-be missing from the topic, a key's messages must arrive in the order they were written, and a
-message that arrives twice must be the same record (same ``message_id``, same value)."""
+the partition leader is SIGKILLed, then the relay, and both come back; in another test,
+PostgreSQL. Nothing the outbox holds may be missing from the topic, a key's messages must arrive
+in the order they were written, and a message that arrives twice must be the same record (same
+``message_id``, same value)."""
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backplane.delivery.models import OutboxMessage
 from tests.support.kafka import KafkaCluster, kafka_three_nodes  # noqa: F401 - the module's nodes (a fixture)
 
-from .relay_harness import Appender, RelayProcess, TopicCounter, pending_count, wait_until
+from .relay_harness import (
+    Appender,
+    RelayProcess,
+    TopicCounter,
+    check_every_message_arrived_once_in_order,
+    kill_embedded_postgres,
+    reconnect_django,
+    restart_embedded_postgres,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -86,38 +95,40 @@ def test_a_killed_leader_and_a_killed_relay_lose_nothing_and_reorder_nothing(
         appender.join(timeout=60)
     assert appender.error is None, appender.error
 
-    # Everything the outbox holds reaches the topic.
-    wait_until(lambda: pending_count() == 0, timeout=120, what="the outbox is drained",
-               on_timeout=lambda: relay.log()[-3000:])
-    expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
-    wait_until(lambda: expected <= counter.message_ids(), timeout=60, what="the counter reads every message")
-    counter.stopping.set()
-    counter.join(timeout=30)
+    check_every_message_arrived_once_in_order(
+        counter, appender, label="kafka faults", details=lambda: relay.log()[-3000:], same_record=_without_attempt,
+        where=f"records before the leader's kill {at_leader_kill}, before the relay's {at_relay_kill}")
 
-    records = list(counter.records)
-    first_seen: dict[str, tuple[str, int | None]] = {}
-    values: dict[str, set[bytes]] = defaultdict(set)
-    duplicates = 0
-    for message_id, key, seq, value in records:
-        values[message_id].add(_without_attempt(value))
-        if message_id in first_seen:
-            duplicates += 1
-        else:
-            first_seen[message_id] = (key, seq)
-    per_key: dict[str, list[int]] = defaultdict(list)
-    for key, seq in first_seen.values():
-        if seq is not None:
-            per_key[key].append(seq)
-    print(f"\nkafka faults: {appender.rounds} append rounds, {len(expected)} messages in the outbox, "
-          f"{len(records)} records read, {duplicates} duplicates, {len(expected - counter.message_ids())} lost; "
-          f"records before the leader's kill {at_leader_kill}, before the relay's {at_relay_kill}")
-    assert counter.message_ids() == expected
-    assert all(len(v) == 1 for v in values.values()), "a repeat differs from its first delivery"
-    # Records are read in partition order, and a key has one partition: its first deliveries
-    # come in the order they were written.
-    assert all(seqs == sorted(seqs) for seqs in per_key.values()), {k: s for k, s in per_key.items()
-                                                                     if s != sorted(s)}
-    assert sum(len(seqs) for seqs in per_key.values()) == appender.rounds * 5 * 8
+
+def test_a_killed_postgresql_under_the_kafka_relay_loses_nothing_and_reorders_nothing(
+        kafka_three_nodes: KafkaCluster, topic: str, relays: list[RelayProcess], tmp_path: Path) -> None:  # noqa: F811
+    pgdata = os.environ.get("BACKPLANE_TEST_PGDATA")
+    if not pgdata:
+        pytest.skip("the suite runs on an external DATABASE_URL; there is no embedded server to kill")
+    counter = TopicCounter(kafka_three_nodes.bootstrap, topic)
+    counter.start()
+    appender = Appender(ride_out_outages=True)
+    appender.start()
+    try:
+        relay = start_relay(relays, tmp_path, kafka_three_nodes, topic)
+        wait_until(lambda: len(counter.records) >= 300, timeout=90, what="the relay publishes",
+                   on_timeout=lambda: relay.log()[-3000:])
+        kill_embedded_postgres(Path(pgdata))
+        at_kill = len(counter.records)
+        reconnect_django()
+        restart_embedded_postgres(Path(pgdata))
+        reconnect_django()
+        wait_until(lambda: len(counter.records) >= at_kill + 300, timeout=120,
+                   what="the relay goes on after PostgreSQL's restart", on_timeout=lambda: relay.log()[-3000:])
+        assert relay.is_running(), "the relay exited instead of riding out the outage"
+    finally:
+        appender.stopping.set()
+        appender.join(timeout=60)
+    assert appender.error is None, appender.error
+    assert appender.outage_errors > 0, "the appends never met the outage"
+    check_every_message_arrived_once_in_order(
+        counter, appender, label="kafka faults", details=lambda: relay.log()[-3000:], same_record=_without_attempt,
+        where=f"records before PostgreSQL's kill {at_kill}, {appender.outage_errors} appends refused during the outage")
 
 
 def _without_attempt(value: bytes) -> bytes:
