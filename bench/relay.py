@@ -179,17 +179,18 @@ def pending() -> int:
 class Timed:
     """Wraps the publisher and the SQL of the relay to say where a batch's time goes."""
 
-    def __init__(self, publish: Callable[..., None]) -> None:
+    def __init__(self, publish: Callable[..., Any]) -> None:
         self.publish = publish
         self.publish_seconds = 0.0
         self.sql_seconds = 0.0
         self.claim_seconds = 0.0
         self.claims = 0
 
-    def __call__(self, message: Any, body: dict[str, Any]) -> None:
+    def __call__(self, message: Any, body: dict[str, Any]) -> Any:
         started = time.perf_counter()
         try:
-            self.publish(message, body)
+            # The sink's answer: an acknowledgement to wait for (Kafka's), or None.
+            return self.publish(message, body)
         finally:
             self.publish_seconds += time.perf_counter() - started
 
@@ -205,14 +206,14 @@ class Timed:
                 self.claim_seconds += elapsed
 
 
-def relay_max(messages: int, keys: int) -> tuple[float, Timed, float]:
+def relay_max(messages: int, keys: int, first: int = 0) -> tuple[float, Timed, float]:
     from django.db import connection
 
     from backplane.delivery.relay import outbox_relay_until_idle
     from backplane.delivery.sinks import Sinks
 
     started = time.perf_counter()
-    enqueue(0, messages, keys)
+    enqueue(first, messages, keys)
     enqueue_rate = messages / (time.perf_counter() - started)
     sinks = Sinks()
     timed = Timed(sinks)

@@ -10,7 +10,10 @@ in one run: the lag of each, and the append rate with each running against none.
    worker running Debezium from the files ``manage.py cdc config`` writes, and ``manage.py relay``
    in the CDC mode (it only marks what reached Kafka). Commit -> consumed is Debezium's path;
    commit -> ``delivered_at`` adds the relay's read-back.
-3. Appends: ``--threads`` threads append events with one outbox message each through the writer
+3. Drain: ``--messages`` committed while Connect is down, then the time from the first record
+   Debezium publishes to the last; the polling relay draining the same backlog
+   (``outbox_relay_until_idle``) and the raw producer (bench/relay_kafka.py's), in the same run.
+4. Appends: ``--threads`` threads append events with one outbox message each through the writer
    (``services.event_append``) for ``--append-seconds``: with nothing relaying (the rows wait),
    with the polling relay running, and with Connect and the CDC relay running.
 Needs ``make kafka-jars connect-jars``.
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=4, help="appending threads")
     parser.add_argument("--append-seconds", type=float, default=10.0)
+    parser.add_argument("--messages", type=int, default=20_000, help="the backlog each relay drains")
     args = parser.parse_args()
     if reason := kafka_missing_reason() or connect_missing_reason():
         raise SystemExit(reason)
@@ -93,6 +97,7 @@ def main() -> None:
     connect_share = float("nan")
     try:
         cluster.create_topic(TOPIC, partitions=relay_kafka.PARTITIONS)
+        cluster.create_topic("bench-raw", partitions=relay_kafka.PARTITIONS)
         os.environ["BACKPLANE_OUTBOX_BROKER_URL"] = f"kafka://{cluster.bootstrap}"
         os.environ["BACKPLANE_OUTBOX_KAFKA_TOPIC"] = TOPIC
         with bench_database():
@@ -135,9 +140,30 @@ def main() -> None:
                 drain()
             finally:
                 kombu_bench.stop_relay(relay)
+            # Drain: a backlog committed while Connect is down, published once it is back.
+            connect.stop()
+            kombu_bench.enqueue(5_000_000, args.messages, args.keys)
+            counter = relay_kafka.KafkaConsumer(cluster.bootstrap, TOPIC)
+            counter.start()
+            counter.ready.wait()
+            connect.start()
+            if not kombu_bench.wait_for(lambda: len(counter.arrivals) >= args.messages, 300):
+                raise SystemExit(f"Debezium published {len(counter.arrivals)} of {args.messages} within 300 s")
+            counter.stopping.set()
+            counter.join(timeout=10)
+            arrived = sorted(at for _, _, at in counter.arrivals)
+            cdc_drain = (len(arrived) - 1) / (arrived[-1] - arrived[0])
+            relay = kombu_bench.start_relay(var / "relay-cdc-drain.log")
+            try:
+                drain()
+            finally:
+                kombu_bench.stop_relay(relay)
             connect.stop()
             connect = None
+            # The polling relay on the same backlog, and the raw producer, in the same run.
             os.environ["BACKPLANE_OUTBOX_RELAY_MODE"] = settings.BACKPLANE_OUTBOX_RELAY_MODE = "poll"
+            poll_drain, _, _ = kombu_bench.relay_max(args.messages, args.keys, first=6_000_000)
+            raw = relay_kafka.raw_produce(cluster.bootstrap, "bench-raw", args.messages, args.keys)
             rates["none"].append(appends_per_second(args.append_seconds, args.threads))
             cdc.cdc_teardown()
     finally:
@@ -151,6 +177,9 @@ def main() -> None:
     print(f"    nothing relaying: {none:7.0f}/s  (before {rates['none'][0]:.0f}, after {rates['none'][1]:.0f})")
     for mode in ("poll", "cdc"):
         print(f"    {mode + ' relay running:':17} {rates[mode][0]:7.0f}/s  ratio to none {rates[mode][0] / none:.2f}")
+    print(f"  a backlog of {args.messages} messages over {args.keys} keys: raw confluent-kafka producer {raw:.0f} "
+          f"msgs/s; polling relay {poll_drain:.0f} ({poll_drain / raw:.2f} x raw); CDC, first to last record "
+          f"{cdc_drain:.0f} ({cdc_drain / raw:.2f} x raw)")
     for name, result in (("polling relay", polled), ("CDC (Debezium)", captured)):
         print(f"  lag, {name}, {args.rate:.0f} msgs/s offered (achieved {result['achieved']:.0f}): "
               f"commit-to-consume {describe(result['lags_ms'])}")

@@ -98,7 +98,44 @@ def java_command(main: str, *args: str, tmp: Path, broker: bool) -> list[str]:
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", f"{BROKER_LIB}/*", main, *args]
 
 
-class KafkaNode:
+class ChildJvm:
+    """A JVM this process started as the leader of a session of its own (``_process``): signals go
+    to the whole session, so nothing it started outlives it."""
+
+    _process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: the JVM gets no chance to flush or close anything."""
+        if self.is_running():
+            assert self._process is not None
+            _signal_group(self._process, signal.SIGKILL)
+            self._process.wait(timeout=30)
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: a controlled shutdown (``stop()`` waits)."""
+        if self.is_running():
+            assert self._process is not None
+            _signal_group(self._process, signal.SIGTERM)
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM, then SIGKILL if the JVM has not exited within ``timeout``."""
+        self.terminate()
+        if self._process is None:
+            return
+        try:
+            self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+class KafkaNode(ChildJvm):
     """One KRaft node, broker and controller in one process; its folder holds ``server.properties``,
     ``data/`` and ``node.log`` (stdout and stderr: log4j2 writes to the console)."""
 
@@ -157,32 +194,6 @@ class KafkaNode:
         self.launch()
         self.wait_ready(timeout)
         return self
-
-    def is_running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: the node gets no chance to flush or close anything."""
-        if self.is_running():
-            assert self._process is not None
-            _signal_group(self._process, signal.SIGKILL)
-            self._process.wait(timeout=30)
-
-    def terminate(self) -> None:
-        """SIGTERM, without waiting: a controlled shutdown (``stop()`` waits)."""
-        if self.is_running():
-            assert self._process is not None
-            _signal_group(self._process, signal.SIGTERM)
-
-    def stop(self, timeout: float = 30) -> None:
-        """SIGTERM, then SIGKILL if the node has not exited within ``timeout``."""
-        self.terminate()
-        if self._process is None:
-            return
-        try:
-            self._process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
 
     def log_tail(self, size: int = 4000) -> str:
         try:

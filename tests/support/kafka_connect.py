@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.support.kafka import LOG4J_CONFIG, ROOT, _signal_group, free_ports
+from tests.support.kafka import LOG4J_CONFIG, ROOT, ChildJvm, free_ports
 from tests.support.waiting import wait_until
 
 CONNECT_LIB = ROOT / "var" / "kafka" / "connect-lib"
@@ -37,7 +36,7 @@ def connect_missing_reason() -> str | None:
     return None
 
 
-class ConnectWorker:
+class ConnectWorker(ChildJvm):
     """One standalone worker in ``directory`` (``worker.properties``, ``connector.properties``,
     its offsets file and ``connect.log``), its REST API on a free loopback port."""
 
@@ -88,29 +87,6 @@ class ConnectWorker:
         self.launch()
         self.wait_running(timeout)
         return self
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    def is_running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no offsets flushed, no position confirmed to the slot."""
-        if self.is_running():
-            assert self._process is not None
-            _signal_group(self._process, signal.SIGKILL)
-            self._process.wait(timeout=30)
-
-    def stop(self, timeout: float = 30) -> None:
-        if self.is_running():
-            assert self._process is not None
-            _signal_group(self._process, signal.SIGTERM)
-            try:
-                self._process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
     def log_tail(self, size: int = 6000) -> str:
         try:

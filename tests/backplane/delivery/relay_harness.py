@@ -122,6 +122,15 @@ def kill_embedded_postgres(pgdata: Path) -> None:
     psutil.wait_procs(processes, timeout=30)
 
 
+def crash_and_restart_embedded_postgres(pgdata: Path) -> None:
+    """A crash of the database (``kill_embedded_postgres``), then the server started again on the
+    same data and socket, with this thread's Django connection dropped on either side."""
+    kill_embedded_postgres(pgdata)
+    reconnect_django()
+    restart_embedded_postgres(pgdata)
+    reconnect_django()
+
+
 def outbox_status_counts() -> Counter[str]:
     return Counter(OutboxMessage.objects.values_list("status", flat=True))
 

@@ -36,10 +36,8 @@ from .relay_harness import (
     RelayProcess,
     TopicCounter,
     check_every_message_arrived_once_in_order,
+    crash_and_restart_embedded_postgres,
     enqueue_keyed_messages,
-    kill_embedded_postgres,
-    reconnect_django,
-    restart_embedded_postgres,
     wait_until,
 )
 
@@ -207,11 +205,8 @@ def test_a_killed_postgresql_loses_nothing_and_reorders_nothing(
     try:
         wait_until(lambda: len(counter.records) >= 300, timeout=90, what="Debezium publishes",
                    on_timeout=worker.log_tail)
-        kill_embedded_postgres(Path(pgdata))
         at_kill = len(counter.records)
-        reconnect_django()
-        restart_embedded_postgres(Path(pgdata))
-        reconnect_django()
+        crash_and_restart_embedded_postgres(Path(pgdata))
         wait_until(lambda: len(counter.records) >= at_kill + 300, timeout=180,
                    what="Debezium goes on after PostgreSQL's restart", on_timeout=worker.log_tail)
         assert worker.task_state() == "RUNNING"

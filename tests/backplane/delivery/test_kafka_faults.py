@@ -24,9 +24,7 @@ from .relay_harness import (
     RelayProcess,
     TopicCounter,
     check_every_message_arrived_once_in_order,
-    kill_embedded_postgres,
-    reconnect_django,
-    restart_embedded_postgres,
+    crash_and_restart_embedded_postgres,
     wait_until,
 )
 
@@ -113,11 +111,8 @@ def test_a_killed_postgresql_under_the_kafka_relay_loses_nothing_and_reorders_no
         relay = start_relay(relays, tmp_path, kafka_three_nodes, topic)
         wait_until(lambda: len(counter.records) >= 300, timeout=90, what="the relay publishes",
                    on_timeout=lambda: relay.log()[-3000:])
-        kill_embedded_postgres(Path(pgdata))
         at_kill = len(counter.records)
-        reconnect_django()
-        restart_embedded_postgres(Path(pgdata))
-        reconnect_django()
+        crash_and_restart_embedded_postgres(Path(pgdata))
         wait_until(lambda: len(counter.records) >= at_kill + 300, timeout=120,
                    what="the relay goes on after PostgreSQL's restart", on_timeout=lambda: relay.log()[-3000:])
         assert relay.is_running(), "the relay exited instead of riding out the outage"
