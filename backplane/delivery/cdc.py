@@ -47,7 +47,7 @@ from psycopg import sql
 from backplane.delivery.kafka_sink import kafka_client_config, librdkafka_logger, settings_kafka_topics
 from backplane.delivery.models import OutboxMessage
 from backplane.delivery.outbox import cdc_enabled
-from backplane.delivery.selectors import slot_state
+from backplane.delivery.selectors import SlotState, slot_state
 from backplane.telemetry import counters
 
 logger = logging.getLogger(__name__)
@@ -297,11 +297,12 @@ def cdc_teardown() -> list[str]:
 # --- the slot's state, for /readyz --------------------------------------------------------
 
 
-def cdc_problem() -> str | None:
-    """Why the CDC relay cannot publish, or None (always None in the polling mode)."""
+def cdc_problem(state: SlotState | None = None) -> str | None:
+    """Why the CDC relay cannot publish, or None (always None in the polling mode); ``state``
+    when the caller has read the slot already."""
     if not cdc_enabled():
         return None
-    state = slot_state()
+    state = state or slot_state()
     slot = settings.BACKPLANE_CDC_SLOT
     if not state.exists:
         return f"cdc: replication slot {slot} is missing (manage.py cdc setup)"

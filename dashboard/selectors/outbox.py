@@ -1,5 +1,5 @@
-"""Reads of the outbox page: the pending backlog per destination, what is failing now, and the
-last hour's delivery lag."""
+"""Reads of the outbox page: the pending backlog per destination, what is failing now, the
+last hour's delivery lag, and in the CDC mode the replication slot Debezium reads."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
+from backplane.delivery.cdc import cdc_problem
 from backplane.delivery.models import OutboxMessage
+from backplane.delivery.outbox import cdc_enabled
+from backplane.delivery.selectors import SlotState, slot_state
 from backplane.eventlog.chain import format_timestamp
 from backplane.runtime.replica import reads_connection
 from dashboard.selectors.minutes import buckets, window_to_this_minute
@@ -107,3 +111,19 @@ def delivery_lag_per_minute(*, now: datetime | None = None) -> dict[str, Any]:
         peak.append(None if max_s is None else round(float(max_s), 3))
         delivered.append(n)
     return {"minutes": minutes, "mean_seconds": mean, "max_seconds": peak, "delivered": delivered}
+
+
+@dataclass(frozen=True)
+class CdcRelayState:
+    slot_name: str
+    slot: SlotState
+    problem: str | None  # what /readyz says of it, or None
+
+
+def cdc_relay_state() -> CdcRelayState | None:
+    """The CDC relay's replication slot, read on the primary (a replica has slots of its own);
+    None in the polling mode."""
+    if not cdc_enabled():
+        return None
+    state = slot_state()
+    return CdcRelayState(slot_name=settings.BACKPLANE_CDC_SLOT, slot=state, problem=cdc_problem(state))

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 from backplane.eventlog.models import Agent, user_actor
 from backplane.runtime.replica import replica_reads
 from dashboard.access import may_review
-from dashboard.selectors.outbox import delivery_lag_per_minute, outbox_health
+from dashboard.selectors.outbox import cdc_relay_state, delivery_lag_per_minute, outbox_health
 from dashboard.selectors.spend import agent_spend
 from dashboard.views.common import across_namespaces, reviewers_only, viewers_only
 from recovery import selectors as recovery
@@ -74,5 +74,5 @@ def outbox_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "dashboard/fleet/outbox.html",
-        {"nav": "outbox", "health": outbox_health(), "lag": delivery_lag_per_minute()},
+        {"nav": "outbox", "health": outbox_health(), "lag": delivery_lag_per_minute(), "cdc": cdc_relay_state()},
     )

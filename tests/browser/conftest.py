@@ -173,12 +173,13 @@ def web_server(django_db_setup: None, allow_orm_beside_playwright: None) -> Iter
 
 @pytest.fixture
 def web_processes(django_db_setup: None) -> Iterator[Callable[..., WebProcess]]:
-    """Start more web processes on the test database: ``web_processes(name=..., port=None)``.
-    A test may ``kill()`` and ``start()`` them again; all are stopped afterwards."""
+    """Start more web processes on the test database: ``web_processes(name=..., port=None,
+    env=None)``, ``env`` on top of the suite's. A test may ``kill()`` and ``start()`` them
+    again; all are stopped afterwards."""
     started: list[WebProcess] = []
 
-    def start(*, name: str = "web", port: int | None = None) -> WebProcess:
-        server = WebProcess(port, name=name)
+    def start(*, name: str = "web", port: int | None = None, env: dict[str, str] | None = None) -> WebProcess:
+        server = WebProcess(port, name=name, env=env)
         started.append(server)
         return server.start()
 

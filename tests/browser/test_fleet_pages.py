@@ -1,6 +1,6 @@
 """The agents page and the outbox page in the browser, with data: an agent whose breaker the
 stall detector opened, closed by a reviewer with a reason that its history shows; a message
-the broker keeps refusing, and the delivery lag of those it took."""
+the broker keeps refusing, and the delivery lag of those it took; in the CDC mode, the slot."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from backplane.delivery import cdc
 from backplane.delivery.models import OutboxMessage
 from backplane.eventlog.models import Agent, BreakerTransition
 from tests.browser.conftest import REVIEWER_USERNAME, ApiAgent, scrolled_to_top
 from tests.browser.fleet import REFUSED_TOPIC, claim_task, relay_pass, scored_lead, stalled_leases
+from tests.support.live_server import WebProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -95,3 +97,30 @@ def test_the_outbox_page_shows_a_failing_message_and_the_delivery_lag(
     [bars] = [trace for trace in lag if trace.get("name") == "delivered"]
     assert sum(bars["y"]) == delivered, bars["y"]
     screenshot(scrolled_to_top(page), "outbox")
+
+
+def test_in_the_cdc_mode_the_outbox_page_names_the_slot_and_says_when_it_falls_behind(
+    logged_in_page: Page, make_agent: Callable[..., ApiAgent], web_processes: Callable[..., WebProcess],
+    screenshot: Screenshot,
+) -> None:
+    cdc.cdc_setup()
+    try:
+        # A web process in the CDC mode whose limit any WAL written from now on passes; nobody
+        # reads the slot in this test (no Kafka Connect).
+        server = web_processes(name="web-cdc", env={
+            "BACKPLANE_OUTBOX_BROKER_URL": "kafka://127.0.0.1:9", "BACKPLANE_OUTBOX_RELAY_MODE": "cdc",
+            "BACKPLANE_CDC_MAX_LAG_BYTES": "4096"})
+        scored_lead(make_agent("scorer"))
+        page = logged_in_page
+        page.goto(f"{server.url}/outbox/")
+        notice = page.locator("#cdc-relay")
+        expect(notice).to_have_class(re.compile(r"\berror\b"))
+        expect(notice).to_contain_text("Replication slot backplane_outbox: not being read,")
+        expect(notice).to_contain_text("of WAL behind")
+        expect(notice).to_contain_text("bytes behind (limit 4096); is Kafka Connect running?")
+        screenshot(scrolled_to_top(page), "outbox-cdc")
+        # The polling mode's page (the suite's web process) says nothing of a slot.
+        page.goto("/outbox/")
+        expect(page.locator("#cdc-relay")).to_have_count(0)
+    finally:
+        cdc.cdc_teardown()

@@ -129,7 +129,9 @@ class WebProcess:
         while True:
             assert self.process.poll() is None, f"{self.name} exited early:\n" + self.log()[-6000:]
             try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                # What a load balancer gates on: the process serves. /readyz also judges what the
+                # product depends on (a Kafka cluster, a replication slot), which a test may leave red.
+                if httpx.get(self.url + "/readyz/traffic", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
