@@ -7,6 +7,10 @@ It polls rather than LISTENs: a NOTIFY in the writing transaction would make eve
 writes an outbox row wait on PostgreSQL's one notification lock (migration 0028), while a poll
 is two indexed reads ten times a second that no writer waits for.
 
+In the CDC mode (``BACKPLANE_OUTBOX_RELAY_MODE=cdc``) Debezium publishes the broker's messages and
+the lanes mark what they read back from Kafka (backplane/delivery/cdc.py); webhooks are delivered
+here in both modes.
+
 It survives the database going away (a restart, a failover): the error is logged, the
 connections are dropped and the loop tries again after a pause, without exiting. SIGTERM or
 SIGINT: deliveries under way finish, untried rows are given back, exit 0.
