@@ -122,7 +122,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
     problems = [p for p in (database, _broker_problem(), _outbox_broker_problem()) if p]
     if database is None:
         problems += _overdue_duties()
-        problems += [p for p in (_cdc_slot_problem(),) if p]
+        if cdc_slot := _cdc_slot_problem():
+            problems.append(cdc_slot)
     if problems:
         return _problems_response(problems, message="not ready", detailed=detailed)
     return JsonResponse({"status": "ready", **(_replica_summary() if detailed else {})})
