@@ -79,6 +79,19 @@ def drain(timeout: float = 120) -> None:
         raise SystemExit(f"{kombu_bench.pending()} messages still pending after {timeout:.0f} s")
 
 
+def appends_beside_the_relay(log: Path, args: argparse.Namespace) -> float:
+    """``appends_per_second`` while ``manage.py relay`` runs (in the mode the environment says),
+    the outbox drained before and after."""
+    relay = kombu_bench.start_relay(log)
+    try:
+        drain()
+        rate = appends_per_second(args.append_seconds, args.threads)
+        drain()
+        return rate
+    finally:
+        kombu_bench.stop_relay(relay)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=400.0, help="messages a second offered in the lag phases")
@@ -109,13 +122,7 @@ def main() -> None:
             consumer = lambda: relay_kafka.KafkaConsumer(cluster.bootstrap, TOPIC)  # noqa: E731
             appends_per_second(2, args.threads)  # warm up
             rates["none"].append(appends_per_second(args.append_seconds, args.threads))
-            relay = kombu_bench.start_relay(var / "relay-poll.log")
-            try:
-                drain()
-                rates["poll"].append(appends_per_second(args.append_seconds, args.threads))
-                drain()
-            finally:
-                kombu_bench.stop_relay(relay)
+            rates["poll"].append(appends_beside_the_relay(var / "relay-poll.log", args))
             polled = kombu_bench.lag(args.rate, args.seconds, args.keys, args.producers, 3_000_000,
                                      var / "relay-poll-lag.log", consumer_factory=consumer)
 
@@ -133,13 +140,7 @@ def main() -> None:
             captured = kombu_bench.lag(args.rate, args.seconds, args.keys, args.producers, 4_000_000,
                                        var / "relay-cdc-lag.log", consumer_factory=consumer)
             connect_share = (kombu_bench.cpu_seconds(connect.pid) - connect_cpu) / (time.perf_counter() - started)
-            relay = kombu_bench.start_relay(var / "relay-cdc.log")
-            try:
-                drain()
-                rates["cdc"].append(appends_per_second(args.append_seconds, args.threads))
-                drain()
-            finally:
-                kombu_bench.stop_relay(relay)
+            rates["cdc"].append(appends_beside_the_relay(var / "relay-cdc.log", args))
             # Drain: a backlog committed while Connect is down, published once it is back.
             connect.stop()
             kombu_bench.enqueue(5_000_000, args.messages, args.keys)

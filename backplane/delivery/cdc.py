@@ -233,7 +233,7 @@ def cdc_setup(*, password: str | None = None) -> list[str]:
         wal_level, keep = cursor.fetchone()
     if wal_level != "logical":
         raise CdcSetupError(f"wal_level is {wal_level}; the CDC relay needs wal_level = logical (a restart)")
-    if keep in ("-1", "-1MB"):
+    if keep == "-1":
         raise CdcSetupError("max_slot_wal_keep_size is unlimited: a slot whose consumer stops would keep WAL until "
                             "the disk is full; set it (docs/delivery.md, \"Change data capture\")")
     with transaction.atomic(), connection.cursor() as cursor:
@@ -319,7 +319,7 @@ def cdc_problem(state: SlotState | None = None) -> str | None:
 
 _MARK_PUBLISHED_SQL = f"""
 UPDATE {OUTBOX_TABLE} SET status = 'delivered', delivered_at = now(), attempts = greatest(attempts, 1),
-    last_error = ''
+    last_error = '', claimed_until = NULL, claim_token = NULL
 WHERE message_id = ANY(%s::uuid[]) AND status = 'pending' AND subscription_id IS NULL
 """
 

@@ -100,6 +100,25 @@ def create_missing_topics(client_config: dict[str, Any], names: list[str], *, ti
                            f"{exc}", timed_out=True) from exc
 
 
+def producer_config(client_config: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    """The producer of the outbox's sink and of the event stream (backplane/integrity/stream.py):
+    the URL's settings, then what the guarantees rest on, which the URL cannot change."""
+    timeout_ms = int(timeout * 1000)
+    return {
+        **client_config,
+        # Gathers a claim's messages into few requests: its publishes come within a
+        # millisecond of each other, and its acknowledgements are awaited together.
+        "linger.ms": 5,
+        # Java's partitioner (murmur2), which Kafka Connect's producer uses: a key's messages
+        # keep their partition, hence their order, when the relay mode changes (cdc.py).
+        "partitioner": "murmur2_random",
+        "message.timeout.ms": timeout_ms,
+        "socket.connection.setup.timeout.ms": timeout_ms,
+        "logger": librdkafka_logger,
+        **_GUARANTEED,
+    }
+
+
 class KafkaAcknowledgement:
     """One message's answer from the cluster, filled by the producer's delivery callback, which
     librdkafka runs inside ``poll``/``flush`` on the thread that calls them (the relay's)."""
@@ -144,20 +163,7 @@ class KafkaSink:
                     self.default_topic)
 
     def producer_config(self) -> dict[str, Any]:
-        timeout_ms = int(self.timeout * 1000)
-        return {
-            **self.client_config,
-            # Gathers a claim's messages into few requests: its publishes come within a
-            # millisecond of each other, and its acknowledgements are awaited together.
-            "linger.ms": 5,
-            # Java's partitioner (murmur2), which Kafka Connect's producer uses: a key's messages
-            # keep their partition, hence their order, when the relay mode changes (cdc.py).
-            "partitioner": "murmur2_random",
-            "message.timeout.ms": timeout_ms,
-            "socket.connection.setup.timeout.ms": timeout_ms,
-            "logger": librdkafka_logger,
-            **_GUARANTEED,
-        }
+        return producer_config(self.client_config, timeout=self.timeout)
 
     def _ensure_producer(self) -> Any:
         if self._producer is None:

@@ -42,7 +42,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from backplane.delivery.kafka_sink import create_missing_topics, kafka_client_config, librdkafka_logger
+from backplane.delivery.kafka_sink import create_missing_topics, kafka_client_config, producer_config
 from backplane.delivery.relay import PublishError
 from backplane.eventlog.chain import event_as_api_dict
 from backplane.integrity.models import EventStreamCursor, MerkleLeaf
@@ -84,9 +84,7 @@ class EventProducer:
             create_missing_topics(self.client_config, wanted, timeout=self.timeout)
             self._topics.update(wanted)
         if self._producer is None:
-            self._producer = Producer({**self.client_config, "enable.idempotence": True, "acks": "all",
-                                       "linger.ms": 5, "message.timeout.ms": int(self.timeout * 1000),
-                                       "partitioner": "murmur2_random", "logger": librdkafka_logger})
+            self._producer = Producer(producer_config(self.client_config, timeout=self.timeout))
         failures: list[str] = []
 
         def on_delivery(error: Any, message: Any) -> None:

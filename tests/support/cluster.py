@@ -69,6 +69,22 @@ TTL, LOOP_WAIT, RETRY_TIMEOUT, SAFETY_MARGIN = 20, 1, 5, 5
 WATCHDOG_SECONDS = TTL - SAFETY_MARGIN - LOOP_WAIT
 
 
+def kill_postmaster(pid: int, *, timeout: float = 10) -> None:
+    """SIGKILL a postmaster and every backend it started, as a crash of the database's machine
+    would end them: no shutdown checkpoint, no goodbye to any client. Waits for them to be gone."""
+    try:
+        postmaster = psutil.Process(pid)
+        processes = [postmaster, *postmaster.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=timeout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -337,19 +353,8 @@ class PatroniCluster:
 
     def _kill_postgres(self, member: Member) -> None:
         pid = member.postmaster_pid()
-        if pid is None:
-            return
-        try:
-            postmaster = psutil.Process(pid)
-            processes = [postmaster, *postmaster.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for process in processes:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(processes, timeout=10)
+        if pid is not None:
+            kill_postmaster(pid)
 
     # --- stopping -------------------------------------------------------------------------------
 

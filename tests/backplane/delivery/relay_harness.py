@@ -36,6 +36,7 @@ from backplane.eventlog import services
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft, OutboxDraft
 from backplane_client.consumer import ensure_processed_table, parse_envelope, process_once
+from tests.support.cluster import kill_postmaster
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 
@@ -104,22 +105,12 @@ def restart_embedded_postgres(pgdata: Path) -> None:
 
 
 def kill_embedded_postgres(pgdata: Path) -> None:
-    """SIGKILL the embedded server's postmaster and every backend it started, as a crash of the
-    database's machine would end them: no shutdown checkpoint, no goodbye to any client."""
-    import psutil
-
+    """A crash of the embedded server (``cluster.kill_postmaster``)."""
     from backplane.runtime import embedded_db
 
     pid = embedded_db.postmaster_pid(pgdata)
     assert pid is not None, f"no PostgreSQL runs on {pgdata}"
-    postmaster = psutil.Process(pid)
-    processes = [postmaster, *postmaster.children(recursive=True)]
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(processes, timeout=30)
+    kill_postmaster(pid, timeout=30)
 
 
 def crash_and_restart_embedded_postgres(pgdata: Path) -> None:
