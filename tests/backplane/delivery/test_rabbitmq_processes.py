@@ -400,6 +400,7 @@ def test_killing_the_rabbitmq_node_mid_publish_loses_no_confirmed_message(
     keys = [f"key-{i:02d}" for i in range(10)]
     enqueue_keyed_messages(keys=keys, per_key=100)
     expected_ids = outbox_message_ids()
+    rabbit_node.save_queue_metadata()  # the consumer's queue was declared a moment ago
     process = start_relay(batch_size=10, env={
         # Retries come quickly once the node is back (doubling from 1 s, at most 2 s apart).
         "BACKPLANE_OUTBOX_BACKOFF_BASE_SECONDS": "1",
