@@ -382,13 +382,13 @@ def outbox_deliver_claim(*, claim: Claim, publish: Publisher, policy: LanePolicy
         marked_at = time.monotonic()
 
     for index, message in enumerate(claim.messages):
-        rest = [m.pk for m in claim.messages[index:]]
         if should_stop() or (deadline is not None and time.monotonic() >= deadline) or step.timed_out:
-            step.released += outbox_release(claim=claim, ids=rest)
+            step.released += outbox_release(claim=claim, ids=[m.pk for m in claim.messages[index:]])
             break
         # The lease must outlast this delivery and its record; lengthen it when it would not.
         if (claim.until - timezone.now()).total_seconds() < policy.timeout_seconds + 1:
-            ours = outbox_extend_claim(claim=claim, ids=[*(m.pk for m, _ in awaited), *rest],
+            ours = outbox_extend_claim(claim=claim, ids=[*(m.pk for m, _ in awaited),
+                                                         *(m.pk for m in claim.messages[index:])],
                                        lease_seconds=policy.lease_seconds)
         if message.pk not in ours:
             step.lost += 1
