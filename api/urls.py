@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import budgets, dead_letters, fleet, forks, integrity, jobs, views
+from api import budgets, dead_letters, fleet, forks, integrity, jobs, tool_policies, views
 from api import recovery as recovery_api
 
 urlpatterns = [
@@ -34,6 +34,10 @@ urlpatterns = [
     path("events/<int:position>/proof/", integrity.EventProofView.as_view(), name="event-proof"),
     path("budgets/", budgets.BudgetsView.as_view(), name="budgets"),
     path("budgets/<int:budget_id>/resume/", budgets.BudgetResumeView.as_view(), name="budget-resume"),
+    path("tool-policies/", tool_policies.ToolPoliciesView.as_view(), name="tool-policies"),
+    path("tool-policies/<int:policy_id>/", tool_policies.ToolPolicyView.as_view(), name="tool-policy"),
+    path("tool-policies/<int:policy_id>/versions/", tool_policies.ToolPolicyVersionsView.as_view(),
+         name="tool-policy-versions"),
     path("jobs/", jobs.JobsView.as_view(), name="jobs"),
     path("jobs/<int:job_id>/", jobs.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<int:job_id>/items/", jobs.JobItemsView.as_view(), name="job-items"),

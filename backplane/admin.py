@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from backplane.delivery.models import OutboxMessage, WebhookSubscription
@@ -44,6 +44,19 @@ def short(attname: str, description: str, *, ordering: str | None = None) -> Any
 
     column.__name__ = f"short_{attname}"
     return column
+
+
+class ServiceSavedAdmin(admin.ModelAdmin):
+    """An admin whose ``save_model`` calls a service, which commits its own transaction
+    (``transaction.atomic(durable=True)``: one transaction per service, never nested). Django
+    runs the add and change views inside an atomic block of its own, where the service's would
+    be nested and refused; here they run without it, as each view's only write is the service's."""
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # ModelAdmin's own view without its atomic block (a private method of Django's admin).
+        view: Any = super()
+        return view._changeform_view(request, object_id, form_url, extra_context)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -1,9 +1,10 @@
 """Admin for administrators: agents (their tokens, their breakers), registered tools (the
-gateway's) and retention rules; dead letters decided by bulk job; tool-call records to look at,
+gateway's), their approval policies and retention rules; dead letters decided by bulk job; tool-call records to look at,
 not edit."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -16,15 +17,18 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
+from django.utils.http import urlencode
 
-from backplane.admin import ReadOnlyAdmin, short
+from backplane.admin import ReadOnlyAdmin, ServiceSavedAdmin, short
 from backplane.delivery.models import DeadLetter, DeadLetterStatus
 from backplane.delivery.outbound import outbound_url_validate
 from backplane.eventlog import services
 from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import Agent, user_actor
-from recovery import alerts, breakers, bulk, gateway
+from recovery import alerts, approvals, breakers, bulk, gateway
 from recovery.models import (
     RETAINED_STATUS_CHOICES,
     AlertRule,
@@ -38,6 +42,7 @@ from recovery.models import (
     StaffScope,
     Tool,
     ToolCall,
+    ToolPolicy,
     default_retained_statuses,
 )
 
@@ -168,7 +173,7 @@ class SavedSearchAdmin(admin.ModelAdmin):
 
 
 @admin.register(AlertRule)
-class AlertRuleAdmin(admin.ModelAdmin):
+class AlertRuleAdmin(ServiceSavedAdmin):
     """Rules are added, changed and deleted through recovery/alerts.py (disabling or deleting a
     firing rule resolves it, with its message); the state is the evaluator's alone."""
 
@@ -363,3 +368,85 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             messages.error(request, f"Nothing was planned: {exc.message}.")
             return None
         return redirect("dashboard:job", job_id=job.pk)
+
+
+class ToolPolicyForm(forms.ModelForm):
+    class Meta:
+        model = ToolPolicy
+        fields = ("tool", "namespace", "enabled", "condition", "field_types", "approvals_required", "approver_group",
+                  "open_seconds", "on_expiry", "escalate_to", "four_eyes", "reason")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        approver_group, escalate_to = data.get("approver_group"), data.get("escalate_to")
+        if approver_group is None or self.errors:
+            return data
+        # The service's own checks, each refusal shown beside its field.
+        try:
+            approvals.tool_policy_check(
+                condition=data.get("condition") or "", field_types=data.get("field_types") or {},
+                approver_group=approver_group.name, escalate_to=escalate_to.name if escalate_to else None,
+                on_expiry=data.get("on_expiry") or "",
+            )
+        except BackplaneError as exc:
+            for field, reason in exc.details.items():
+                self.add_error(field if field in self.fields else None, f"{exc.message} ({reason})")
+        return data
+
+
+@admin.register(ToolPolicy)
+class ToolPolicyAdmin(ServiceSavedAdmin):
+    """Each save writes the policy's next version through recovery/approvals.py; versions are
+    never edited or deleted (every approval request names the one it was decided under). A
+    version's page links to an add form filled from it, to write the next one."""
+
+    form = ToolPolicyForm
+    list_display = ("tool", "namespace", "version", "is_current", "enabled", short("condition", "condition"),
+                    "approver_group", "set_by", "created_at")
+    list_filter = ("is_current", "enabled", "on_expiry")
+    search_fields = ("tool", "namespace", "condition", "set_by")
+    ordering = ("tool", "namespace", "-version")
+    list_select_related = ("approver_group",)
+
+    @admin.display(description="next version")
+    def next_version(self, obj: ToolPolicy) -> str:
+        initial = {"tool": obj.tool, "namespace": obj.namespace, "enabled": "on" if obj.enabled else "",
+                   "condition": obj.condition, "field_types": json.dumps(obj.field_types),
+                   "approvals_required": obj.approvals_required, "approver_group": obj.approver_group_id,
+                   "open_seconds": obj.open_seconds, "on_expiry": obj.on_expiry,
+                   "escalate_to": obj.escalate_to_id or "", "four_eyes": "on" if obj.four_eyes else ""}
+        url = f"{reverse('admin:recovery_toolpolicy_add')}?{urlencode(initial)}"
+        return format_html('<a href="{}">Write the next version from this one</a>', url)
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        initial = super().get_changeform_initial_data(request)
+        if "field_types" in request.GET:
+            try:
+                initial["field_types"] = json.loads(request.GET["field_types"])
+            except ValueError:
+                initial.pop("field_types")
+        return initial
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ToolPolicy | None = None) -> tuple[str, ...]:
+        if obj is None:
+            return ()
+        return ("next_version", "version", "is_current", "set_by", "created_at", *ToolPolicyForm.Meta.fields)
+
+    def get_fields(self, request: HttpRequest, obj: ToolPolicy | None = None) -> tuple[str, ...]:
+        return ToolPolicyForm.Meta.fields if obj is None else self.get_readonly_fields(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: ToolPolicy | None = None) -> bool:
+        return False  # a change is a new version
+
+    def has_delete_permission(self, request: HttpRequest, obj: ToolPolicy | None = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: ToolPolicy, form: forms.ModelForm, change: bool) -> None:
+        saved = approvals.tool_policy_set(
+            tool=obj.tool, namespace=obj.namespace, condition=obj.condition, field_types=obj.field_types,
+            approvals_required=obj.approvals_required, approver_group=obj.approver_group.name,
+            open_seconds=obj.open_seconds, on_expiry=obj.on_expiry,
+            escalate_to=obj.escalate_to.name if obj.escalate_to else None, four_eyes=obj.four_eyes,
+            enabled=obj.enabled, set_by=user_actor(request.user), reason=obj.reason,
+        )
+        obj.pk, obj.version = saved.pk, saved.version

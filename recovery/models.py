@@ -493,3 +493,62 @@ class StaffScope(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.namespace}"
+
+
+class ExpiryAction(models.TextChoices):
+    DENY = "deny"
+    ESCALATE = "escalate"
+
+
+class ToolPolicy(models.Model):
+    """One version of a tool's approval policy: when a call of ``tool`` needs a person's approval
+    before it is dispatched, from whom, and for how long it may wait (docs/approvals.md).
+
+    Versions are never changed: setting a policy writes the next version and makes it the
+    current one (recovery/approvals.py, ``tool_policy_set``), so every approval request can name
+    the version it was decided under. A namespace's policy shadows the global one (``namespace``
+    blank) of the same tool, as a namespace's tool shadows a global tool. ``enabled`` false is a
+    version too: the tool's calls need no approval from then on, and the history says who
+    decided it and why.
+    """
+
+    tool = models.CharField(max_length=200, help_text="The tool name agents dispatch calls of, exactly.")
+    namespace = models.CharField(
+        max_length=100, blank=True, default="", validators=[NAME_VALIDATOR],
+        help_text="Blank: every namespace without a policy of its own for this tool.",
+    )
+    version = models.PositiveIntegerField()
+    is_current = models.BooleanField(default=True)
+    enabled = models.BooleanField(default=True, help_text="False: this tool's calls need no approval.")
+    condition = models.TextField(
+        blank=True, default="", help_text='Blank: every call. Else, e.g. amount > 1000 and currency == "EUR".'
+    )
+    field_types = models.JSONField(
+        default=dict, blank=True, help_text='The type of each field the condition names, e.g. {"amount": "number"}.'
+    )
+    approvals_required = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1),
+                                                                                 MaxValueValidator(10)])
+    approver_group = models.ForeignKey("auth.Group", on_delete=models.PROTECT, related_name="+")
+    open_seconds = models.PositiveIntegerField(
+        default=3600, validators=[MinValueValidator(10), MaxValueValidator(30 * 24 * 3600)],
+        help_text="How long a request waits for its decision.",
+    )
+    on_expiry = models.CharField(max_length=10, choices=ExpiryAction.choices, default=ExpiryAction.DENY)
+    escalate_to = models.ForeignKey("auth.Group", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+                                    help_text="With on_expiry escalate: the group asked once the first wait runs out.")
+    four_eyes = models.BooleanField(
+        default=True, help_text="A person may not approve a request of an agent whose token is bound to them."
+    )
+    set_by = models.CharField(max_length=150)
+    reason = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tool", "namespace", "version"], name="toolpolicy_version_unique"),
+            models.UniqueConstraint(fields=["tool", "namespace"], condition=Q(is_current=True),
+                                    name="toolpolicy_one_current"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} ({self.namespace or 'every namespace'}) v{self.version}"

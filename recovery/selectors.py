@@ -1,5 +1,5 @@
 """Reads for recovery: tool-call records, the recovery context rebuilt from the log, the fleet,
-bulk jobs, budgets and their spend, pauses, saved searches and alerts."""
+bulk jobs, budgets and their spend, pauses, saved searches and alerts, tool policies."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from recovery.models import (
     StaffScope,
     Tool,
     ToolCall,
+    ToolPolicy,
 )
 
 TOOL_CALL_ROWS = RowLoader(ToolCall)
@@ -574,3 +575,30 @@ def alert_transitions_recent(*, state: str | None = None, limit: int = 10) -> li
     if state:
         transitions = transitions.filter(state=state)
     return list(transitions.select_related("rule__search")[:limit])
+
+
+def tool_policy_in_force(*, tool: str, namespace: str) -> ToolPolicy | None:
+    """The current version of the namespace's policy for ``tool``, else of the global one; one
+    query (the namespace's sorts first)."""
+    return (ToolPolicy.objects.filter(tool=tool, namespace__in=[namespace, ""], is_current=True)
+            .select_related("approver_group", "escalate_to").order_by("-namespace").first())
+
+
+def tool_policy_list() -> list[ToolPolicy]:
+    """Every policy's current version, by tool then namespace (global first)."""
+    return list(ToolPolicy.objects.filter(is_current=True).select_related("approver_group", "escalate_to")
+                .order_by("tool", "namespace"))
+
+
+def tool_policy_get(policy_id: int) -> ToolPolicy:
+    """One version, current or not (what a request was decided under)."""
+    policy = ToolPolicy.objects.select_related("approver_group", "escalate_to").filter(pk=policy_id).first()
+    if policy is None:
+        raise NotFound("tool policy not found", {"policy_id": policy_id})
+    return policy
+
+
+def tool_policy_versions(*, tool: str, namespace: str) -> list[ToolPolicy]:
+    """Every version of one policy, newest first."""
+    return list(ToolPolicy.objects.filter(tool=tool, namespace=namespace)
+                .select_related("approver_group", "escalate_to").order_by("-version"))

@@ -24,6 +24,8 @@ LISTS = {
     "tasks_diff": "/api/v1/tasks/{task}/diff/{fork}/",
     "pauses_list": "/api/v1/pauses/",
     "budgets_list": "/api/v1/budgets/",
+    "tool_policies_list": "/api/v1/tool-policies/",
+    "tool_policies_versions_list": "/api/v1/tool-policies/{policy}/versions/",
     "jobs_list": "/api/v1/jobs/",
     "jobs_read": "/api/v1/jobs/{job}/",
     "jobs_items_list": "/api/v1/jobs/{job}/items/",
@@ -52,7 +54,8 @@ def test_no_list_runs_more_queries_for_more_rows(alice: AgentClient) -> None:
     rows = list_rows.start()
     fork = forks.task_fork(namespace=None, source_task_id=rows.task.pk, at_seq=1, reason="measure",
                            forked_by="user:dana", by_staff=True).task
-    paths = {name: path.format(task=rows.task.pk, fork=fork.pk, job=rows.job.pk) for name, path in LISTS.items()}
+    paths = {name: path.format(task=rows.task.pk, fork=fork.pk, job=rows.job.pk, policy=rows.policy.pk)
+             for name, path in LISTS.items()}
     list_rows.grow(rows, 1)
     # The agent's first request notes when it was last seen (a write at most every 30 s): not a read.
     alice.get(paths["tasks_list"])

@@ -319,3 +319,19 @@ def test_the_evaluation_is_a_watched_duty_every_30_seconds(make_task: Callable[.
     make_task()
     assert "recovery.tasks.evaluate_alerts" in celery_app.tasks
     assert recovery_tasks.evaluate_alerts.apply().get() == 1
+
+
+def test_an_administrator_adds_and_changes_a_rule_in_the_admin(admin_client: Any) -> None:
+    """The admin saves through alert_rule_set, whose transaction is its own (durable), not
+    nested in the admin's."""
+    search = search_of()
+    added = admin_client.post("/admin/recovery/alertrule/add/", {"search": search.pk, "threshold": 4,
+                                                                 "window_seconds": 600, "enabled": "on"})
+    assert added.status_code == 302, added.content[-1500:]
+    rule = AlertRule.objects.get(search=search)
+    assert (rule.threshold, rule.window_seconds, rule.created_by) == (4, 600, "user:admin")
+    changed = admin_client.post(f"/admin/recovery/alertrule/{rule.pk}/change/", {"threshold": 5,
+                                                                                "window_seconds": 600})
+    assert changed.status_code == 302, changed.content[-1500:]
+    rule.refresh_from_db()
+    assert (rule.threshold, rule.enabled) == (5, False)

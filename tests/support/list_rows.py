@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
+from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter
@@ -34,6 +35,7 @@ from recovery.models import (
     Pause,
     SavedSearch,
     Tool,
+    ToolPolicy,
 )
 
 
@@ -43,6 +45,7 @@ class ListRows:
 
     task: Task
     job: BulkJob
+    policy: ToolPolicy
     rounds: int = 0
 
 
@@ -64,7 +67,10 @@ def start() -> ListRows:
     task = services.task_create(namespace="acme", kind="lead-qualification", input={"n": 0}, agent="planner").task
     job = BulkJob.objects.create(action="retry", selection={"ids": []}, selection_hash="0" * 64, reason="measure",
                                  created_by="user:ops", created_at=timezone.now())
-    return ListRows(task=task, job=job)
+    approvers, _ = Group.objects.get_or_create(name="Approvers")
+    policy = ToolPolicy.objects.create(tool="payments.transfer", version=1, is_current=False, approver_group=approvers,
+                                       set_by="user:ops", reason="measure", created_at=timezone.now())
+    return ListRows(task=task, job=job, policy=policy)
 
 
 def grow(rows: ListRows, n: int) -> None:
@@ -124,6 +130,13 @@ def grow(rows: ListRows, n: int) -> None:
     Tool.objects.bulk_create(Tool(name=f"tool-{round_}-{i}", url="https://tools.example.com/x") for i in range(n))
     VerificationRun.objects.bulk_create(
         VerificationRun(mode="incremental", started_at=now, finished_at=now) for _ in range(n))
+    approvers, escalated = (Group.objects.get_or_create(name=name)[0] for name in ("Approvers", "Operators"))
+    # Current policies of n more tools, and n more (past) versions of the one whose versions are listed.
+    ToolPolicy.objects.bulk_create(
+        [ToolPolicy(tool=f"tool-{round_}-{i}", version=1, approver_group=approvers, on_expiry="escalate",
+                    escalate_to=escalated, set_by="user:ops", reason="measure", created_at=now) for i in range(n)]
+        + [ToolPolicy(tool=rows.policy.tool, version=round_ * 1000 + i, is_current=False, approver_group=approvers,
+                      set_by="user:ops", reason="measure", created_at=now) for i in range(n)])
 
     for i in range(n):
         services.event_append(namespace="acme", task_id=rows.task.pk, agent="qualifier-1", draft=EventDraft(
