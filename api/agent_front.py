@@ -29,8 +29,10 @@ Each request, in the order Django's middleware and DRF's view take the same step
    (backplane/eventlog/forks.py) are written on the same connection too, and any other write
    (or one of those handed off: ``HandOff``) has its handler (the services, and the one writer
    behind them) run on a thread of the web process's pool, with a Django
-   connection managed as Django manages one around a request. A database that went away is 503
-   and closes the gate; any other database error is the contract's 500;
+   connection managed as Django manages one around a request. A read that may wait for a
+   change (an approval request's decision) waits on the loop first, holding no connection
+   between its looks. A database that went away is 503 and closes the gate; any other
+   database error is the contract's 500;
 5. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
    request counted on /metrics under its route's name.
 """
@@ -68,6 +70,7 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 from api import bodies
+from api.approvals import approval_read, approval_wait_seconds
 from api.authentication import (
     AGENT_COUNTED_SQL,
     NOTE_SEEN_SQL,
@@ -127,7 +130,7 @@ from backplane.runtime.replica import replica_configured
 from backplane.telemetry.http import count_response
 from backplane.telemetry.tracing import server_span
 from recovery import leases, subtasks, tool_calls
-from recovery.selectors import TOOL_CALL_VISIBLE_SQL, tool_call_from
+from recovery.selectors import APPROVAL_STATUS_SQL, TOOL_CALL_VISIBLE_SQL, tool_call_from
 
 JSON = "application/json"
 
@@ -214,6 +217,36 @@ async def _tool_call_read(conn: psycopg.AsyncConnection[Any], principal: Princip
 # same SQL, the same rows made into the same bodies.
 _ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events_page: _events_page,
                                                    task_list: _task_list, tool_call_read: _tool_call_read}
+
+
+# --- waits, on the event loop -------------------------------------------------------------------
+
+# How often a waiting read looks again: each look takes a pool connection for one short query and
+# gives it back, so a thousand agents waiting hold no thread and no connection between looks.
+WAIT_POLL_SECONDS = 0.25
+
+
+async def _wait_for_decision(principal: Principal, request: Request) -> None:
+    """An agent's ``approvals_read?wait=N``: return once its request is no longer pending (or is
+    not there: the handler answers 404), after N seconds, or when the client has gone."""
+    wait = approval_wait_seconds(QueryDict(request.scope["query_string"].decode("latin-1")))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    params = {"approval_id": request.path_params["approval_id"], "namespace": principal.namespace}
+    while True:
+        pool = await async_pool()
+        async with pool.connection() as conn:
+            row = await (await conn.execute(APPROVAL_STATUS_SQL, params)).fetchone()
+        remaining = deadline - loop.time()
+        if row is None or row[0] != "pending" or remaining <= 0 or await request.is_disconnected():
+            return
+        await asyncio.sleep(min(WAIT_POLL_SECONDS, remaining))
+
+
+# The reads that may wait for a change first, by their handler: the wait runs on the loop with no
+# connection held between its looks, then the handler answers as it does on Django's stack.
+_WAITS: dict[Callable[..., Answer], Callable[[Principal, Request], Awaitable[None]]] = {
+    approval_read: _wait_for_decision}
 
 
 # --- the appends, on the event loop -------------------------------------------------------------
@@ -551,6 +584,9 @@ class FrontRoute:
                     pass  # rolled back before anything was written: the handler decides it anew
                 else:
                     return _json(written.body, written.status, written.headers)
+        waiting = _WAITS.get(operation.handler)
+        if waiting is not None:
+            await waiting(principal, request)
         # Any other write: the pool's connection is back before the handler takes a Django one.
         answer = await self._run(operation, principal, request, data)
         return _json(answer.body, answer.status, answer.headers)

@@ -105,7 +105,16 @@ CONFLICT_EXAMPLES["task_cancelled"] = _example(
      "cancelled_at": "2026-12-02T01:40:00+00:00"})
 # The conflicts of a write: the usual three, what a sandbox refuses (backplane/eventlog/forks.py)
 # and a spent budget (recovery/budgets.py).
+CONFLICT_EXAMPLES["approval_denied"] = _example(
+    "approval_denied", "approval_denied", "people denied this call",
+    {"approval_id": "5b0f5b8e-3d0c-4c7e-9a51-2f7f0c1d9e44", "status": "denied", "denied_by": "user:dana",
+     "reason": "the invoice does not match the order"})
+CONFLICT_EXAMPLES["approval_expired"] = _example(
+    "approval_expired", "approval_expired", "the approval request ran out undecided",
+    {"approval_id": "5b0f5b8e-3d0c-4c7e-9a51-2f7f0c1d9e44", "status": "expired"})
 WRITE_CONFLICTS = ("seq_conflict", "stale_lease", "task_closed", "sandbox_refused", "budget_exceeded")
+# A tool call's dispatch: the writes' conflicts, and the ends of an approval request that refuse it.
+DISPATCH_CONFLICTS = (*WRITE_CONFLICTS, "approval_denied", "approval_expired")
 
 
 def errors(*statuses: int, conflicts: tuple[str, ...] = ("seq_conflict", "stale_lease", "task_closed"),

@@ -144,12 +144,18 @@ class CompensationIn(Body):
     input: JSONObject
 
 
+# Why the agent makes a call, shown to the people a tool policy asks (docs/approvals.md).
+ApprovalReason = Annotated[str, Meta(max_length=2000, description=(
+    "why the agent makes this call; shown to the people whose approval a tool policy asks for"))]
+
+
 class ToolCallDispatchIn(Body):
     step: Step
     tool: ToolName
     input: JSONObject
     lease_epoch: Epoch | UnsetType = UNSET
     compensation: CompensationIn | None | UnsetType = UNSET
+    reason: ApprovalReason | UnsetType = UNSET
 
 
 class ToolCallResultIn(Body):
@@ -172,6 +178,7 @@ class ToolInvokeIn(Body):
     step: Step
     input: JSONObject
     lease_epoch: Epoch | UnsetType = UNSET
+    reason: ApprovalReason | UnsetType = UNSET
 
 
 # --- forks --------------------------------------------------------------------------------------
@@ -351,6 +358,64 @@ class ToolInvokeOut(Answer):
     replayed: bool
 
 
+class ApprovalStatusEnum(enum.Enum):
+    PENDING = "pending"
+    GRANTED = "granted"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
+class AwaitingApprovalStatusEnum(enum.Enum):
+    AWAITING_APPROVAL = "awaiting_approval"
+
+
+class AwaitingApprovalOut(Answer):
+    """A gated call's dispatch: not made; its approval request, which the same dispatch finds again."""
+
+    status: AwaitingApprovalStatusEnum
+    approval_id: uuid.UUID
+    idempotency_key: str
+    argument_sha256: str
+    policy_id: int
+    policy_version: int
+    group: str
+    approvals_required: int
+    expires_at: Timestamp
+
+
+class ApprovalDecisionOut(Answer):
+    by: str
+    verdict: str
+    reason: str
+    at: Timestamp
+
+
+class ApprovalOut(Answer):
+    approval_id: uuid.UUID
+    task_id: uuid.UUID
+    step: int
+    tool: str
+    idempotency_key: str
+    input: JSONObject
+    argument_sha256: str
+    reason: str
+    requested_by: str
+    requested_at: Timestamp
+    policy_id: int
+    policy_version: int
+    status: ApprovalStatusEnum
+    approvals_required: int
+    group: str
+    escalated: bool
+    expires_at: Timestamp
+    decided_at: Timestamp | None
+    decisions: list[ApprovalDecisionOut]
+
+
+class ApprovalListOut(Answer):
+    results: list[ApprovalOut]
+
+
 def answer_ref(answer_type: type[Answer]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{answer_type.__name__}"}
 
@@ -499,7 +564,8 @@ BODIES: tuple[type[Body], ...] = (
 )
 ANSWERS: tuple[type[Answer], ...] = (
     TaskOut, TaskListOut, EventOut, EventListOut, EventBatchOut, LeaseClaimOut, HeartbeatOut,
-    ToolCallDispatchOut, ToolCallOut, SubtaskOut, ToolInvokeOut,
+    ToolCallDispatchOut, ToolCallOut, SubtaskOut, ToolInvokeOut, AwaitingApprovalOut, ApprovalOut,
+    ApprovalListOut,
 )
 
 

@@ -110,3 +110,19 @@ class AgentWritesOnly(PrincipalPermission):
 
     def allows(self, principal: Principal, method: str) -> bool:
         return method in SAFE_METHODS or principal.agent is not None
+
+
+class ApprovalDecider(PrincipalPermission):
+    """Approval requests (api/approvals.py): staff viewers read them; a person decides, signed in
+    as a staff user, never an agent's token. Whether that person may decide a given request (a
+    member of the group it asks, not the person its agent acts for) is the service's check."""
+
+    message = ("approval requests are read by staff with the view_backplane permission and decided by people "
+               "signed in, not by agents' tokens")
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        if principal.agent is not None:
+            return False
+        if method in SAFE_METHODS:
+            return _staff_holds(principal, VIEW_PERMISSION)
+        return principal.user is not None and principal.user.is_staff

@@ -10,8 +10,10 @@ from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse
 from rest_framework import status
 
+from api.approvals import awaiting_answer
 from api.authentication import Principal
 from api.base import (
+    DISPATCH_CONFLICTS,
     REPLAY_HEADER,
     WRITE_CONFLICTS,
     Answer,
@@ -19,6 +21,7 @@ from api.base import (
     written_or_replayed_answer,
 )
 from api.bodies import (
+    AwaitingApprovalOut,
     HeartbeatOut,
     LeaseClaimIn,
     LeaseClaimOut,
@@ -42,6 +45,7 @@ from api.serializers import (
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Task
 from recovery import gateway, leases, selectors, subtasks, tool_calls
+from recovery.errors import ApprovalPending
 from recovery.models import ToolCall, ToolCallStatus
 
 # --- answers -------------------------------------------------------------------------------
@@ -107,17 +111,21 @@ def heartbeat_answer(task: Task) -> Answer:
 
 
 def tool_call_dispatch(principal: Principal, data: dict[str, Any], *, task_id: uuid.UUID) -> Answer:
-    outcome = tool_calls.tool_call_dispatch(
-        namespace=principal.namespace,
-        task_id=task_id,
-        step=data["step"],
-        tool=data["tool"],
-        input=data["input"],
-        agent=principal.name,
-        lease_epoch=data.get("lease_epoch"),
-        compensation=dict(data["compensation"]) if data.get("compensation") else None,
-        kinds=principal.kinds,
-    )
+    try:
+        outcome = tool_calls.tool_call_dispatch(
+            namespace=principal.namespace,
+            task_id=task_id,
+            step=data["step"],
+            tool=data["tool"],
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+            compensation=dict(data["compensation"]) if data.get("compensation") else None,
+            kinds=principal.kinds,
+            reason=data.get("reason", ""),
+        )
+    except ApprovalPending as pending:
+        return awaiting_answer(pending.request)
     return dispatch_answer(outcome)
 
 
@@ -254,14 +262,21 @@ tool_calls_route = AgentRoute(
             "call is answered from the source's record (`200`, `replayed: true`), or, when the source never "
             "recorded an answer, is `in_flight` under the source's `effect_key`, so the tool sees the same key "
             "and acts once across the source and its forks. A sandbox fork answers only from the record: a "
-            "call with no recorded answer is `409 sandbox_refused`, and nothing is written."
+            "call with no recorded answer is `409 sandbox_refused`, and nothing is written.\n\n"
+            "A call a tool policy gates (docs/approvals.md) is not made yet: `202` with `status: "
+            "awaiting_approval` and its approval request (`ApprovalRequested` in the task's log; `reason` is "
+            "shown to the people asked). The same dispatch again answers the same request until it is decided "
+            "(`approvals_read` waits for that); once granted it is made as above, with the same arguments only "
+            "(other arguments for the step are `422 idempotency_mismatch`); denied or expired, it is `409 "
+            "approval_denied` or `409 approval_expired`."
         ),
         request=ToolCallDispatchIn,
         examples=[OpenApiExample("dispatch", request_only=True, value={
             "step": 3, "tool": "crm.lookup", "input": {"email": "alice@example.com"}, "lease_epoch": 4,
             "compensation": {"tool": "crm.forget", "input": {"email": "alice@example.com"}}})],
         responses={201: answer_ref(ToolCallDispatchOut), 200: answer_ref(ToolCallDispatchOut),
-                   **errors(403, 404, 409, 422, conflicts=WRITE_CONFLICTS, body=True)},
+                   202: answer_ref(AwaitingApprovalOut),
+                   **errors(403, 404, 409, 422, conflicts=DISPATCH_CONFLICTS, body=True)},
     ), agents_only=True),
 )
 
@@ -374,16 +389,20 @@ recovery_context_route = AgentRoute(
 
 
 def tool_invoke(principal: Principal, data: dict[str, Any], *, name: str) -> Answer:
-    outcome = gateway.tool_invoke(
-        namespace=principal.namespace,
-        task_id=data["task_id"],
-        step=data["step"],
-        tool_name=name,
-        input=data["input"],
-        agent=principal.name,
-        lease_epoch=data.get("lease_epoch"),
-        kinds=principal.kinds,
-    )
+    try:
+        outcome = gateway.tool_invoke(
+            namespace=principal.namespace,
+            task_id=data["task_id"],
+            step=data["step"],
+            tool_name=name,
+            input=data["input"],
+            agent=principal.name,
+            lease_epoch=data.get("lease_epoch"),
+            kinds=principal.kinds,
+            reason=data.get("reason", ""),
+        )
+    except ApprovalPending as pending:
+        return awaiting_answer(pending.request)
     call = outcome.call
     body = {"idempotency_key": call.idempotency_key, "status": call.status, "result": call.result,
             "replayed": outcome.replayed}
@@ -403,14 +422,16 @@ tool_invoke_route = AgentRoute(
             "`failed` with `{\"status_code\", \"body\"}`. No usable answer (transport error, timeout, 5xx, 408, "
             "429) is `502 tool_unavailable`: the call stays in flight and a retry sends the same key. "
             "`503 circuit_open` while the tool's breaker is open and `429 rate_limited` beyond its per-minute "
-            "limit, both with `Retry-After`, without calling the tool."
+            "limit, both with `Retry-After`, without calling the tool. A call a tool policy gates is `202 "
+            "awaiting_approval` until people approve it, as `tasks_tool_calls_dispatch` says (docs/approvals.md); "
+            "once granted, the same invoke calls the tool."
         ),
         parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH, description="the registered tool's name")],
         request=ToolInvokeIn,
         examples=[OpenApiExample("invoke", request_only=True, value={
             "task_id": "3f0c1f9e-8a0e-4a51-9d57-6c1f0f7f2a10", "step": 3, "input": {"email": "alice@example.com"},
             "lease_epoch": 4})],
-        responses={200: answer_ref(ToolInvokeOut),
-                   **errors(403, 404, 409, 422, 502, conflicts=WRITE_CONFLICTS, body=True)},
+        responses={200: answer_ref(ToolInvokeOut), 202: answer_ref(AwaitingApprovalOut),
+                   **errors(403, 404, 409, 422, 502, conflicts=DISPATCH_CONFLICTS, body=True)},
     ), agents_only=True),
 )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import budgets, dead_letters, fleet, forks, integrity, jobs, tool_policies, views
+from api import approvals, budgets, dead_letters, fleet, forks, integrity, jobs, tool_policies, views
 from api import recovery as recovery_api
 
 urlpatterns = [
@@ -34,6 +34,10 @@ urlpatterns = [
     path("events/<int:position>/proof/", integrity.EventProofView.as_view(), name="event-proof"),
     path("budgets/", budgets.BudgetsView.as_view(), name="budgets"),
     path("budgets/<int:budget_id>/resume/", budgets.BudgetResumeView.as_view(), name="budget-resume"),
+    path("approvals/", approvals.ApprovalsView.as_view(), name="approvals"),
+    path("approvals/<uuid:approval_id>/", approvals.approval_detail_route, name="approval-detail"),
+    path("approvals/<uuid:approval_id>/approve/", approvals.ApprovalApproveView.as_view(), name="approval-approve"),
+    path("approvals/<uuid:approval_id>/deny/", approvals.ApprovalDenyView.as_view(), name="approval-deny"),
     path("tool-policies/", tool_policies.ToolPoliciesView.as_view(), name="tool-policies"),
     path("tool-policies/<int:policy_id>/", tool_policies.ToolPolicyView.as_view(), name="tool-policy"),
     path("tool-policies/<int:policy_id>/versions/", tool_policies.ToolPolicyVersionsView.as_view(),

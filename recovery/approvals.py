@@ -11,7 +11,9 @@ call, with these arguments, in this namespace, need approval, and under which ve
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import Group
@@ -19,9 +21,22 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from backplane.eventlog.errors import InvalidInput
+from backplane.eventlog import event_types as et
+from backplane.eventlog.canonical import canonical_sha256
+from backplane.eventlog.chain import format_timestamp
+from backplane.eventlog.errors import AlreadyDecided, IdempotencyMismatch, InvalidInput, NotFound
+from backplane.eventlog.models import Agent, Task, user_actor
+from backplane.eventlog.writer import EventDraft, OutboxDraft, lock_task, write_events
 from recovery.approval_rules import RuleError, parse_condition
-from recovery.models import ExpiryAction, ToolPolicy
+from recovery.errors import ApprovalDenied, ApprovalExpired, NotAnApprover
+from recovery.models import (
+    ApprovalDecision,
+    ApprovalRequest,
+    ApprovalStatus,
+    ApprovalVerdict,
+    ExpiryAction,
+    ToolPolicy,
+)
 from recovery.selectors import tool_policy_in_force
 
 
@@ -118,3 +133,156 @@ def approval_verdict(*, tool: str, namespace: str, arguments: Any) -> PolicyVerd
         return PolicyVerdict(True, f"the policy's condition is refused ({exc}), so approval is asked for", policy)
     verdict = condition.needs_approval(arguments)
     return PolicyVerdict(verdict.needed, verdict.reason, policy)
+
+
+# --- requests: what a gated dispatch writes, and people's decisions --------------------------------
+
+TOPIC = "backplane.approvals"
+
+
+def approval_gate(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any], reason: str,
+                  agent: str | None, now: datetime) -> ApprovalRequest | None:
+    """Within a dispatch's transaction, its task locked: None when no policy asks for approval of
+    the call; else its request, granted (for these very arguments: the call may be dispatched
+    now) or pending, found (a retry, a recovered agent) or written now with its
+    ``ApprovalRequested`` event. A denied or expired request, or one for other arguments, is
+    refused here, before anything is written."""
+    digest = canonical_sha256(input)
+    request = ApprovalRequest.objects.select_for_update().filter(idempotency_key=key).first()
+    if request is not None:
+        if request.argument_sha256 != digest:
+            raise IdempotencyMismatch(
+                "this step and tool were submitted for approval with other arguments; a new approval needs a new "
+                "step", {"idempotency_key": key, "approval_id": str(request.pk),
+                         "argument_sha256": request.argument_sha256})
+        if request.status == ApprovalStatus.DENIED:
+            raise ApprovalDenied("people denied this call", _refusal_details(request))
+        if request.status == ApprovalStatus.EXPIRED:
+            raise ApprovalExpired("the approval request ran out undecided", _refusal_details(request))
+        return request
+    verdict = approval_verdict(tool=tool, namespace=task.namespace, arguments=input)
+    if not verdict.needed or verdict.policy is None:
+        return None
+    policy = verdict.policy
+    request = ApprovalRequest.objects.create(
+        idempotency_key=key, task=task, step=step, tool=tool, input=input, argument_sha256=digest, reason=reason,
+        requested_by=agent or "", requested_at=now, policy=policy, approvals_required=policy.approvals_required,
+        group=policy.approver_group, expires_at=now + timedelta(seconds=policy.open_seconds),
+    )
+    payload = {**_request_facts(request), "reason": reason, "asked_because": verdict.reason,
+               "approvals_required": request.approvals_required, "group": request.group.name,
+               "expires_at": format_timestamp(request.expires_at)}
+    write_events(task, [_draft(et.APPROVAL_REQUESTED, payload)], agent=agent, now=now)
+    return request
+
+
+def approval_decide(*, approval_id: uuid.UUID, user: Any, verdict: str, reason: str,
+                    namespace: str | None = None) -> ApprovalRequest:
+    """One person's decision. A member of the group asked now decides a pending request once;
+    a denial ends it, and the approvals its policy requires grant it. Each end writes its event
+    into the task's chain (who, why, the argument hash, the policy version) with a message on
+    ``backplane.approvals``. ``namespace``: a staff user scoped to one sees only its requests."""
+    if not reason.strip():
+        raise InvalidInput("a decision needs a reason", {"reason": "required"})
+    if verdict not in ApprovalVerdict.values:
+        raise InvalidInput("approve or deny", {"verdict": f"one of {', '.join(ApprovalVerdict.values)}"})
+    found = ApprovalRequest.objects.filter(pk=approval_id).values_list("task_id", flat=True).first()
+    if found is None:
+        raise NotFound("approval request not found", {"approval_id": str(approval_id)})
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        # The task first, then the request: the order a dispatch takes them in.
+        task = lock_task(namespace=namespace, task_id=found)
+        request = (ApprovalRequest.objects.select_for_update(of=("self",)).select_related("policy", "group")
+                   .get(pk=approval_id))
+        if request.status != ApprovalStatus.PENDING:
+            raise AlreadyDecided(f"the request is {request.status} already", _refusal_details(request))
+        if request.expires_at <= now:
+            raise AlreadyDecided("the request ran out before this decision; it is being expired",
+                                 {"approval_id": str(request.pk), "expires_at": format_timestamp(request.expires_at)})
+        if not user.groups.filter(pk=request.group_id).exists():
+            raise NotAnApprover(f"only members of {request.group.name!r} decide this request",
+                                    {"group": request.group.name})
+        if request.policy.four_eyes and _agent_is_bound_to(task, request.requested_by, user):
+            raise NotAnApprover("four eyes: a person does not approve a request of an agent acting for them",
+                                    {"requested_by": request.requested_by})
+        if request.decisions.filter(user=user).exists():
+            raise AlreadyDecided("you decided this request already", {"approval_id": str(request.pk)})
+        decided_by = user_actor(user)
+        ApprovalDecision.objects.create(request=request, user=user, decided_by=decided_by, verdict=verdict,
+                                        reason=reason, at=now)
+        approvals = list(request.decisions.filter(verdict=ApprovalVerdict.APPROVE).order_by("at", "pk"))
+        if verdict == ApprovalVerdict.DENY:
+            request.status = ApprovalStatus.DENIED
+            event = _draft(et.APPROVAL_DENIED, {**_request_facts(request), "denied_by": decided_by, "reason": reason,
+                                                "approved_by": [_decision_facts(d) for d in approvals]})
+        elif len(approvals) >= request.approvals_required:
+            request.status = ApprovalStatus.GRANTED
+            event = _draft(et.APPROVAL_GRANTED, {**_request_facts(request),
+                                                 "approved_by": [_decision_facts(d) for d in approvals]})
+        else:
+            return request  # more approvals to come; the decision is recorded
+        request.decided_at = now
+        request.save(update_fields=["status", "decided_at"])
+        write_events(task, [event], agent=None, now=now, allow_closed=True)
+    return request
+
+
+def approvals_expire(*, now: datetime | None = None, batch_size: int = 200) -> int:
+    """Pending requests past their time (a beat duty): escalated to the policy's other group for
+    another wait when the policy says so and they were not escalated yet, else expired, which
+    denies the call. Returns how many were handled."""
+    now = now or timezone.now()
+    due = list(ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
+               .order_by("expires_at").values_list("pk", "task_id")[:batch_size])
+    handled = 0
+    for approval_id, task_id in due:
+        with transaction.atomic(durable=True):
+            task = lock_task(namespace=None, task_id=task_id)
+            request = (ApprovalRequest.objects.select_for_update(of=("self",))
+                       .select_related("policy", "policy__escalate_to")
+                       .filter(pk=approval_id, status=ApprovalStatus.PENDING, expires_at__lte=now).first())
+            if request is None:
+                continue  # decided meanwhile
+            policy = request.policy
+            if policy.on_expiry == ExpiryAction.ESCALATE and not request.escalated and policy.escalate_to:
+                request.escalated, request.group = True, policy.escalate_to
+                request.expires_at = now + timedelta(seconds=policy.open_seconds)
+                request.save(update_fields=["escalated", "group", "expires_at"])
+                event = _draft(et.APPROVAL_ESCALATED, {**_request_facts(request), "group": policy.escalate_to.name,
+                                                       "expires_at": format_timestamp(request.expires_at)})
+            else:
+                request.status, request.decided_at = ApprovalStatus.EXPIRED, now
+                request.save(update_fields=["status", "decided_at"])
+                event = _draft(et.APPROVAL_EXPIRED, {**_request_facts(request), "outcome": "denied"})
+            write_events(task, [event], agent=None, now=now, allow_closed=True)
+            handled += 1
+    return handled
+
+
+def _agent_is_bound_to(task: Task, agent_name: str, user: Any) -> bool:
+    return Agent.objects.filter(namespace=task.namespace, name=agent_name, user_id=user.pk).exists()
+
+
+def _request_facts(request: ApprovalRequest) -> dict[str, Any]:
+    """What every approval event says of its request: the call, its arguments' hash, the policy version."""
+    return {"approval_id": str(request.pk), "idempotency_key": request.idempotency_key, "step": request.step,
+            "tool": request.tool, "argument_sha256": request.argument_sha256, "policy_id": request.policy_id,
+            "policy_version": request.policy.version}
+
+
+def _decision_facts(decision: ApprovalDecision) -> dict[str, Any]:
+    return {"by": decision.decided_by, "reason": decision.reason, "at": format_timestamp(decision.at)}
+
+
+def _refusal_details(request: ApprovalRequest) -> dict[str, Any]:
+    details = {"approval_id": str(request.pk), "status": request.status}
+    denial = request.decisions.filter(verdict=ApprovalVerdict.DENY).first()
+    if denial is not None:
+        details |= {"denied_by": denial.decided_by, "reason": denial.reason}
+    return details
+
+
+def _draft(event_type: str, payload: dict[str, Any]) -> EventDraft:
+    return EventDraft(type=event_type, payload=payload,
+                      outbox=(OutboxDraft(topic=TOPIC, payload={"type": event_type, **payload}),))

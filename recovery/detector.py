@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import psycopg
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from backplane.delivery.announcements import announce_dead_letters
@@ -23,6 +23,7 @@ from backplane.eventlog.selectors import task_head_traces
 from backplane.eventlog.writer import EventDraft, TaskWrite, write_events_many
 from backplane.telemetry.tracing import TaskSpan, task_span_start
 from recovery.breakers import breaker_record_failures
+from recovery.models import ApprovalRequest, ApprovalStatus
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,10 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
       passes the row over this round; if it committed a moment ago, PostgreSQL re-checks
       the WHERE clause against the new row version and the extended lease no longer
       matches. Either way a renewed lease is never expired;
-    - two sweeps at once (several workers) lock disjoint rows, so nothing is counted twice.
+    - two sweeps at once (several workers) lock disjoint rows, so nothing is counted twice;
+    - a task whose tool call waits for people's approval (recovery/approvals.py) is not stalled
+      while it waits, nor for one lease's length after the decision, so the waiting agent can
+      make the call it was waiting for; an agent that died meanwhile is found stalled then.
 
     The batch is written set-wise (a sweep after a crash of a busy agent can have thousands
     of leases to take back, and the lag until TaskStalled is the time to sweep them all):
@@ -75,6 +79,9 @@ def _lease_expire_stalled(*, now: datetime, batch_size: int, spans: list[TaskSpa
             .filter(status=TaskStatus.RUNNING, lease_holder__isnull=False)
             # A lease that ran out, or one kept alive by heartbeats while nothing was written.
             .filter(Q(lease_expires_at__lt=now) | Q(last_event_at__lt=silent_since))
+            .exclude(Exists(ApprovalRequest.objects.filter(task=OuterRef("pk")).filter(
+                Q(status=ApprovalStatus.PENDING)
+                | Q(decided_at__gt=now - timedelta(seconds=settings.BACKPLANE_LEASE_SECONDS)))))
             .order_by("lease_expires_at")[:batch_size]
         )
         if not stalled:

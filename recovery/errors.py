@@ -57,3 +57,35 @@ class PauseInForce(BackplaneError):
 
     status = 409
     code = "pause_in_force"
+
+
+class ApprovalDenied(BackplaneError):
+    """The tool call's approval request was denied (recovery/approvals.py): this call with these
+    arguments is not made; the details say who denied it and why."""
+
+    status = 409
+    code = "approval_denied"
+
+
+class ApprovalExpired(BackplaneError):
+    """The tool call's approval request ran out undecided and its policy denies on expiry."""
+
+    status = 409
+    code = "approval_expired"
+
+
+class NotAnApprover(BackplaneError):
+    """A person who may not decide this approval request: not in the group asked now, or the
+    person the requesting agent acts for where the policy asks for four eyes."""
+
+    status = 403
+    code = "permission_denied"
+
+
+class ApprovalPending(Exception):
+    """Not an error: a gated call's dispatch committed (or found) its approval request, and the
+    call waits for people's decision. The API answers it ``202 awaiting_approval``."""
+
+    def __init__(self, request: Any) -> None:
+        super().__init__(f"approval {request.pk} pending")
+        self.request = request

@@ -99,8 +99,10 @@ def tool_invoke(
     agent: str | None,
     lease_epoch: int | None,
     kinds: Sequence[str] = (),
+    reason: str = "",
 ) -> ToolCallOutcome:
-    """Call a registered tool once for this step of this task, or answer from the record.
+    """Call a registered tool once for this step of this task, or answer from the record. A call
+    a tool policy gates raises ``ApprovalPending`` (from ``tool_call_dispatch``) until approved.
 
     Must not run inside a transaction: the tool is called between two commits.
     """
@@ -139,6 +141,7 @@ def tool_invoke(
             lease_epoch=lease_epoch,
             ttl_seconds=tool.ttl_seconds,
             kinds=kinds,
+            reason=reason,
         )
         if outcome.call.status != ToolCallStatus.DISPATCHED:
             return ToolCallOutcome(call=outcome.call, replayed=True)

@@ -3,6 +3,8 @@ tools, and the retention rules that prune finished tasks."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -552,3 +554,71 @@ class ToolPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} ({self.namespace or 'every namespace'}) v{self.version}"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    GRANTED = "granted"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
+class ApprovalRequest(models.Model):
+    """A gated tool call waiting for people's approval, bound to its exact arguments.
+
+    One per tool call key (task, step, tool): an agent that dispatches the same call again (a
+    retry, or a new process after a crash) finds this request, never a second one. The call is
+    dispatched only once the request is granted and only with arguments whose canonical hash is
+    ``argument_sha256``; other arguments for the same step are refused (recovery/approvals.py).
+    Its events (``ApprovalRequested``, ``ApprovalGranted``, ``ApprovalDenied``,
+    ``ApprovalExpired``) are in the task's chain."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="approval_requests")
+    step = models.PositiveIntegerField()
+    tool = models.CharField(max_length=200)
+    input = models.JSONField(default=dict)
+    argument_sha256 = models.CharField(max_length=64)
+    reason = models.TextField(blank=True, default="")
+    requested_by = models.CharField(max_length=100)
+    requested_at = models.DateTimeField()
+    policy = models.ForeignKey(ToolPolicy, on_delete=models.PROTECT, related_name="requests")
+    approvals_required = models.PositiveSmallIntegerField()
+    # The group asked now: the policy's approvers, or after an escalation its escalation group.
+    group = models.ForeignKey("auth.Group", on_delete=models.PROTECT, related_name="+")
+    escalated = models.BooleanField(default=False)
+    status = models.CharField(max_length=10, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["expires_at"], name="approval_pending_idx", condition=Q(status="pending")),
+            models.Index(fields=["task", "status"], name="approval_task_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} step {self.step} ({self.status})"
+
+
+class ApprovalVerdict(models.TextChoices):
+    APPROVE = "approve"
+    DENY = "deny"
+
+
+class ApprovalDecision(models.Model):
+    """One person's decision on a request; a person decides a request once."""
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="decisions")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decided_by = models.CharField(max_length=150)
+    verdict = models.CharField(max_length=10, choices=ApprovalVerdict.choices)
+    reason = models.TextField()
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["request", "user"], name="approvaldecision_once")]
+
+    def __str__(self) -> str:
+        return f"{self.decided_by} {self.verdict}s"

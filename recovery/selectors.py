@@ -28,6 +28,7 @@ from recovery.models import (
     AlertRule,
     AlertState,
     AlertTransition,
+    ApprovalRequest,
     Budget,
     BudgetDecision,
     BudgetPeriod,
@@ -602,3 +603,37 @@ def tool_policy_versions(*, tool: str, namespace: str) -> list[ToolPolicy]:
     """Every version of one policy, newest first."""
     return list(ToolPolicy.objects.filter(tool=tool, namespace=namespace)
                 .select_related("approver_group", "escalate_to").order_by("-version"))
+
+
+def _approvals() -> QuerySet[ApprovalRequest]:
+    return (ApprovalRequest.objects.select_related("policy", "group", "task")
+            .prefetch_related("decisions"))
+
+
+def approval_visible(*, namespace: str | None, approval_id: uuid.UUID) -> ApprovalRequest:
+    """One approval request, of a task of the namespace (any, for staff: None)."""
+    requests = _approvals().filter(pk=approval_id)
+    if namespace is not None:
+        requests = requests.filter(task__namespace=namespace)
+    request = requests.first()
+    if request is None:
+        raise NotFound("approval request not found", {"approval_id": str(approval_id)})
+    return request
+
+
+# A request's status alone, of a task of the namespace (any, for staff: NULL): a waiting agent's
+# poll on the event loop (api/agent_front.py).
+APPROVAL_STATUS_SQL = (
+    "SELECT a.status FROM recovery_approvalrequest a JOIN backplane_task t ON t.id = a.task_id "
+    "WHERE a.id = %(approval_id)s AND (%(namespace)s::text IS NULL OR t.namespace = %(namespace)s)"
+)
+
+
+def approvals_list(*, status: str | None, namespace: str | None = None, limit: int = 200) -> list[ApprovalRequest]:
+    """Requests by status (all: None), the longest waiting first; a scoped staff user's namespace only."""
+    requests = _approvals()
+    if status is not None:
+        requests = requests.filter(status=status)
+    if namespace is not None:
+        requests = requests.filter(task__namespace=namespace)
+    return list(requests.order_by("requested_at", "pk")[:limit])

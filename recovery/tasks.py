@@ -8,7 +8,7 @@ import time
 from celery import shared_task
 from django.conf import settings
 
-from recovery import alerts, bulk, detector, retention, tool_calls
+from recovery import alerts, approvals, bulk, detector, retention, tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,16 @@ def evaluate_alerts() -> int:
     """Count every enabled alert rule's saved search and record the crossings (recovery/alerts.py).
     Several workers may run it at once: each crossing is still announced once."""
     return alerts.alerts_evaluate()
+
+
+@shared_task(ignore_result=True)
+def expire_approvals() -> int:
+    """Escalate or expire the approval requests past their time, a batch at a time (several
+    workers may run it at once: each request is handled once, under its lock)."""
+    total = 0
+    while handled := approvals.approvals_expire():
+        total += handled
+    return total
 
 
 @shared_task(name=bulk.RUN_BULK_JOB, ignore_result=True)

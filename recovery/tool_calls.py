@@ -36,8 +36,10 @@ from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.lib.sql_rows import json_text, recordset, recordset_json
 from backplane.telemetry import counters
+from recovery.approvals import approval_gate
 from recovery.budgets import budget_gate, budget_gate_async
-from recovery.models import ToolCall, ToolCallStatus
+from recovery.errors import ApprovalPending
+from recovery.models import ApprovalStatus, ToolCall, ToolCallStatus
 from recovery.sagas import saga_record_compensation_result
 from recovery.selectors import TOOL_CALL_ROWS, TOOL_CALL_VISIBLE_SQL, tool_call_from, tool_call_visible
 
@@ -67,10 +69,14 @@ def tool_call_dispatch(
     compensation: dict[str, Any] | None = None,
     ttl_seconds: int | None = None,
     kinds: Sequence[str] = (),
+    reason: str = "",
 ) -> ToolCallOutcome:
     """Record a tool call before the agent makes it (write before you act).
 
     ``ttl_seconds``: how long the record (the cached answer) is kept; default the global TTL.
+    A call a tool policy gates is recorded only once people approved it, with these arguments
+    (recovery/approvals.py): until then this commits (or finds) its approval request, with the
+    agent's ``reason``, and raises ``ApprovalPending``.
     """
     ensure_storable_json(input, "input")
     ensure_storable_json(compensation, "compensation")
@@ -107,13 +113,19 @@ def tool_call_dispatch(
                 return ToolCallOutcome(call=call, replayed=True)
         # A new call spends: a spent budget of its scope refuses it (answers on record cost nothing).
         budget_gate(namespace=task.namespace, agent=agent, task=task, now=now)
-        call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
-                        now=now, ttl=ttl)
-        with connection.cursor() as cursor:
-            # The task's row lock serializes the dispatches of its calls: the key is free.
-            cursor.execute(tool_call_insert_sql(), tool_call_insert_params(call))
-        write_events(task, [dispatched(call)], agent=agent, now=now)
-    return ToolCallOutcome(call=call, replayed=False)
+        approval = approval_gate(task, key=key, step=step, tool=tool, input=input, reason=reason, agent=agent,
+                                 now=now)
+        if approval is None or approval.status == ApprovalStatus.GRANTED:
+            call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation,
+                            agent=agent, now=now, ttl=ttl)
+            with connection.cursor() as cursor:
+                # The task's row lock serializes the dispatches of its calls: the key is free.
+                cursor.execute(tool_call_insert_sql(), tool_call_insert_params(call))
+            write_events(task, [dispatched(call, approval_id=approval.pk if approval else None)], agent=agent,
+                         now=now)
+            return ToolCallOutcome(call=call, replayed=False)
+    # Raised once the request is committed: the agent comes back when people have decided.
+    raise ApprovalPending(approval)
 
 
 async def tool_call_dispatch_async(
@@ -142,6 +154,8 @@ async def tool_call_dispatch_async(
         check_lease(task, lease_epoch, agent=agent, kinds=kinds)
         if task.is_closed or task.forked_from_id is not None:
             raise HandOff
+        if await (await conn.execute(MAY_NEED_APPROVAL_SQL, [tool, task.namespace, key])).fetchone() is not None:
+            raise HandOff  # the approval gate is the sync service's (recovery/approvals.py)
         now = timezone.now()
         await budget_gate_async(conn, namespace=task.namespace, agent=agent, task=task, now=now)
         call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
@@ -153,6 +167,15 @@ async def tool_call_dispatch_async(
     return call
 
 
+# Whether a tool policy may gate this call (an enabled current one of the tool, the namespace's or
+# the global one), or the call's key has an approval request already: then the sync service decides.
+MAY_NEED_APPROVAL_SQL = """
+SELECT 1 WHERE EXISTS (SELECT 1 FROM recovery_toolpolicy WHERE tool = %s AND namespace IN (%s, '')
+                       AND is_current AND enabled)
+   OR EXISTS (SELECT 1 FROM recovery_approvalrequest WHERE idempotency_key = %s)
+"""
+
+
 def new_call(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any],
              compensation: dict[str, Any] | None, agent: str | None, now: datetime, ttl: timedelta) -> ToolCall:
     """A call the task makes itself (its effect's key is its own), as ``tool_call_insert_sql`` inserts it."""
@@ -160,10 +183,14 @@ def new_call(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any
                     compensation=compensation, dispatched_by=agent, dispatched_at=now, expires_at=now + ttl)
 
 
-def dispatched(call: ToolCall) -> EventDraft:
-    return EventDraft(type=et.TOOL_CALL_DISPATCHED, payload={
-        "idempotency_key": call.idempotency_key, "step": call.step, "tool": call.tool, "input": call.input,
-        "compensation": call.compensation})
+def dispatched(call: ToolCall, *, approval_id: uuid.UUID | None = None) -> EventDraft:
+    payload = {"idempotency_key": call.idempotency_key, "step": call.step, "tool": call.tool, "input": call.input,
+               "compensation": call.compensation}
+    if approval_id is not None:
+        # The granted request this call was made under: its events in the same chain hold the
+        # arguments' hash, the policy version and who approved (docs/approvals.md).
+        payload["approval_id"] = str(approval_id)
+    return EventDraft(type=et.TOOL_CALL_DISPATCHED, payload=payload)
 
 
 # A new call's one INSERT, on either driver; no row comes back when its key is taken.

@@ -48,6 +48,14 @@ BUDGET_EXCEEDED = "BudgetExceeded"
 TASK_CANCELLED = "TaskCancelled"
 # A person sent a failed task back to work with fresh attempts (a bulk retry, recovery/bulk.py).
 TASK_RETRIED = "TaskRetried"
+# A gated tool call waits for people (recovery/approvals.py): the request with the arguments'
+# canonical hash and the policy version; each ends in one of granted, denied or expired, and an
+# escalation hands it to another group first.
+APPROVAL_REQUESTED = "ApprovalRequested"
+APPROVAL_GRANTED = "ApprovalGranted"
+APPROVAL_DENIED = "ApprovalDenied"
+APPROVAL_ESCALATED = "ApprovalEscalated"
+APPROVAL_EXPIRED = "ApprovalExpired"
 
 # Written only by the backplane itself; a client sending one gets 400 (docs/api.md).
 SERVER_ONLY_TYPES = frozenset(
@@ -74,6 +82,11 @@ SERVER_ONLY_TYPES = frozenset(
         BUDGET_EXCEEDED,
         TASK_CANCELLED,
         TASK_RETRIED,
+        APPROVAL_REQUESTED,
+        APPROVAL_GRANTED,
+        APPROVAL_DENIED,
+        APPROVAL_ESCALATED,
+        APPROVAL_EXPIRED,
     }
 )
 

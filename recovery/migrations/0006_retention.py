@@ -16,8 +16,9 @@ lock, it may go (``backplane_task_prunable``):
   delivery or holds its key, no integrity alert on it is unacknowledged.
 
 It then deletes, in this order, every row that refers to the task: its dead letters (all
-decided), outbox messages, tool calls, idempotent-replay counters, verified head, integrity
-alerts (all acknowledged), its events, and the task row. It returns the number of events
+decided), outbox messages, tool calls (and, since 0018, approval requests with their decisions
+first), idempotent-replay counters, verified head, integrity alerts (all acknowledged), its
+events, and the task row. It returns the number of events
 deleted, or NULL when the task is not there, is locked by someone else (skipped, never waited
 for), or may not go. The events' DELETE passes their trigger (backplane 0019) only because the
 function turns ``backplane.pruning`` on around it, and only for rows whose leaves are exported.

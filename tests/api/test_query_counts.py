@@ -25,6 +25,7 @@ LISTS = {
     "pauses_list": "/api/v1/pauses/",
     "budgets_list": "/api/v1/budgets/",
     "tool_policies_list": "/api/v1/tool-policies/",
+    "approvals_list": "/api/v1/approvals/",
     "tool_policies_versions_list": "/api/v1/tool-policies/{policy}/versions/",
     "jobs_list": "/api/v1/jobs/",
     "jobs_read": "/api/v1/jobs/{job}/",

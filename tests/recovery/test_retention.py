@@ -41,6 +41,7 @@ from tests.backplane.test_database_roles import conninfo
 PRUNED_WITH_THE_TASK = {
     "backplane_deadletter", "backplane_event", "backplane_idempotentreplay", "backplane_integrityalert",
     "backplane_outboxmessage", "backplane_task", "backplane_verifiedhead", "recovery_toolcall",
+    "recovery_approvalrequest",
 }
 
 
@@ -150,6 +151,32 @@ def test_it_prunes_a_finished_exported_task_with_every_row_that_refers_to_it(
     assert (rule.tasks_pruned, rule.events_pruned) == (1, 5) and rule.last_pruned_at is not None
     assert "retention: pruned 1 task(s) and 5 event(s)" in caplog.text
     assert retention.retention_prune_batch(now=later()) == 0
+
+
+def test_a_pruned_task_takes_its_approval_requests_and_decisions_with_it(
+    alice: AgentClient, quick_rule: RetentionRule
+) -> None:
+    from recovery import approvals
+    from recovery.models import ApprovalDecision, ApprovalRequest
+    from tests.support.roles import staff_user
+
+    approver = staff_user("ana", "Approvers")
+    approvals.tool_policy_set(tool="send-email", approver_group="Approvers", set_by="user:olivia", reason="all mail")
+    task = create_task(alice, kind="quick", input={"n": "approved"})
+    epoch = claim(alice, kinds=["quick"])["lease_epoch"]
+    call = {"step": 1, "tool": "send-email", "input": {"to": "bob"}, "lease_epoch": epoch}
+    waiting = alice.post(f"/api/v1/tasks/{task['task_id']}/tool-calls/", call, format="json")
+    assert waiting.status_code == 202, waiting.content
+    approvals.approval_decide(approval_id=waiting.json()["approval_id"], user=approver, verdict="approve",
+                              reason="fine")
+    assert alice.post(f"/api/v1/tasks/{task['task_id']}/tool-calls/", call, format="json").status_code == 201
+    assert alice.post(f"/api/v1/tasks/{task['task_id']}/events/", {
+        "type": "TaskCompleted", "payload": {"output": {}}, "lease_epoch": epoch}, format="json").status_code == 201
+    deliver_outbox()
+    seal_and_export()
+    assert prune() == 1
+    assert not exists(uuid.UUID(task["task_id"]))
+    assert not ApprovalRequest.objects.exists() and not ApprovalDecision.objects.exists()
 
 
 def test_it_keeps_what_may_not_go_yet(settings: Any, make_agent: Any, alice: AgentClient,

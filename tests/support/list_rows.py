@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from backplane.delivery.models import DeadLetter
@@ -33,6 +33,8 @@ from recovery.models import (
     BulkJobDecision,
     BulkJobItem,
     Pause,
+    ApprovalDecision,
+    ApprovalRequest,
     SavedSearch,
     Tool,
     ToolPolicy,
@@ -137,6 +139,16 @@ def grow(rows: ListRows, n: int) -> None:
                     escalate_to=escalated, set_by="user:ops", reason="measure", created_at=now) for i in range(n)]
         + [ToolPolicy(tool=rows.policy.tool, version=round_ * 1000 + i, is_current=False, approver_group=approvers,
                       set_by="user:ops", reason="measure", created_at=now) for i in range(n)])
+    # n more pending requests (of two approvals), each with one decision by this round's approver.
+    approver = User.objects.create_user(f"approver-{round_}", is_staff=True)
+    requests = ApprovalRequest.objects.bulk_create(
+        ApprovalRequest(idempotency_key=f"{round_:032x}{i:032x}", task=tasks[i], step=i, tool=rows.policy.tool,
+                        input={"n": i}, argument_sha256="0" * 64, requested_by="payer", requested_at=now,
+                        policy=rows.policy, approvals_required=2, group=approvers, expires_at=now + timedelta(hours=1))
+        for i in range(n))
+    ApprovalDecision.objects.bulk_create(
+        ApprovalDecision(request=request, user=approver, decided_by=f"user:approver-{round_}", verdict="approve",
+                         reason="measure", at=now) for request in requests)
 
     for i in range(n):
         services.event_append(namespace="acme", task_id=rows.task.pk, agent="qualifier-1", draft=EventDraft(

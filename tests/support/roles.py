@@ -1,4 +1,4 @@
-"""The people's roles as recovery's migration 0013 makes them (docs/production.md, "Roles"), for
+"""The people's roles as recovery's migrations 0013 and 0017 make them (docs/production.md, "Roles"), for
 tests that log a staff user in. A transactional test's flush removes the migration's groups, so
 each is made again here with the same permissions."""
 
@@ -12,12 +12,14 @@ ROLES = {
     "Viewers": ("recovery.view_backplane",),
     "Operators": ("recovery.view_backplane", "recovery.operate_backplane"),
     "Reviewers": ("recovery.view_backplane", "backplane.review_deadletter"),
+    "Approvers": ("recovery.view_backplane",),
 }
 
 
 def role_group(name: str) -> Group:
+    """One of the roles, or another group (a tool policy may name any) holding nothing."""
     group, _ = Group.objects.get_or_create(name=name)
-    for permission in ROLES[name]:
+    for permission in ROLES.get(name, ()):
         app_label, _, codename = permission.partition(".")
         group.permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
     return group
