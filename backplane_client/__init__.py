@@ -43,7 +43,15 @@ if TYPE_CHECKING:
     from backplane_client.agent import AgentClient
     from backplane_client.aio import AsyncAgentClient
     from backplane_client.calls import Lease, event_draft
-    from backplane_client.errors import BackplaneAPIError, LeaseLost, SandboxRefused, ToolCallFailed
+    from backplane_client.errors import (
+        ApprovalDenied,
+        ApprovalExpired,
+        AwaitingApproval,
+        BackplaneAPIError,
+        LeaseLost,
+        SandboxRefused,
+        ToolCallFailed,
+    )
     from backplane_client.retry import RetryPolicy
     from backplane_client.sandbox import ModelCallNotRecorded, ReplayResult, replay
     from backplane_client.session import TaskSession, ToolCall
@@ -62,7 +70,10 @@ __all__ = [
     "SIGNATURE_HEADER",
     "USAGE_KEYS",
     "AgentClient",
+    "ApprovalDenied",
+    "ApprovalExpired",
     "AsyncAgentClient",
+    "AwaitingApproval",
     "BackplaneAPIError",
     "CanonicalizationError",
     "Cost",
@@ -98,7 +109,10 @@ __all__ = [
 # name -> the module defining it, imported on first use: all but backplane_client.usage import httpx.
 _LAZY_EXPORTS = {
     "AgentClient": "backplane_client.agent",
+    "ApprovalDenied": "backplane_client.errors",
+    "ApprovalExpired": "backplane_client.errors",
     "AsyncAgentClient": "backplane_client.aio",
+    "AwaitingApproval": "backplane_client.errors",
     "BackplaneAPIError": "backplane_client.errors",
     "Lease": "backplane_client.calls",
     "LeaseLost": "backplane_client.errors",

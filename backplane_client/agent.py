@@ -57,7 +57,7 @@ from typing import TypeVar
 import httpx
 
 from backplane_client import calls
-from backplane_client.calls import JSON, Call, Lease, TaskId, event_draft, replayed
+from backplane_client.calls import APPROVAL_WAIT_SECONDS, JSON, Call, Lease, TaskId, event_draft, replayed
 from backplane_client.errors import BackplaneAPIError, LeaseLost, ToolCallFailed
 from backplane_client.methods import Requests, http_settings
 from backplane_client.retry import DEFAULT_RETRY, RetryPolicy, gave_up, log_retry
@@ -178,3 +178,14 @@ class AgentClient(Requests):
             page = self.events(task_id, after_seq=cursor, limit=page_size)
             yield from page["results"]
             cursor = page["next_after_seq"]
+
+    def wait_for_approval(self, approval_id: str, *, timeout: float = 3600.0) -> JSON:
+        """The approval request once decided (``status`` ``granted``, ``denied`` or ``expired``),
+        or as it is after ``timeout`` seconds; each read waits on the server (docs/approvals.md).
+        Then dispatch the same call again: granted, it is made; otherwise that is refused."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            request = self.get_approval(approval_id, wait=max(0, min(APPROVAL_WAIT_SECONDS, int(left))))
+            if request["status"] != "pending" or left <= 1:
+                return request

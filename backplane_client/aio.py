@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import httpx
 
 from backplane_client import calls
-from backplane_client.calls import JSON, Call, TaskId, replayed
+from backplane_client.calls import APPROVAL_WAIT_SECONDS, JSON, Call, TaskId, replayed
 from backplane_client.methods import Requests, http_settings
 from backplane_client.retry import DEFAULT_RETRY, RetryPolicy, gave_up, log_retry
 
@@ -109,3 +110,12 @@ class AsyncAgentClient(Requests):
             for event in page["results"]:
                 yield event
             cursor = page["next_after_seq"]
+
+    async def wait_for_approval(self, approval_id: str, *, timeout: float = 3600.0) -> JSON:
+        """:meth:`AgentClient.wait_for_approval`, awaited."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            request = await self.get_approval(approval_id, wait=max(0, min(APPROVAL_WAIT_SECONDS, int(left))))
+            if request["status"] != "pending" or left <= 1:
+                return request

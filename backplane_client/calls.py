@@ -324,18 +324,22 @@ def dispatch_tool_call(
     *,
     lease_epoch: int | None = None,
     compensation: Mapping[str, Any] | None = None,
+    reason: str | None = None,
 ) -> Call[JSON]:
     """Record a tool call before making it (write before you act).
 
     The answer's ``status`` says what to do: ``dispatched`` (new: call the tool with
     ``Idempotency-Key: <effect_key>``), ``in_flight`` (dispatched earlier, never answered:
-    call again with the same key), ``succeeded``/``failed`` (answered: use ``result``).
+    call again with the same key), ``succeeded``/``failed`` (answered: use ``result``), or
+    ``awaiting_approval`` (a tool policy asks people first: wait with :func:`get_approval`
+    on ``approval_id``, then dispatch the same call again). ``reason`` is shown to them.
     ``effect_key`` equals ``idempotency_key`` except in a fork, for a step its source
     dispatched: the tool must then see the source's key, so the effect happens once.
     """
     body = {"step": step, "tool": tool, "input": dict(input)} | _without_none(
         lease_epoch=lease_epoch,
         compensation=dict(compensation) if compensation is not None else None,
+        reason=reason,
     )
     return Call("POST", f"/tasks/{task_id}/tool-calls/", _body, json=body)
 
@@ -353,13 +357,28 @@ def get_tool_call(idempotency_key: str) -> Call[JSON]:
     return Call("GET", f"/tool-calls/{idempotency_key}/", _body)
 
 
+# The longest one read of an approval request waits on the server (its ``wait`` bound).
+APPROVAL_WAIT_SECONDS = 30
+
+
+def get_approval(approval_id: str, *, wait: int | None = None) -> Call[JSON]:
+    """A gated tool call's approval request: ``status`` is ``pending``, ``granted``, ``denied``
+    or ``expired``, with the arguments, their hash, the policy version and the decisions. With
+    ``wait`` (seconds, at most 30) the answer comes as soon as it is decided."""
+    return Call("GET", f"/approvals/{approval_id}/", _body, params=_without_none(wait=wait) or None)
+
+
 def invoke(
-    task_id: TaskId, tool: str, step: int, input: Mapping[str, Any], *, lease_epoch: int | None = None
+    task_id: TaskId, tool: str, step: int, input: Mapping[str, Any], *, lease_epoch: int | None = None,
+    reason: str | None = None,
 ) -> Call[JSON]:
     """Have the backplane call a registered tool for this step (the gateway):
     ``{"idempotency_key", "status", "result", "replayed"}``. An answer on record is returned
-    without calling the tool again; ``503 circuit_open`` while the tool's breaker is open."""
-    body = {"task_id": str(task_id), "step": step, "input": dict(input)} | _without_none(lease_epoch=lease_epoch)
+    without calling the tool again; ``503 circuit_open`` while the tool's breaker is open; a
+    call a tool policy gates answers ``{"status": "awaiting_approval", "approval_id", …}`` until
+    people approve it (``reason`` is shown to them)."""
+    body = {"task_id": str(task_id), "step": step, "input": dict(input)} | _without_none(
+        lease_epoch=lease_epoch, reason=reason)
     return Call("POST", f"/tools/{tool}/invoke/", _body, json=body)
 
 

@@ -129,6 +129,28 @@ class SandboxRefused(BackplaneAPIError):
     """
 
 
+class ApprovalDenied(BackplaneAPIError):
+    """``409 approval_denied``: people denied this gated tool call (``details``: ``approval_id``,
+    ``denied_by``, ``reason``); it is not made. Decide what the task does instead, or fail it so
+    its compensations run."""
+
+
+class ApprovalExpired(BackplaneAPIError):
+    """``409 approval_expired``: the gated call's approval request ran out undecided and its
+    policy denies on expiry; the call is not made."""
+
+
+class AwaitingApproval(Exception):
+    """A gated tool call's approval is still pending and the caller asked not to wait (or waited
+    its ``approval_timeout`` out): ``answer`` is the dispatch's ``awaiting_approval`` answer.
+    Dispatching the same call later finds the same request."""
+
+    def __init__(self, answer: Mapping[str, Any]) -> None:
+        self.answer: dict[str, Any] = dict(answer)
+        self.approval_id: str = str(answer["approval_id"])
+        super().__init__(f"tool call {answer.get('idempotency_key')} awaits approval {self.approval_id}")
+
+
 class ToolCallFailed(Exception):
     """Raise inside the function given to :meth:`TaskSession.call_tool` when the tool answered
     with a refusal that should be recorded as the call's ``failed`` outcome (so no later attempt
@@ -149,6 +171,8 @@ _SUBCLASS_OF_CODE: dict[str, type[BackplaneAPIError]] = {
     # A closed task takes no more work: cancelled under the lease, or already finished.
     "task_closed": LeaseLost,
     "sandbox_refused": SandboxRefused,
+    "approval_denied": ApprovalDenied,
+    "approval_expired": ApprovalExpired,
 }
 
 

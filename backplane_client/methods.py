@@ -129,5 +129,6 @@ class Requests:
     dispatch_tool_call = Request(calls.dispatch_tool_call)
     record_tool_result = Request(calls.record_tool_result)
     get_tool_call = Request(calls.get_tool_call)
+    get_approval = Request(calls.get_approval)
     invoke = Request(calls.invoke)
     dispatch_subtask = Request(calls.dispatch_subtask)

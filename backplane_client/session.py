@@ -35,10 +35,11 @@ from typing import Any, TypeVar
 import httpx
 
 from backplane_client import calls
-from backplane_client.calls import JSON, Lease, TaskId, event_draft
+from backplane_client.calls import APPROVAL_WAIT_SECONDS, JSON, Lease, TaskId, event_draft
 from backplane_client.canonical import canonical_json
 from backplane_client.errors import (
     LEASE_LOST_CODES,
+    AwaitingApproval,
     BackplaneAPIError,
     LeaseLost,
     ToolCallFailed,
@@ -64,6 +65,7 @@ MIN_HEARTBEAT_INTERVAL = 0.2
 DEFAULT_LEASE_SECONDS = 30.0  # the contract's default, for a lease whose deadline cannot be read
 ANSWERED = frozenset({"succeeded", "failed"})
 NEEDS_CALLING = frozenset({"dispatched", "in_flight"})
+AWAITING_APPROVAL = "awaiting_approval"
 TERMINAL_SUBTASK = frozenset({"completed", "failed", "dead_lettered", "compensated"})
 #: A prompt whose canonical JSON is longer than this is recorded by its hash only.
 PROMPT_RECORD_LIMIT = 64 * 1024
@@ -520,7 +522,8 @@ class TaskSession:
 
     @contextmanager
     def tool_call(
-        self, step: int, tool: str, input: Mapping[str, Any], *, compensation: Mapping[str, Any] | None = None
+        self, step: int, tool: str, input: Mapping[str, Any], *, compensation: Mapping[str, Any] | None = None,
+        reason: str | None = None, wait: bool = True, approval_timeout: float = 3600.0,
     ) -> Iterator[ToolCall]:
         """Make a tool call at most once across attempts: record it, make it if needed, record the answer.
 
@@ -530,10 +533,18 @@ class TaskSession:
         ``call.result`` then hold the recorded answer (a ``failed`` one does not raise). An
         exception in the block records nothing: the call stays in flight, and a later attempt
         is told to make it again with the same key.
+
+        A call a tool policy gates (docs/approvals.md) waits first, with ``wait``, for people's
+        decision (``reason`` is shown to them), up to ``approval_timeout`` seconds, while the
+        heartbeat keeps the lease: granted, it is made as above; denied or expired, entering
+        raises :class:`~backplane_client.errors.ApprovalDenied` or ``ApprovalExpired``. Without
+        ``wait``, or once the timeout is spent, it raises
+        :class:`~backplane_client.errors.AwaitingApproval`; the same call later finds the same request.
         """
-        answer = self._write(lambda: self.client.send(calls.dispatch_tool_call(
+        answer = self._dispatch_approved(lambda: self._write(lambda: self.client.send(calls.dispatch_tool_call(
             self.task_id, step, tool, input, lease_epoch=self.lease_epoch, compensation=compensation,
-        )))
+            reason=reason,
+        ))), wait=wait, timeout=approval_timeout)
         call = ToolCall(step=step, tool=tool, input=input, answer=answer)
         yield call
         if call.needed:
@@ -552,15 +563,19 @@ class TaskSession:
         fn: ToolFunction,
         *,
         compensation: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        wait: bool = True,
+        approval_timeout: float = 3600.0,
     ) -> ToolCall:
         """:meth:`tool_call` as a function: ``fn(effect_key, input)`` runs only when the call needs
         making; send the key as the tool's ``Idempotency-Key``.
 
         Its return value is recorded as the success; :class:`ToolCallFailed` raised in ``fn``
         is recorded as the failure (``call.status == "failed"``); any other exception propagates
-        and records nothing.
+        and records nothing. A gated call waits for approval as in :meth:`tool_call`.
         """
-        with self.tool_call(step, tool, input, compensation=compensation) as call:
+        with self.tool_call(step, tool, input, compensation=compensation, reason=reason, wait=wait,
+                            approval_timeout=approval_timeout) as call:
             if call.needed:
                 try:
                     call.succeeded(fn(call.effect_key, dict(input)))
@@ -568,14 +583,33 @@ class TaskSession:
                     call.failed(refusal.result)
         return call
 
-    def invoke(self, step: int, tool: str, input: Mapping[str, Any]) -> JSON:
+    def invoke(self, step: int, tool: str, input: Mapping[str, Any], *, reason: str | None = None,
+               wait: bool = True, approval_timeout: float = 3600.0) -> JSON:
         """Have the backplane's gateway call the registered ``tool`` for ``step``:
-        ``{"idempotency_key", "status", "result", "replayed"}``; an answered call is not repeated."""
-        answer = self._write(lambda: self.client.send(calls.invoke(
-            self.task_id, tool, step, input, lease_epoch=self.lease_epoch,
-        )))
+        ``{"idempotency_key", "status", "result", "replayed"}``; an answered call is not repeated.
+        A gated call waits for people's decision as in :meth:`tool_call`."""
+        answer = self._dispatch_approved(lambda: self._write(lambda: self.client.send(calls.invoke(
+            self.task_id, tool, step, input, lease_epoch=self.lease_epoch, reason=reason,
+        ))), wait=wait, timeout=approval_timeout)
         if answer["status"] in ANSWERED:
             self._answers[step, tool] = {key: answer[key] for key in ("status", "result", "idempotency_key")}
+        return answer
+
+    def _dispatch_approved(self, dispatch: Callable[[], JSON], *, wait: bool, timeout: float) -> JSON:
+        """``dispatch()``'s answer once it is no longer ``awaiting_approval``: the request is read
+        with ``wait`` (the server answers as soon as it is decided) until it is, then the same
+        dispatch is sent again, which makes the call or raises the refusal."""
+        answer = dispatch()
+        deadline = time.monotonic() + timeout
+        while answer.get("status") == AWAITING_APPROVAL:
+            left = deadline - time.monotonic()
+            if not wait or left <= 0:
+                raise AwaitingApproval(answer)
+            self._check_held()
+            request = self.client.send(calls.get_approval(answer["approval_id"],
+                                                          wait=max(1, min(APPROVAL_WAIT_SECONDS, int(left)))))
+            if request["status"] != "pending":
+                answer = dispatch()
         return answer
 
     def subtask(self, step: int, kind: str, input: Mapping[str, Any]) -> JSON:

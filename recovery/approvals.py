@@ -268,7 +268,7 @@ def _request_facts(request: ApprovalRequest) -> dict[str, Any]:
     """What every approval event says of its request: the call, its arguments' hash, the policy version."""
     return {"approval_id": str(request.pk), "idempotency_key": request.idempotency_key, "step": request.step,
             "tool": request.tool, "argument_sha256": request.argument_sha256, "policy_id": request.policy_id,
-            "policy_version": request.policy.version}
+            "policy_version": request.policy.version, "requested_at": format_timestamp(request.requested_at)}
 
 
 def _decision_facts(decision: ApprovalDecision) -> dict[str, Any]:

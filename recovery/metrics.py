@@ -25,7 +25,7 @@ from backplane.eventlog import event_types as et
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus
 from backplane.eventlog.writer import WrittenEvents
 from backplane.telemetry import counters
-from recovery.models import BreakerState, Tool, ToolCall, ToolCallStatus
+from recovery.models import ApprovalRequest, ApprovalStatus, BreakerState, Tool, ToolCall, ToolCallStatus
 
 # The window of the step latency figures, and how much of it is read: the most recently active
 # running tasks and, of each, its last events (a sample that keeps the query bounded at any size).
@@ -76,6 +76,13 @@ class RecoveryCollector:
         yield GaugeMetricFamily("backplane_tool_call_oldest_in_flight_age_seconds",
                                 "Age of the oldest tool call dispatched and not answered (0 when none is in flight)",
                                 value=(now - oldest).total_seconds() if oldest is not None else 0.0)
+        waiting = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).aggregate(
+            count=Count("pk"), oldest=Min("requested_at"))
+        yield GaugeMetricFamily("backplane_approvals_pending", "Gated tool calls waiting for people's decision",
+                                value=waiting["count"])
+        yield GaugeMetricFamily("backplane_approval_oldest_pending_age_seconds",
+                                "Age of the oldest approval request waiting (0 when none is)",
+                                value=(now - waiting["oldest"]).total_seconds() if waiting["oldest"] else 0.0)
         yield from self.collect_step_latency(now=now)
         yield self.collect_open_breakers()
 
@@ -139,6 +146,15 @@ def _compensation_tally(event: Event, written: WrittenEvents) -> Tally:
                              outcome=status if status in ToolCallStatus.values else "other")
 
 
+_APPROVAL_ENDS = {et.APPROVAL_GRANTED: "granted", et.APPROVAL_DENIED: "denied", et.APPROVAL_EXPIRED: "expired"}
+
+
+def _approval_tally(event: Event, written: WrittenEvents) -> Tally:
+    requested_at = datetime.fromisoformat(str(event.payload["requested_at"]))
+    return functools.partial(counters.approval_decision_observe, outcome=_APPROVAL_ENDS[event.type],
+                             seconds=(event.recorded_at - requested_at).total_seconds())
+
+
 def _tool_call_tally(event: Event, written: WrittenEvents) -> Tally:
     return functools.partial(counters.tool_call_dispatched_count, tool=str(event.payload.get("tool")))
 
@@ -149,6 +165,7 @@ _COUNTED_APART: dict[str, Callable[[Event, WrittenEvents], Tally]] = {
     et.TASK_STALLED: _stall_tally,
     et.COMPENSATION_COMPLETED: _compensation_tally,
     et.TOOL_CALL_DISPATCHED: _tool_call_tally,
+    **dict.fromkeys(_APPROVAL_ENDS, _approval_tally),
 }
 
 

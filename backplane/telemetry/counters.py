@@ -70,6 +70,14 @@ TOOL_GATEWAY_DURATION = Histogram(
     "backplane_tool_gateway_duration_seconds",
     "The gateway's HTTP call to a registered tool; outcome answered, or unavailable (no usable answer)",
     ["tool", "outcome"], buckets=_TOOL_BUCKETS)
+# A person's decision takes minutes to days: buckets from 10 s to a week.
+_DECISION_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0, 3 * 86400.0,
+                     7 * 86400.0)
+APPROVAL_DECISION_TIME = Histogram(
+    "backplane_approval_time_to_decision_seconds",
+    "From an approval request to its end, by outcome: granted, denied or expired", ["outcome"],
+    buckets=_DECISION_BUCKETS)
+APPROVAL_OUTCOMES = ("granted", "denied", "expired")
 DEAD_LETTERS_CREATED = Counter("backplane_dead_letters_created", "Dead letters made, by source", ["source"])
 DEAD_LETTERS_DECIDED = Counter(
     "backplane_dead_letters_decided", "Dead letters a reviewer decided, by decision", ["decision"])
@@ -121,6 +129,8 @@ def _initialise_known_series() -> None:
         DEAD_LETTERS_CREATED.labels(source=source)
     for decision in DEAD_LETTER_DECISIONS:
         DEAD_LETTERS_DECIDED.labels(decision=decision)
+    for outcome in APPROVAL_OUTCOMES:
+        APPROVAL_DECISION_TIME.labels(outcome=outcome)
     for kind in ("agent", "tool"):
         for state in ("open", "half_open", "closed"):
             BREAKER_TRANSITIONS.labels(kind=kind, to_state=state)
@@ -201,6 +211,10 @@ def stall_count(*, reason: str, outcome: str) -> None:
     """A stalled task (``reason``: lease_expired, no_progress) and what recovery did (``outcome``)."""
     STALLS.labels(reason=reason).inc()
     RECOVERIES.labels(outcome=outcome).inc()
+
+
+def approval_decision_observe(*, outcome: str, seconds: float) -> None:
+    APPROVAL_DECISION_TIME.labels(outcome=outcome).observe(max(0.0, seconds))
 
 
 def compensation_count(*, outcome: str) -> None:

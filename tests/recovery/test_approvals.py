@@ -243,3 +243,28 @@ def test_approvers_racing_write_one_decision(committed_db: None) -> None:
     assert sorted(outcomes) == ["already"] * 3 + ["decided"]
     assert Event.objects.filter(task=claim.task, type="ApprovalGranted").count() == 1
     assert request.decisions.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_count_the_waiting_and_time_each_decision(committed_db: None) -> None:
+    from django.test import Client
+
+    from tests.backplane.telemetry.metrics_scrape import scrape
+
+    Group.objects.get_or_create(name="Approvers")
+    person = staff_user("ana", "Approvers")
+    agent = services.agent_create(name="payer", namespace="acme").agent
+    services.task_create(namespace="acme", kind="payment", input={}, agent="planner")
+    claim = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert claim is not None
+    gate_payments()
+    client = Client()
+    before = scrape(client)
+    request = pending((claim.task, claim.lease_epoch))
+    waiting = scrape(client)
+    assert waiting.value("backplane_approvals_pending") == 1
+    assert waiting.value("backplane_approval_oldest_pending_age_seconds") >= 0
+    approvals.approval_decide(approval_id=request.pk, user=person, verdict="approve", reason="ok")
+    after = scrape(client)
+    assert after.value("backplane_approvals_pending") == 0
+    assert after.moved_since(before, "backplane_approval_time_to_decision_seconds_count", outcome="granted") == 1
