@@ -5,8 +5,8 @@ that stopped waiting (or crashed) finds the same request in its next attempt."""
 from __future__ import annotations
 
 import threading
-import uuid
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
