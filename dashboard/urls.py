@@ -19,6 +19,7 @@ urlpatterns = [
     path("tasks/", include("dashboard.views.forks")),
     path("dead-letters/", include("dashboard.views.dead_letters")),
     path("budgets/", include("dashboard.views.budgets")),
+    path("approvals/", include("dashboard.views.approvals")),
     path("pauses/", include("dashboard.views.fleet_ops")),
     path("jobs/", include("dashboard.views.jobs")),
     path("tasks/<uuid:task_id>/cancel/", fleet_ops.task_cancel_view, name="task-cancel"),

@@ -88,6 +88,8 @@ def test_no_page_runs_more_queries_for_more_rows(olivia_client: Client, make_his
 # module by the name it has there). Each runs the same queries for 1 row of each kind as for 21:
 # a read per row (a budget's spend, a job's decisions, a search's rules) would add 20.
 LIST_PAGES = {
+    "approvals": "/approvals/",
+    "approvals-waiting": "/approvals/?partial=waiting",
     "budgets": "/budgets/",
     "pauses": "/pauses/",
     "dead-letters": "/dead-letters/",

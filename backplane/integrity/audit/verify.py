@@ -16,7 +16,12 @@ Segments are checked in order from 1, stopping at the first problem:
    task's chain continues (seq one more than that task's previous event, in this segment or an
    earlier one, and ``prev_hash`` its hash; a task's first event is seq 1 on the genesis hash);
 5. the recomputed hashes, as leaves appended to the tree of all earlier segments, give the
-   signed root: an edit whose author recomputed the whole chain still fails here.
+   signed root: an edit whose author recomputed the whole chain still fails here;
+6. every tool call dispatched under an approval (``ToolCallDispatched`` naming an
+   ``approval_id``) follows that approval's ``ApprovalGranted`` in its task's chain, for the same
+   step and tool, and its input's canonical SHA-256 is the approved ``argument_sha256``
+   (docs/approvals.md). ``--approvals`` lists each such call with its approvers and the hashes of
+   its request, grant and dispatch events.
 
 ``verify-events FILE`` checks events read from the event log's Kafka stream (backplane/integrity/
 stream.py), one JSON object a line: every task's chain, as in step 4; repeats (the stream is at
@@ -41,6 +46,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
 
+from backplane.eventlog import event_types as et
+from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import GENESIS_HASH
 from backplane.integrity import merkle
 from backplane.integrity.audit import manifest as fmt
@@ -65,11 +72,13 @@ class Summary:
     root_hash: str = merkle.EMPTY_ROOT.hex()
     signed_at: str = ""
     notes: list[str] = field(default_factory=list)
+    gated: GatedCalls = field(default_factory=lambda: GatedCalls())
 
     def __str__(self) -> str:
         lines = [
             f"OK {self.location}: {self.segments} segment(s), {self.events} event(s), {self.tasks} task(s)",
             f"tree size {self.tree_size}, root {self.root_hash}, signed at {self.signed_at}",
+            self.gated.summary(),
         ]
         return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
@@ -95,12 +104,85 @@ def _signature_valid(public_key_hex: str, signature_hex: object, message: bytes)
 
 
 @dataclass
+class GatedCall:
+    """A tool call made under an approval, as its chain proves it."""
+
+    task_id: str
+    step: object
+    tool: object
+    approval_id: str
+    argument_sha256: str
+    policy: str
+    approved_by: list[str]
+    requested_hash: str | None
+    granted_hash: str
+    dispatched_hash: str
+
+    def __str__(self) -> str:
+        return (f"gated call: task {self.task_id} step {self.step} {self.tool}: approval {self.approval_id} "
+                f"(policy {self.policy}) by {', '.join(self.approved_by) or 'nobody'}; arguments sha256 "
+                f"{self.argument_sha256}; events requested {self.requested_hash or '(before this export)'}, "
+                f"granted {self.granted_hash}, dispatched {self.dispatched_hash}")
+
+
+@dataclass
+class GatedCalls:
+    """Step 6: the approvals granted so far, by task and approval id, and the gated calls checked."""
+
+    requested: dict[tuple[str, str], str] = field(default_factory=dict)
+    granted: dict[tuple[str, str], tuple[dict[str, Any], str]] = field(default_factory=dict)
+    calls: list[GatedCall] = field(default_factory=list)
+
+    def see(self, event: dict[str, Any], recomputed: str, *, at: str) -> None:
+        payload = event.get("payload")
+        if not isinstance(payload, dict):
+            return
+        task_id, approval_id = str(event["task_id"]), payload.get("approval_id")
+        if not isinstance(approval_id, str):
+            return
+        if event.get("type") == et.APPROVAL_REQUESTED:
+            self.requested[task_id, approval_id] = recomputed
+        elif event.get("type") == et.APPROVAL_GRANTED:
+            self.granted[task_id, approval_id] = (payload, recomputed)
+        elif event.get("type") == et.TOOL_CALL_DISPATCHED:
+            self._check_call(event, payload, recomputed, task_id=task_id, approval_id=approval_id, at=at)
+
+    def _check_call(self, event: dict[str, Any], payload: dict[str, Any], recomputed: str, *, task_id: str,
+                    approval_id: str, at: str) -> None:
+        where = f"{at}: task {task_id} seq {event['seq']}: the tool call dispatched under approval {approval_id}"
+        found = self.granted.get((task_id, approval_id))
+        if found is None:
+            raise VerificationProblem(f"{where} has no ApprovalGranted before it in its chain")
+        grant, granted_hash = found
+        if (grant.get("step"), grant.get("tool")) != (payload.get("step"), payload.get("tool")):
+            raise VerificationProblem(f"{where} is not the step and tool that were approved")
+        try:
+            digest = canonical_sha256(payload.get("input"))
+        except (TypeError, ValueError) as exc:
+            raise VerificationProblem(f"{where}: its input cannot be canonicalised ({exc})") from None
+        if digest != grant.get("argument_sha256"):
+            raise VerificationProblem(f"{where} was made with arguments whose SHA-256 is {digest}, not the approved "
+                                      f"{grant.get('argument_sha256')}")
+        approvers = [str(a.get("by")) for a in grant.get("approved_by") or [] if isinstance(a, dict)]
+        self.calls.append(GatedCall(
+            task_id=task_id, step=payload.get("step"), tool=payload.get("tool"), approval_id=approval_id,
+            argument_sha256=digest, policy=f"#{grant.get('policy_id')} v{grant.get('policy_version')}",
+            approved_by=approvers, requested_hash=self.requested.get((task_id, approval_id)),
+            granted_hash=granted_hash, dispatched_hash=recomputed))
+
+    def summary(self) -> str:
+        return (f"{len(self.calls)} gated tool call(s), each made after its approval and with the arguments "
+                "approved")
+
+
+@dataclass
 class _State:
     """What the segments so far have established."""
 
     frontier: merkle.CompactRange = field(default_factory=merkle.CompactRange)
     previous_manifest_sha256: str = fmt.FIRST_PREVIOUS_MANIFEST_SHA256
     chains: dict[str, tuple[int, str]] = field(default_factory=dict)  # task id -> (last seq, its hash)
+    gated: GatedCalls = field(default_factory=GatedCalls)
 
 
 def _check_manifest(number: int, raw: bytes, state: _State, trusted: Collection[str]) -> dict[str, Any]:
@@ -198,10 +280,11 @@ class EventsSummary:
     events: int = 0
     tasks: int = 0
     repeats: int = 0
+    gated: GatedCalls = field(default_factory=lambda: GatedCalls())
 
     def __str__(self) -> str:
         return (f"OK {self.source}: {self.events} event(s) of {self.tasks} task(s), each task's chain whole from "
-                f"seq 1; {self.repeats} repeat(s) of an event already read, dropped")
+                f"seq 1; {self.repeats} repeat(s) of an event already read, dropped\n{self.gated.summary()}")
 
 
 def verify_event_lines(lines: Iterable[bytes], *, source: str) -> EventsSummary:
@@ -227,6 +310,7 @@ def verify_event_lines(lines: Iterable[bytes], *, source: str) -> EventsSummary:
             summary.repeats += 1
             continue
         seen[(task_id, seq)] = check_chain_link(event, chains, at=at)
+        summary.gated.see(event, seen[(task_id, seq)], at=at)
         summary.events += 1
     summary.tasks = len(chains)
     return summary
@@ -244,6 +328,7 @@ def _check_events(number: int, data: bytes, manifest: dict[str, Any], state: _St
         except ValueError as exc:
             raise VerificationProblem(f"{at}: not valid JSON ({exc})") from None
         recomputed = check_chain_link(event, state.chains, at=at)
+        state.gated.see(event, recomputed, at=at)
         # The leaf is built from the recomputed hash, never the stored one.
         state.frontier.append(merkle.event_leaf_hash(recomputed))
     if len(lines) != manifest["events"]:
@@ -291,6 +376,7 @@ def verify_export(store: Store, *, public_keys: Collection[str]) -> Summary:
         summary.segments += 1
         summary.signed_at = manifest["signed_tree_head"]["signed_at"]
     summary.tasks = len(state.chains)
+    summary.gated = state.gated
     summary.tree_size = state.frontier.size
     summary.root_hash = state.frontier.root().hex()
     unfinished = [n for n in map(fmt.segment_number, names) if n is not None and n > numbers[-1]]
@@ -338,12 +424,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--public-key", action="append", required=True, metavar="HEX_OR_FILE",
         help="a trusted Ed25519 public key (64 hex digits, or a file with them or a PEM key); repeat for old keys",
     )
+    verify.add_argument("--approvals", action="store_true",
+                        help="list each gated tool call with its approval and the hashes of its events")
     verify.add_argument(
         "--endpoint-url", default=None,
         help="S3-compatible endpoint (default: AWS, or the AWS_ENDPOINT_URL environment variable)",
     )
     events = commands.add_parser("verify-events", help="verify events read from the event log's Kafka stream")
     events.add_argument("path", help="a file of events, one JSON object a line (- for standard input)")
+    events.add_argument("--approvals", action="store_true",
+                        help="list each gated tool call with its approval and the hashes of its events")
     check = commands.add_parser("check-proof", help="check one event's inclusion-proof bundle (from the dashboard)")
     check.add_argument("bundle", help="the downloaded JSON file")
     check.add_argument("--public-key", action="append", required=True, metavar="HEX_OR_FILE",
@@ -374,10 +464,13 @@ def verify_events_main(args: argparse.Namespace) -> int:
         return 2
     source = "standard input" if args.path == "-" else args.path
     try:
-        print(verify_event_lines(data.split(b"\n"), source=source))
+        summary = verify_event_lines(data.split(b"\n"), source=source)
     except VerificationProblem as exc:
         print(f"FAILED {exc}", file=sys.stderr)
         return 1
+    print(summary)
+    if args.approvals:
+        print("\n".join(map(str, summary.gated.calls)))
     return 0
 
 
@@ -402,4 +495,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot read {store.url}: {exc}", file=sys.stderr)
         return 2
     print(summary)
+    if args.approvals:
+        print("\n".join(map(str, summary.gated.calls)))
     return 0

@@ -1,0 +1,75 @@
+"""The Approvals page: gated tool calls waiting for people, and their decisions (docs/approvals.md)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import path
+from django.views.decorators.http import require_GET, require_POST
+
+from backplane.eventlog.errors import BackplaneError
+from dashboard.approval_forms import ApprovalDecisionForm
+from dashboard.selectors.approvals import approvals_recently_decided, approvals_waiting
+from dashboard.views.common import across_namespaces, viewers_only
+from recovery import approvals
+from recovery.models import ApprovalVerdict
+
+NAV = "approvals"
+
+
+@require_GET
+@viewers_only
+@across_namespaces
+def approvals_page(request: HttpRequest) -> HttpResponse:
+    """The waiting requests and the last decisions (``?partial=waiting``: the page script's read of
+    the waiting ones, rendered by the same template)."""
+    groups = set(request.user.groups.values_list("pk", flat=True))
+    context = {"nav": NAV, "waiting": approvals_waiting(), "groups": groups}
+    if request.GET.get("partial") == "waiting":
+        return JsonResponse({"waiting": render_to_string("dashboard/approvals/_waiting.html", context,
+                                                         request=request)})
+    return render(request, "dashboard/approvals/page.html", {**context, "decided": approvals_recently_decided()})
+
+
+@require_POST
+@viewers_only
+@across_namespaces
+def approval_approve(request: HttpRequest, approval_id: uuid.UUID) -> HttpResponse:
+    return _decide(request, approval_id, ApprovalVerdict.APPROVE)
+
+
+@require_POST
+@viewers_only
+@across_namespaces
+def approval_deny(request: HttpRequest, approval_id: uuid.UUID) -> HttpResponse:
+    return _decide(request, approval_id, ApprovalVerdict.DENY)
+
+
+def _decide(request: HttpRequest, approval_id: uuid.UUID, verdict: str) -> HttpResponse:
+    """One person's decision, with the same service and refusals as the API's (who may decide
+    a request is the service's check: the group it asks, four eyes). A refusal is said on the
+    page the browser comes back to; nothing is written."""
+    form = ApprovalDecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not decided: {form.refusal()}.")
+        return redirect("dashboard:approvals")
+    try:
+        decided = approvals.approval_decide(approval_id=approval_id, user=request.user, verdict=verdict,
+                                            reason=form.cleaned_data["reason"])
+    except BackplaneError as exc:
+        messages.error(request, f"Not decided: {exc.message}.")
+        return redirect("dashboard:approvals")
+    what = {"granted": "Granted", "denied": "Denied"}.get(decided.status, "Approval recorded; more are needed")
+    messages.success(request, f"{what}: {decided.tool} at step {decided.step} of task {decided.task_id}.")
+    return redirect("dashboard:approvals")
+
+
+urlpatterns = [
+    path("", approvals_page, name="approvals"),
+    path("<uuid:approval_id>/approve/", approval_approve, name="approval-approve"),
+    path("<uuid:approval_id>/deny/", approval_deny, name="approval-deny"),
+]
