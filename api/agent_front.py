@@ -30,7 +30,7 @@ Each request, in the order Django's middleware and DRF's view take the same step
    (or one of those handed off: ``HandOff``) has its handler (the services, and the one writer
    behind them) run on a thread of the web process's pool, with a Django
    connection managed as Django manages one around a request. A read that may wait for a
-   change (an approval request's decision) waits on the loop first, holding no connection
+   change (an approval request's decision, a signal) waits on the loop first, holding no connection
    between its looks. A database that went away is 503 and closes the gate; any other
    database error is the contract's 500;
 5. the headers Django's stack adds (``Allow``, the security headers), the server span, and the
@@ -108,6 +108,7 @@ from api.recovery import (
 )
 from api.routes import AgentRoute, Operation
 from api.serializers import task_as_api_dict
+from api.signals import signal_read
 from api.views import (
     draft_from,
     event_append,
@@ -130,7 +131,7 @@ from backplane.runtime.replica import replica_configured
 from backplane.telemetry.http import count_response
 from backplane.telemetry.tracing import server_span
 from recovery import leases, subtasks, tool_calls
-from recovery.selectors import APPROVAL_STATUS_SQL, TOOL_CALL_VISIBLE_SQL, tool_call_from
+from recovery.selectors import APPROVAL_STATUS_SQL, SIGNAL_STATUS_SQL, TOOL_CALL_VISIBLE_SQL, tool_call_from
 
 JSON = "application/json"
 
@@ -226,27 +227,39 @@ _ON_THE_LOOP: dict[Callable[..., Answer], Read] = {task_read: _task_read, events
 WAIT_POLL_SECONDS = 0.25
 
 
-async def _wait_for_decision(principal: Principal, request: Request) -> None:
-    """An agent's ``approvals_read?wait=N``: return once its request is no longer pending (or is
-    not there: the handler answers 404), after N seconds, or when the client has gone."""
+async def _wait_while(request: Request, sql: str, params: dict[str, Any], waiting: str) -> None:
+    """Return once the status ``sql`` reads is no longer ``waiting`` (or there is no row: the
+    handler answers 404), after the request's ``wait`` seconds, or when the client has gone."""
     wait = approval_wait_seconds(QueryDict(request.scope["query_string"].decode("latin-1")))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    params = {"approval_id": request.path_params["approval_id"], "namespace": principal.namespace}
     while True:
         pool = await async_pool()
         async with pool.connection() as conn:
-            row = await (await conn.execute(APPROVAL_STATUS_SQL, params)).fetchone()
+            row = await (await conn.execute(sql, params)).fetchone()
         remaining = deadline - loop.time()
-        if row is None or row[0] != "pending" or remaining <= 0 or await request.is_disconnected():
+        if row is None or row[0] != waiting or remaining <= 0 or await request.is_disconnected():
             return
         await asyncio.sleep(min(WAIT_POLL_SECONDS, remaining))
+
+
+async def _wait_for_decision(principal: Principal, request: Request) -> None:
+    """An agent's ``approvals_read?wait=N``: until its request is no longer pending."""
+    await _wait_while(request, APPROVAL_STATUS_SQL, {"approval_id": request.path_params["approval_id"],
+                                                     "namespace": principal.namespace}, "pending")
+
+
+async def _wait_for_signal(principal: Principal, request: Request) -> None:
+    """An agent's ``tasks_signals_read?wait=N``: until the signal is no longer awaited."""
+    await _wait_while(request, SIGNAL_STATUS_SQL, {"task_id": request.path_params["task_id"],
+                                                   "name": request.path_params["name"],
+                                                   "namespace": principal.namespace}, "waiting")
 
 
 # The reads that may wait for a change first, by their handler: the wait runs on the loop with no
 # connection held between its looks, then the handler answers as it does on Django's stack.
 _WAITS: dict[Callable[..., Answer], Callable[[Principal, Request], Awaitable[None]]] = {
-    approval_read: _wait_for_decision}
+    approval_read: _wait_for_decision, signal_read: _wait_for_signal}
 
 
 # --- the appends, on the event loop -------------------------------------------------------------

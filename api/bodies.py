@@ -416,6 +416,36 @@ class ApprovalListOut(Answer):
     results: list[ApprovalOut]
 
 
+# --- signals ------------------------------------------------------------------------------------
+
+class SignalWaitIn(Body):
+    timeout_seconds: Annotated[int, Meta(ge=1, le=30 * 24 * 3600, description="how long to wait, 1 s to 30 days")]
+    lease_epoch: Epoch | UnsetType = UNSET
+
+
+class SignalSendIn(Body):
+    payload: JSONObject
+
+
+class SignalStatusEnum(enum.Enum):
+    WAITING = "waiting"
+    RECEIVED = "received"
+    TIMED_OUT = "timed_out"
+
+
+class SignalOut(Answer):
+    task_id: uuid.UUID
+    name: str
+    status: SignalStatusEnum
+    payload: JSONObject | None
+    awaited_by: str
+    awaited_at: Timestamp | None
+    expires_at: Timestamp | None
+    sent_by: str
+    received_at: Timestamp | None
+    timed_out_at: Timestamp | None
+
+
 def answer_ref(answer_type: type[Answer]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{answer_type.__name__}"}
 
@@ -560,12 +590,12 @@ def request_ref(body_type: type[Body]) -> dict[str, str]:
 
 BODIES: tuple[type[Body], ...] = (
     TaskCreateIn, EventAppendIn, EventBatchIn, LeaseClaimIn, LeaseEpochIn, ToolCallDispatchIn,
-    ToolCallResultIn, SubtaskIn, ToolInvokeIn, TaskForkIn,
+    ToolCallResultIn, SubtaskIn, ToolInvokeIn, TaskForkIn, SignalWaitIn, SignalSendIn,
 )
 ANSWERS: tuple[type[Answer], ...] = (
     TaskOut, TaskListOut, EventOut, EventListOut, EventBatchOut, LeaseClaimOut, HeartbeatOut,
     ToolCallDispatchOut, ToolCallOut, SubtaskOut, ToolInvokeOut, AwaitingApprovalOut, ApprovalOut,
-    ApprovalListOut,
+    ApprovalListOut, SignalOut,
 )
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import approvals, budgets, dead_letters, fleet, forks, integrity, jobs, tool_policies, views
+from api import approvals, budgets, dead_letters, fleet, forks, integrity, jobs, signals, tool_policies, views
 from api import recovery as recovery_api
 
 urlpatterns = [
@@ -28,6 +28,8 @@ urlpatterns = [
     path("tool-calls/<str:key>/", recovery_api.tool_call_detail_route, name="tool-call-detail"),
     path("tool-calls/<str:key>/result/", recovery_api.tool_call_result_route, name="tool-call-result"),
     path("tasks/<uuid:task_id>/subtasks/", recovery_api.subtasks_route, name="task-subtasks"),
+    path("tasks/<uuid:task_id>/signals/<slug:name>/", signals.signal_route, name="task-signal"),
+    path("tasks/<uuid:task_id>/signals/<slug:name>/wait/", signals.signal_wait_route, name="task-signal-wait"),
     path("tools/<slug:name>/invoke/", recovery_api.tool_invoke_route, name="tool-invoke"),
     path("seals/latest/", integrity.SealLatestView.as_view(), name="seal-latest"),
     path("seals/consistency/", integrity.SealConsistencyView.as_view(), name="seal-consistency"),

@@ -454,8 +454,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     },
     # Alert rules on saved searches (recovery/alerts.py): a run still queued after one interval is dropped.
     "evaluate-alerts": {"task": "recovery.tasks.evaluate_alerts", "schedule": 30.0, "options": {"expires": 30}},
-    # Approval requests past their time (recovery/approvals.py): escalated or expired; every 5 s, so a
-    # waiting agent learns of an expiry within seconds of it.
+    # Approval requests past their time (recovery/approvals.py): escalated or expired; waits for signals
+    # past theirs (recovery/signals.py) ended. Every 5 s, so a waiting agent learns of it within seconds.
     "expire-approvals": {"task": "recovery.tasks.expire_approvals", "schedule": 5.0, "options": {"expires": 5}},
     # Bulk jobs (recovery/bulk.py): running jobs that no worker holds (a killed worker's lease ran
     # out) are enqueued again; a run still queued after one interval is dropped.

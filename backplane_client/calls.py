@@ -357,6 +357,24 @@ def get_tool_call(idempotency_key: str) -> Call[JSON]:
     return Call("GET", f"/tool-calls/{idempotency_key}/", _body)
 
 
+def await_signal(task_id: TaskId, name: str, timeout_seconds: int, *, lease_epoch: int | None = None) -> Call[JSON]:
+    """Wait durably for the signal ``name`` (at most ``timeout_seconds``): the signal as it
+    stands, ``waiting`` (or ``received`` when it came first). Read it with :func:`get_signal`."""
+    body = {"timeout_seconds": timeout_seconds} | _without_none(lease_epoch=lease_epoch)
+    return Call("POST", f"/tasks/{task_id}/signals/{name}/wait/", _body, json=body)
+
+
+def get_signal(task_id: TaskId, name: str, *, wait: int | None = None) -> Call[JSON]:
+    """A task's signal: ``status`` ``waiting``, ``received`` (with ``payload``) or ``timed_out``;
+    with ``wait`` (seconds, at most 30) the answer comes as soon as it changes."""
+    return Call("GET", f"/tasks/{task_id}/signals/{name}/", _body, params=_without_none(wait=wait) or None)
+
+
+def send_signal(task_id: TaskId, name: str, payload: Mapping[str, Any]) -> Call[JSON]:
+    """Send a task the signal ``name`` with ``payload``; the same payload again is answered as sent."""
+    return Call("POST", f"/tasks/{task_id}/signals/{name}/", _body, json={"payload": dict(payload)})
+
+
 # The longest one read of an approval request waits on the server (its ``wait`` bound).
 APPROVAL_WAIT_SECONDS = 30
 

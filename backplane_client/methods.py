@@ -130,5 +130,8 @@ class Requests:
     record_tool_result = Request(calls.record_tool_result)
     get_tool_call = Request(calls.get_tool_call)
     get_approval = Request(calls.get_approval)
+    await_signal = Request(calls.await_signal)
+    get_signal = Request(calls.get_signal)
+    send_signal = Request(calls.send_signal)
     invoke = Request(calls.invoke)
     dispatch_subtask = Request(calls.dispatch_subtask)

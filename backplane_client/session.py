@@ -595,6 +595,22 @@ class TaskSession:
             self._answers[step, tool] = {key: answer[key] for key in ("status", "result", "idempotency_key")}
         return answer
 
+    def wait_for_signal(self, name: str, *, timeout: float = 3600.0) -> JSON:
+        """Wait durably for the signal ``name`` (docs/approvals.md, "Signals") and return its
+        payload. The wait is recorded in the task's log, so the next attempt after a crash waits
+        for the same signal (or finds it, sent meanwhile); the stall detector leaves the task
+        alone while it waits. Raises :class:`TimeoutError` when its time runs out."""
+        self._write(lambda: self.client.send(calls.await_signal(
+            self.task_id, name, max(1, int(timeout)), lease_epoch=self.lease_epoch)))
+        while True:
+            self._check_held()
+            signal = self.client.send(calls.get_signal(self.task_id, name, wait=APPROVAL_WAIT_SECONDS))
+            if signal["status"] == "received":
+                payload: JSON = signal["payload"]
+                return payload
+            if signal["status"] == "timed_out":
+                raise TimeoutError(f"task {self.task_id}: no signal {name!r} came in time")
+
     def _dispatch_approved(self, dispatch: Callable[[], JSON], *, wait: bool, timeout: float) -> JSON:
         """``dispatch()``'s answer once it is no longer ``awaiting_approval``: the request is read
         with ``wait`` (the server answers as soon as it is decided) until it is, then the same

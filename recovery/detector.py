@@ -23,7 +23,7 @@ from backplane.eventlog.selectors import task_head_traces
 from backplane.eventlog.writer import EventDraft, TaskWrite, write_events_many
 from backplane.telemetry.tracing import TaskSpan, task_span_start
 from recovery.breakers import breaker_record_failures
-from recovery.models import ApprovalRequest, ApprovalStatus
+from recovery.models import ApprovalRequest, ApprovalStatus, SignalStatus, TaskSignal
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,10 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
       the WHERE clause against the new row version and the extended lease no longer
       matches. Either way a renewed lease is never expired;
     - two sweeps at once (several workers) lock disjoint rows, so nothing is counted twice;
-    - a task whose tool call waits for people's approval (recovery/approvals.py) is not stalled
-      while it waits, nor for one lease's length after the decision, so the waiting agent can
-      make the call it was waiting for; an agent that died meanwhile is found stalled then.
+    - a task whose tool call waits for people's approval (recovery/approvals.py), or that waits
+      for a signal (recovery/signals.py), is not stalled while it waits, nor for one lease's
+      length after the decision or the signal, so the waiting agent can make its next move; an
+      agent that died meanwhile is found stalled then.
 
     The batch is written set-wise (a sweep after a crash of a busy agent can have thousands
     of leases to take back, and the lag until TaskStalled is the time to sweep them all):
@@ -74,14 +75,17 @@ def lease_expire_stalled(*, now: datetime | None = None, batch_size: int = 100) 
 def _lease_expire_stalled(*, now: datetime, batch_size: int, spans: list[TaskSpan]) -> StallSweep:
     with transaction.atomic(durable=True):
         silent_since = now - timedelta(seconds=settings.BACKPLANE_NO_PROGRESS_STALL_SECONDS)
+        # A wait that ended within one lease's length: its agent may be making its next move.
+        just_now = now - timedelta(seconds=settings.BACKPLANE_LEASE_SECONDS)
         stalled = list(
             Task.objects.select_for_update(skip_locked=True)
             .filter(status=TaskStatus.RUNNING, lease_holder__isnull=False)
             # A lease that ran out, or one kept alive by heartbeats while nothing was written.
             .filter(Q(lease_expires_at__lt=now) | Q(last_event_at__lt=silent_since))
             .exclude(Exists(ApprovalRequest.objects.filter(task=OuterRef("pk")).filter(
-                Q(status=ApprovalStatus.PENDING)
-                | Q(decided_at__gt=now - timedelta(seconds=settings.BACKPLANE_LEASE_SECONDS)))))
+                Q(status=ApprovalStatus.PENDING) | Q(decided_at__gt=just_now))))
+            .exclude(Exists(TaskSignal.objects.filter(task=OuterRef("pk")).filter(
+                Q(status=SignalStatus.WAITING) | Q(awaited_at__isnull=False, received_at__gt=just_now))))
             .order_by("lease_expires_at")[:batch_size]
         )
         if not stalled:

@@ -622,3 +622,35 @@ class ApprovalDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.decided_by} {self.verdict}s"
+
+
+class SignalStatus(models.TextChoices):
+    WAITING = "waiting"
+    RECEIVED = "received"
+    TIMED_OUT = "timed_out"
+
+
+class TaskSignal(models.Model):
+    """A named signal of a task, waited for durably (recovery/signals.py): an agent waits for it,
+    someone or something outside sends it (a person, a callback from a long job), and the task's
+    chain records both (``SignalAwaited``, ``SignalReceived``) or the wait running out
+    (``SignalTimedOut``). One per task and name; a signal sent before anyone waits is kept, and
+    the wait that comes later finds it."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=100)
+    status = models.CharField(max_length=10, choices=SignalStatus.choices)
+    payload = models.JSONField(null=True, blank=True)
+    awaited_by = models.CharField(max_length=100, blank=True, default="")
+    awaited_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    sent_by = models.CharField(max_length=150, blank=True, default="")
+    received_at = models.DateTimeField(null=True, blank=True)
+    timed_out_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "name"], name="tasksignal_once_per_name")]
+        indexes = [models.Index(fields=["expires_at"], name="tasksignal_waiting_idx", condition=Q(status="waiting"))]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"

@@ -621,11 +621,16 @@ def approval_visible(*, namespace: str | None, approval_id: uuid.UUID) -> Approv
     return request
 
 
-# A request's status alone, of a task of the namespace (any, for staff: NULL): a waiting agent's
-# poll on the event loop (api/agent_front.py).
+# A request's (or a signal's) status alone, of a task of the namespace (any, for staff: NULL): a
+# waiting agent's poll on the event loop (api/agent_front.py).
 APPROVAL_STATUS_SQL = (
     "SELECT a.status FROM recovery_approvalrequest a JOIN backplane_task t ON t.id = a.task_id "
     "WHERE a.id = %(approval_id)s AND (%(namespace)s::text IS NULL OR t.namespace = %(namespace)s)"
+)
+SIGNAL_STATUS_SQL = (
+    "SELECT s.status FROM recovery_tasksignal s JOIN backplane_task t ON t.id = s.task_id "
+    "WHERE s.task_id = %(task_id)s AND s.name = %(name)s "
+    "AND (%(namespace)s::text IS NULL OR t.namespace = %(namespace)s)"
 )
 
 

@@ -8,7 +8,7 @@ import time
 from celery import shared_task
 from django.conf import settings
 
-from recovery import alerts, approvals, bulk, detector, retention, tool_calls
+from recovery import alerts, approvals, bulk, detector, retention, signals, tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +55,11 @@ def evaluate_alerts() -> int:
 
 @shared_task(ignore_result=True)
 def expire_approvals() -> int:
-    """Escalate or expire the approval requests past their time, a batch at a time (several
-    workers may run it at once: each request is handled once, under its lock)."""
+    """Escalate or expire the approval requests past their time, and end the waits for signals
+    past theirs, a batch at a time (several workers may run it at once: each is handled once,
+    under its lock)."""
     total = 0
-    while handled := approvals.approvals_expire():
+    while handled := approvals.approvals_expire() + signals.signals_expire():
         total += handled
     return total
 

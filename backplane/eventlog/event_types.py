@@ -56,6 +56,11 @@ APPROVAL_GRANTED = "ApprovalGranted"
 APPROVAL_DENIED = "ApprovalDenied"
 APPROVAL_ESCALATED = "ApprovalEscalated"
 APPROVAL_EXPIRED = "ApprovalExpired"
+# A task waits durably for a named signal (recovery/signals.py): the wait, the signal, or the wait
+# running out.
+SIGNAL_AWAITED = "SignalAwaited"
+SIGNAL_RECEIVED = "SignalReceived"
+SIGNAL_TIMED_OUT = "SignalTimedOut"
 
 # Written only by the backplane itself; a client sending one gets 400 (docs/api.md).
 SERVER_ONLY_TYPES = frozenset(
@@ -87,6 +92,9 @@ SERVER_ONLY_TYPES = frozenset(
         APPROVAL_DENIED,
         APPROVAL_ESCALATED,
         APPROVAL_EXPIRED,
+        SIGNAL_AWAITED,
+        SIGNAL_RECEIVED,
+        SIGNAL_TIMED_OUT,
     }
 )
 

@@ -121,3 +121,20 @@ def test_the_async_client_dispatches_waits_and_dispatches_again(agents: Agents, 
     person.join()
     assert (waiting["status"], decided["status"], made["status"]) == ("awaiting_approval", "granted", "dispatched")
     assert decided["reason"] == "the October invoice" and decided["argument_sha256"] == waiting["argument_sha256"]
+
+
+def test_a_session_waits_for_a_signal_another_agent_sends(agents: Agents) -> None:
+    task_id = agents.task()
+
+    def send_soon() -> None:
+        time.sleep(0.5)
+        agents.planner.send_signal(task_id, "invoice-paid", {"paid_at": "2026-12-06"})
+
+    sender = threading.Thread(target=send_soon)
+    with agents.claim(agents.worker) as session:
+        sender.start()
+        payload = session.wait_for_signal("invoice-paid", timeout=60)
+        session.complete({"paid": payload})
+    sender.join()
+    assert payload == {"paid_at": "2026-12-06"}
+    assert agents.types(task_id)["SignalReceived"] == 1

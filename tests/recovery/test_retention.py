@@ -41,7 +41,7 @@ from tests.backplane.test_database_roles import conninfo
 PRUNED_WITH_THE_TASK = {
     "backplane_deadletter", "backplane_event", "backplane_idempotentreplay", "backplane_integrityalert",
     "backplane_outboxmessage", "backplane_task", "backplane_verifiedhead", "recovery_toolcall",
-    "recovery_approvalrequest",
+    "recovery_approvalrequest", "recovery_tasksignal",
 }
 
 
