@@ -4,7 +4,10 @@
 // It claims tasks of one kind and does three steps for each, every one safe to repeat:
 //   1. ReasoningStepCompleted step 1: the decision to call the tool;
 //   2. step 2, the tool call through the backplane's proxy: the backplane calls the registered
-//      tool with an Idempotency-Key and records the answer; a repeat gets the recorded answer;
+//      tool with an Idempotency-Key and records the answer; a repeat gets the recorded answer.
+//      A call a tool policy gates waits for people's approval first (docs/approvals.md): the
+//      agent reads its request, waiting on the server, and invokes again once it is decided;
+//      a denied or expired call fails the task;
 //   3. ReasoningStepCompleted step 3, then TaskCompleted with the tool's answer as the output.
 // A heartbeat renews the lease meanwhile. After a crash the next holder's claim says
 // `recovered: true`; it reads the recovery context and skips the steps the log already has.
@@ -25,7 +28,8 @@ const config = {
 };
 
 const ATTEMPTS = 6; // per request, as the Python SDK's default
-const REQUEST_TIMEOUT_MS = 30_000; // a hung connection counts as a network error
+const REQUEST_TIMEOUT_MS = 40_000; // a hung connection counts as a network error
+const APPROVAL_WAIT_SECONDS = 30; // one read of an approval request waits this long on the server
 const IDLE_MS = { first: 250, max: 5_000 }; // polling while nothing is pending
 
 class ApiError extends Error {
@@ -141,8 +145,23 @@ async function runTask(claim, signal) {
 
   // Not skipped on recovery: if an earlier attempt got an answer, the proxy returns it from the
   // record (replayed: true) and the tool is not called again.
-  const call = await post(`/api/v1/tools/${encodeURIComponent(config.tool)}/invoke/`,
-    { task_id: taskId, step: 2, input: task.input, lease_epoch: epoch });
+  const invoke = () => post(`/api/v1/tools/${encodeURIComponent(config.tool)}/invoke/`,
+    { task_id: taskId, step: 2, input: task.input, lease_epoch: epoch, reason: `step 2 of ${task.kind}` });
+  let call = await invoke();
+  while (call.status === "awaiting_approval") { // the same request again after a crash, never a second one
+    log("awaiting-approval", { task_id: taskId, approval_id: call.approval_id, group: call.group });
+    const request = await api("GET", `/api/v1/approvals/${call.approval_id}/?wait=${APPROVAL_WAIT_SECONDS}`,
+      undefined, signal);
+    if (request.status === "pending") continue;
+    log("approval-decided", { task_id: taskId, approval_id: call.approval_id, status: request.status });
+    try {
+      call = await invoke(); // granted: the tool is called now; otherwise the refusal says why
+    } catch (err) {
+      if (!(err instanceof ApiError && (err.code === "approval_denied" || err.code === "approval_expired"))) throw err;
+      await append("TaskFailed", { error: `${config.tool}: ${err.message}`, retryable: false }, "failed");
+      return log("refused", { task_id: taskId, code: err.code, details: err.details });
+    }
+  }
   log("tool-answered", { task_id: taskId, key: call.idempotency_key, status: call.status, replayed: call.replayed });
   if (config.testCrashAfter === "tool-call") {
     log("test-crash", { task_id: taskId, after: "tool-call" });

@@ -221,3 +221,42 @@ def test_it_stops_working_on_a_task_cancelled_under_its_lease(
             ("ToolCallDispatched", TOOL_STEP),
             ("TaskCancelled", None),
         ]
+
+
+@pytest.mark.parametrize("verdict", ["approve", "deny"])
+def test_it_waits_for_people_and_then_calls_the_tool_once_or_fails_the_task(
+    namespace: str, backplane_server: BackplaneServer, tool_server: ToolServer,
+    start_agent: Callable[..., AgentRun], verdict: str,
+) -> None:
+    """A tool policy gates every call of the tool: the agent waits for the decision (its lease kept
+    by its heartbeats), then the tool acts once, or the task fails with the denial."""
+    from recovery import approvals
+    from recovery.models import ApprovalRequest
+    from tests.support.roles import staff_user
+
+    approver = staff_user(f"ana-{verdict}", "Approvers")
+    approvals.tool_policy_set(tool=TOOL, namespace=namespace, approver_group="Approvers", set_by="user:olivia",
+                              reason="every e-mail to a customer is read first")
+    token = services.agent_create(name="node-agent", namespace=namespace, kinds=(KIND,)).token
+    observer_token = services.agent_create(name="planner", namespace=namespace).token
+    Tool.objects.create(name=TOOL, namespace=namespace, url=tool_server.url(TOOL), timeout_seconds=5)
+    with AgentClient(backplane_server.url, observer_token) as observer:
+        task_id = observer.create_task(KIND, {"to": "alice@example.com", "subject": "Your quote"})["task_id"]
+        agent = start_agent(token, AGENT_LEASE_SECONDS="30")
+        deadline = time.monotonic() + 30
+        while (request := ApprovalRequest.objects.filter(task_id=task_id).first()) is None:
+            assert agent.process.poll() is None and time.monotonic() < deadline, agent.describe()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert not tool_server.requests, "the tool was called before the decision"
+        approvals.approval_decide(approval_id=request.pk, user=approver, verdict=verdict, reason="read it")
+        assert agent.wait(timeout=60) == 0, agent.describe()
+        assert [r["status"] for r in agent.reported("approval-decided")] == [
+            "granted" if verdict == "approve" else "denied"]
+        task = observer.get_task(task_id)
+        if verdict == "approve":
+            key = hashlib.sha256(f"{task_id}:{TOOL_STEP}:{TOOL}".encode()).hexdigest()
+            assert task["status"] == "completed" and tool_server.effects == {key: 1}
+        else:
+            assert task["status"] == "failed" and not tool_server.requests
+            assert agent.reported("refused")[0]["code"] == "approval_denied"
