@@ -19,7 +19,11 @@ one call that reached it. A model call already made when the stop came is refuse
 the calls in flight then: at most one per agent working in the scope (docs/costs.md).
 
 People raise or lower a limit (``budget_set``) or let a spent scope go on for the rest of its
-period (``budget_resume``); each decision is a ``BudgetDecision``. What a budget has spent and
+period (``budget_resume``); each decision is a ``BudgetDecision``. A budget that asks
+(``at_limit = ask``) puts the question to its group when the limit is reached, in the same
+transaction as the ``BudgetExceeded``: a ``BudgetAsk``, which a member approves (the scope is
+resumed for the period) or denies (it stays stopped) with ``budget_ask_decide``; until then the
+scope's work is refused as any spent scope's, the refusal naming the question. What a budget has spent and
 whether it stops work are read in recovery/selectors.py (``budgets_spend``, ``budget_list``).
 """
 
@@ -27,23 +31,34 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
 import psycopg
+from django.contrib.auth.models import Group
 from django.db import transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
 from backplane.eventlog.async_services import HandOff
 from backplane.eventlog.costs import TASK_ROOT_SQL, costs_something, task_root_id
-from backplane.eventlog.errors import InvalidInput, NotFound
-from backplane.eventlog.models import Task
+from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
+from backplane.eventlog.models import Task, user_actor
 from backplane.eventlog.writer import EventDraft, OutboxDraft, WrittenEvents, write_events
 from backplane.lib.sql_rows import RowLoader
-from recovery.errors import BudgetExceeded
-from recovery.models import Budget, BudgetDecision, BudgetPeriod, BudgetScope, BudgetUnit
+from recovery.errors import BudgetExceeded, NotAnApprover
+from recovery.models import (
+    ApprovalStatus,
+    ApprovalVerdict,
+    Budget,
+    BudgetAsk,
+    BudgetAtLimit,
+    BudgetDecision,
+    BudgetPeriod,
+    BudgetScope,
+    BudgetUnit,
+)
 from recovery.selectors import budget_spend, budgets_spend, is_spent, period_of
 
 TOPIC = "backplane.budgets"
@@ -92,13 +107,17 @@ async def budget_gate_async(conn: psycopg.AsyncConnection[Any], *, namespace: st
 def _refusal(budget: Budget, *, now: datetime, less: Decimal = Decimal(0)) -> BudgetExceeded:
     spend = budget_spend(budget, now=now) - less
     unit = budget.currency if budget.unit == BudgetUnit.CURRENCY else "tokens"
+    details: dict[str, Any] = {
+        "budget_id": budget.pk, "scope": budget.scope, "key": budget.key, "period": budget.period,
+        "unit": budget.unit, "currency": budget.currency or None, "limit": str(budget.limit), "spend": str(spend)}
+    if budget.at_limit == BudgetAtLimit.ASK:
+        ask = BudgetAsk.objects.filter(budget=budget, period_day=period_of(budget, now)).select_related("group").first()
+        if ask is not None:
+            # A waiting agent may try again once the group has said yes.
+            details["ask"] = {"ask_id": ask.pk, "status": ask.status, "group": ask.group.name}
     return BudgetExceeded(
         f"the {budget.scope} budget of {budget.key} is spent: {spend} of {budget.limit} {unit} "
-        f"{'today' if budget.period == BudgetPeriod.DAY else 'for this task'}",
-        {"budget_id": budget.pk, "scope": budget.scope, "key": budget.key, "period": budget.period,
-         "unit": budget.unit, "currency": budget.currency or None, "limit": str(budget.limit),
-         "spend": str(spend)},
-    )
+        f"{'today' if budget.period == BudgetPeriod.DAY else 'for this task'}", details)
 
 
 def budget_gate(*, namespace: str, agent: str | None, task: Task, now: datetime) -> None:
@@ -156,7 +175,8 @@ def budget_note_spending(written: WrittenEvents) -> None:
             if getattr(budget, field) != period:
                 setattr(budget, field, period)
                 budget.save(update_fields=[field, "updated_at"])
-                drafts.append(_crossing(budget, share=share, spend=spend))
+                ask = _ask(budget, period=period, spend=spend, task=task, now=now) if share >= 1 else None
+                drafts.append(_crossing(budget, share=share, spend=spend, ask=ask))
     if drafts:
         write_events(task, drafts, agent=None, now=now, allow_closed=True)
 
@@ -173,12 +193,23 @@ def _spent_by(calls: list[Any], budget: Budget) -> Decimal:
     return total
 
 
-def _crossing(budget: Budget, *, share: Decimal, spend: Decimal) -> EventDraft:
+def _ask(budget: Budget, *, period: date, spend: Decimal, task: Task, now: datetime) -> BudgetAsk | None:
+    """The question a budget that asks puts to its group on reaching its limit, once a period."""
+    if budget.at_limit != BudgetAtLimit.ASK or budget.ask_group_id is None:
+        return None
+    ask, _ = BudgetAsk.objects.get_or_create(budget=budget, period_day=period, defaults={
+        "group_id": budget.ask_group_id, "spend": spend, "crossed_by_task_id": task.pk, "asked_at": now})
+    return ask
+
+
+def _crossing(budget: Budget, *, share: Decimal, spend: Decimal, ask: BudgetAsk | None = None) -> EventDraft:
     payload: dict[str, Any] = {
         "budget_id": budget.pk, "scope": budget.scope, "key": budget.key, "period": budget.period,
         "unit": budget.unit, "currency": budget.currency or None, "limit": str(budget.limit),
         "spend": str(spend), "threshold": f"{int(share * 100)}%",
     }
+    if ask is not None:
+        payload["asks"] = {"ask_id": ask.pk, "group": ask.group.name}
     kind = et.BUDGET_EXCEEDED if share >= 1 else et.BUDGET_WARNING
     return EventDraft(type=kind, payload=payload,
                       outbox=(OutboxDraft(topic=TOPIC, payload={"event": kind, **payload}, key=f"budget:{budget.pk}"),))
@@ -189,12 +220,23 @@ def _crossing(budget: Budget, *, share: Decimal, spend: Decimal) -> EventDraft:
 
 def budget_set(
     *, scope: str, key: str, period: str, unit: str, limit: Decimal, currency: str = "", decided_by: str,
-    reason: str,
+    reason: str, at_limit: str = BudgetAtLimit.STOP, ask_group: str | None = None,
 ) -> Budget:
     """Set (create, raise or lower) a budget. A limit the spend has reached stops the scope now;
-    one raised above the spend lets it go on (the crossings of the period start afresh)."""
+    one raised above the spend lets it go on (the crossings of the period start afresh).
+    ``at_limit = ask`` makes it ask ``ask_group`` (a group's name) whether to go on at the limit."""
     if not reason.strip():
         raise InvalidInput("a budget decision needs a reason", {"reason": "required"})
+    group = None
+    if at_limit == BudgetAtLimit.ASK:
+        group = Group.objects.filter(name=ask_group or "").first()
+        if group is None:
+            raise InvalidInput("a budget that asks names an existing group to ask",
+                               {"ask_group": "no such group" if ask_group else "required with at_limit ask"})
+    elif at_limit != BudgetAtLimit.STOP:
+        raise InvalidInput("at_limit is stop or ask", {"at_limit": "one of stop, ask"})
+    elif ask_group:
+        raise InvalidInput("only a budget that asks names a group", {"ask_group": "only with at_limit ask"})
     # is_finite first: ordering a NaN raises InvalidOperation (a 500), and an infinite limit is none.
     if not limit.is_finite() or limit <= 0:
         raise InvalidInput("the limit must be positive", {"limit": "greater than 0"})
@@ -204,7 +246,7 @@ def budget_set(
         old = budget.limit if budget else None
         if budget is None:
             budget = Budget(scope=scope, key=key, period=period, unit=unit, currency=currency, limit=limit)
-        budget.limit = limit
+        budget.limit, budget.at_limit, budget.ask_group = limit, at_limit, group
         try:
             budget.full_clean(validate_unique=False)
         except Exception as exc:  # noqa: BLE001 - a ValidationError: the contract's 400
@@ -276,3 +318,41 @@ def claim_budgets(*, namespace: str, agent: str, now: datetime) -> ClaimBudgets:
 def budget_refusal(budget: Budget, *, now: datetime) -> BudgetExceeded:
     """The 409 of work a spent ``budget`` stops, with what its scope has spent."""
     return _refusal(budget, now=now)
+
+
+def budget_ask_decide(*, budget_id: int, user: Any, verdict: str, reason: str) -> BudgetAsk:
+    """A member of the group a spent budget asks decides, with a reason: approve resumes the
+    scope for the rest of the period (a ``resume`` decision), deny leaves it stopped (a
+    ``refuse`` decision). Once: a decided question is ``409 already_decided``."""
+    if not reason.strip():
+        raise InvalidInput("a decision needs a reason", {"reason": "required"})
+    if verdict not in ApprovalVerdict.values:
+        raise InvalidInput("approve or deny", {"verdict": "one of approve, deny"})
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        budget = Budget.objects.select_for_update().filter(pk=budget_id).first()
+        if budget is None:
+            raise NotFound("budget not found", {"budget_id": budget_id})
+        period = period_of(budget, now)
+        ask = (BudgetAsk.objects.select_for_update(of=("self",)).select_related("group")
+               .filter(budget=budget, period_day=period).first())
+        if ask is None:
+            raise NotFound("this budget asks nothing this period", {"budget_id": budget_id})
+        if ask.status != ApprovalStatus.PENDING:
+            raise AlreadyDecided(f"the question was {ask.status} already", {"decided_by": ask.decided_by})
+        if not user.groups.filter(pk=ask.group_id).exists():
+            raise NotAnApprover(f"only members of {ask.group.name!r} answer this budget's question",
+                                {"group": ask.group.name})
+        decided_by = user_actor(user)
+        spend = budget_spend(budget, now=now)
+        if verdict == ApprovalVerdict.APPROVE:
+            ask.status, budget.resumed_on = ApprovalStatus.GRANTED, period
+            budget.save(update_fields=["resumed_on", "updated_at"])
+        else:
+            ask.status = ApprovalStatus.DENIED
+        ask.decided_by, ask.decided_at, ask.reason = decided_by, now, reason
+        ask.save(update_fields=["status", "decided_by", "decided_at", "reason"])
+        BudgetDecision.objects.create(budget=budget, action="resume" if verdict == ApprovalVerdict.APPROVE
+                                      else "refuse", old_limit=budget.limit, new_limit=budget.limit, spend=spend,
+                                      decided_by=decided_by, reason=reason, at=now)
+    return ask

@@ -193,14 +193,21 @@ class BudgetUnit(models.TextChoices):
     TOKENS = "tokens"  # input plus output tokens of every call, priced or not
 
 
+class BudgetAtLimit(models.TextChoices):
+    STOP = "stop"  # work of the scope is refused until a person raises or resumes the budget
+    ASK = "ask"  # the same, and the budget asks ``ask_group`` whether to go on (a ``BudgetAsk``)
+
+
 class Budget(models.Model):
     """What a namespace, an agent or a task tree may spend on model calls (recovery/budgets.py).
 
     Crossing 80 % and 95 % of the limit writes a warning (an event and an outbox message, once a
     period each); reaching it refuses further leases, tool calls and model-call records of the
-    scope (``409 budget_exceeded``) until a person raises the limit or resumes the scope. The
-    ``*_on`` dates say in which period each happened: a day budget starts afresh every day.
-    Changed only through the budget services, each change a ``BudgetDecision``.
+    scope (``409 budget_exceeded``) until a person raises the limit or resumes the scope. A
+    budget that asks (``at_limit``) also puts the question to ``ask_group`` then: an approval
+    resumes the scope for the period, a denial leaves it stopped. The ``*_on`` dates say in which
+    period each happened: a day budget starts afresh every day. Changed only through the budget
+    services, each change a ``BudgetDecision``.
     """
 
     scope = models.CharField(max_length=16, choices=BudgetScope.choices)
@@ -213,12 +220,17 @@ class Budget(models.Model):
     warned_95_on = models.DateField(null=True, blank=True)
     exceeded_on = models.DateField(null=True, blank=True)
     resumed_on = models.DateField(null=True, blank=True)
+    at_limit = models.CharField(max_length=8, choices=BudgetAtLimit.choices, default=BudgetAtLimit.STOP,
+                                db_default=BudgetAtLimit.STOP)
+    ask_group = models.ForeignKey("auth.Group", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["scope", "key", "period", "unit"], name="budget_one_per_scope_period"),
+            models.CheckConstraint(condition=Q(at_limit="stop", ask_group__isnull=True)
+                                   | Q(at_limit="ask", ask_group__isnull=False), name="budget_asks_a_group"),
             models.CheckConstraint(condition=Q(limit__gt=0), name="budget_limit_positive"),
             models.CheckConstraint(condition=~Q(scope="task") | Q(period="task"), name="budget_task_scope_whole"),
             models.CheckConstraint(condition=Q(scope="task") | Q(period="day"), name="budget_shared_scope_daily"),
@@ -654,3 +666,26 @@ class TaskSignal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
+
+
+class BudgetAsk(models.Model):
+    """A budget that reached its limit asking its group whether the scope may go on this period
+    (recovery/budgets.py): granted, the scope is resumed for the period; denied, it stays stopped."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="asks")
+    period_day = models.DateField()
+    group = models.ForeignKey("auth.Group", on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=10, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    spend = models.DecimalField(max_digits=30, decimal_places=12)
+    # The task whose model call reached the limit (no foreign key: retention may prune it).
+    crossed_by_task_id = models.UUIDField(null=True, blank=True)
+    asked_at = models.DateTimeField()
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["budget", "period_day"], name="budgetask_once_a_period")]
+
+    def __str__(self) -> str:
+        return f"{self.budget} asks {self.group} ({self.status})"

@@ -30,6 +30,8 @@ from recovery.models import (
     AlertTransition,
     ApprovalRequest,
     Budget,
+    BudgetAsk,
+    BudgetAtLimit,
     BudgetDecision,
     BudgetPeriod,
     BudgetScope,
@@ -445,13 +447,22 @@ class BudgetState:
     spend: Decimal
     spent: bool
     resumed: bool  # resumed for the current period
+    ask: BudgetAsk | None = None  # the question a budget that asks put this period
 
 
 def budget_states_of(budgets: Sequence[Budget], *, now: datetime | None = None) -> list[BudgetState]:
-    """These budgets with their spend and state now: one query for all of their spends."""
+    """These budgets with their spend and state now: one query for all of their spends, one
+    for the questions the budgets that ask put this period."""
     now = now or timezone.now()
+    asks: dict[int, BudgetAsk] = {}
+    asking = [budget for budget in budgets if budget.at_limit == BudgetAtLimit.ASK]
+    if asking:
+        periods = Q()
+        for budget in asking:
+            periods |= Q(budget_id=budget.pk, period_day=period_of(budget, now))
+        asks = {ask.budget_id: ask for ask in BudgetAsk.objects.filter(periods).select_related("group")}
     return [BudgetState(budget=budget, spend=spend, spent=is_spent(budget, now=now),
-                        resumed=budget.resumed_on == period_of(budget, now))
+                        resumed=budget.resumed_on == period_of(budget, now), ask=asks.get(budget.pk))
             for budget, spend in zip(budgets, budgets_spend(budgets, now=now), strict=True)]
 
 
@@ -460,8 +471,8 @@ def budget_state(budget: Budget, *, now: datetime | None = None) -> BudgetState:
 
 
 def budget_list(*, now: datetime | None = None) -> list[BudgetState]:
-    """Every budget by scope and key, with its spend and state: two queries however many."""
-    return budget_states_of(list(Budget.objects.order_by("scope", "key", "pk")), now=now)
+    """Every budget by scope and key, with its spend and state: three queries however many."""
+    return budget_states_of(list(Budget.objects.select_related("ask_group").order_by("scope", "key", "pk")), now=now)
 
 
 def budget_decisions_recent(*, limit: int) -> list[BudgetDecision]:

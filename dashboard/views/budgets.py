@@ -14,7 +14,7 @@ from backplane.eventlog.models import user_actor
 from dashboard.budget_forms import BudgetResumeForm, BudgetSetForm
 from dashboard.views.common import across_namespaces, operators_only, viewers_only
 from recovery import budgets
-from recovery.models import BudgetPeriod, BudgetScope, BudgetUnit
+from recovery.models import ApprovalVerdict, BudgetPeriod, BudgetScope, BudgetUnit
 from recovery.selectors import budget_decisions_recent, budget_list
 
 NAV = "budgets"
@@ -29,6 +29,7 @@ def budgets_page(request: HttpRequest) -> HttpResponse:
              "spend": decimal_text(state.spend), "limit": decimal_text(state.budget.limit)} for state in budget_list()]
     return render(request, "dashboard/budgets.html", {
         "nav": NAV, "rows": rows, "decisions": budget_decisions_recent(limit=RECENT_DECISIONS),
+        "groups": set(request.user.groups.values_list("pk", flat=True)),
         "scopes": BudgetScope.choices, "periods": BudgetPeriod.choices, "units": BudgetUnit.choices,
     })
 
@@ -73,8 +74,41 @@ def budget_resume_view(request: HttpRequest, budget_id: int) -> HttpResponse:
     return redirect("dashboard:budgets")
 
 
+@require_POST
+@viewers_only
+@across_namespaces
+def budget_ask_approve(request: HttpRequest, budget_id: int) -> HttpResponse:
+    return _answer_ask(request, budget_id, ApprovalVerdict.APPROVE)
+
+
+@require_POST
+@viewers_only
+@across_namespaces
+def budget_ask_deny(request: HttpRequest, budget_id: int) -> HttpResponse:
+    return _answer_ask(request, budget_id, ApprovalVerdict.DENY)
+
+
+def _answer_ask(request: HttpRequest, budget_id: int, verdict: str) -> HttpResponse:
+    """A spent budget's question answered by a member of its group (the service's check)."""
+    form = BudgetResumeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not answered: {form.refusal()}.")
+        return redirect("dashboard:budgets")
+    try:
+        ask = budgets.budget_ask_decide(budget_id=budget_id, user=request.user, verdict=verdict,
+                                        reason=form.cleaned_data["reason"])
+    except BackplaneError as exc:
+        messages.error(request, f"Not answered: {exc.message}.")
+        return redirect("dashboard:budgets")
+    done = "goes on for the rest of its period" if ask.status == "granted" else "stays stopped"
+    messages.success(request, f"{ask.budget}: {done}.")
+    return redirect("dashboard:budgets")
+
+
 urlpatterns = [
     path("", budgets_page, name="budgets"),
     path("set/", budget_set_view, name="budget-set"),
     path("<int:budget_id>/resume/", budget_resume_view, name="budget-resume"),
+    path("<int:budget_id>/ask/approve/", budget_ask_approve, name="budget-ask-approve"),
+    path("<int:budget_id>/ask/deny/", budget_ask_deny, name="budget-ask-deny"),
 ]
