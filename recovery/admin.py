@@ -401,8 +401,9 @@ class ToolPolicyAdmin(ServiceSavedAdmin):
     version's page links to an add form filled from it, to write the next one."""
 
     form = ToolPolicyForm
+    # Who set each version and when are on its page: the list fits 1280 px.
     list_display = ("tool", "namespace", "version", "is_current", "enabled", short("condition", "condition"),
-                    "approver_group", "set_by", "created_at")
+                    "approver_group")
     list_filter = ("is_current", "enabled", "on_expiry")
     search_fields = ("tool", "namespace", "condition", "set_by")
     ordering = ("tool", "namespace", "-version")

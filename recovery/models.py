@@ -558,6 +558,7 @@ class ToolPolicy(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
+        verbose_name_plural = "tool policies"
         constraints = [
             models.UniqueConstraint(fields=["tool", "namespace", "version"], name="toolpolicy_version_unique"),
             models.UniqueConstraint(fields=["tool", "namespace"], condition=Q(is_current=True),

@@ -35,6 +35,7 @@ class Migration(migrations.Migration):
                 ('escalate_to', models.ForeignKey(blank=True, help_text='With on_expiry escalate: the group asked once the first wait runs out.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='auth.group')),
             ],
             options={
+                'verbose_name_plural': 'tool policies',
                 'constraints': [models.UniqueConstraint(fields=('tool', 'namespace', 'version'), name='toolpolicy_version_unique'), models.UniqueConstraint(condition=models.Q(('is_current', True)), fields=('tool', 'namespace'), name='toolpolicy_one_current')],
             },
         ),

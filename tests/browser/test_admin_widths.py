@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.utils import timezone
 from playwright.sync_api import Page
 
@@ -31,6 +32,7 @@ from recovery.models import (
     StaffScope,
     Tool,
     ToolCall,
+    ToolPolicy,
 )
 from tests.browser.conftest import password_hash
 
@@ -94,6 +96,14 @@ def _fill() -> None:
                                     "in progress", paused_by="user:operator-with-a-long-name", paused_at=now,
                              resumed_by="user:operator-with-a-long-name" if n == 2 else "",
                              resumed_at=now if n == 2 else None)
+    approvers, _ = Group.objects.get_or_create(name="Approvers")
+    for n in range(3):
+        ToolPolicy.objects.create(
+            tool=f"payments.transfer-international-{n}", namespace="acme-marketing-eu" if n else "", version=n + 1,
+            is_current=n == 2, condition='amount > 10000 and currency == "EUR" or payee.country not in ["DE", "FR"]',
+            field_types={"amount": "number", "currency": "string", "payee.country": "string"},
+            approver_group=approvers, set_by="user:operator-with-a-long-name", created_at=now,
+            reason="the finance team's rule from the December review, after the audit of international payments")
     for n in range(3):
         search = SavedSearch.objects.create(
             name=f"Lead qualification stalled after the CRM enrichment deploy {n}", pinned=n != 1,
@@ -152,4 +162,4 @@ def test_every_changelist_fits_1280_px(page: Page, screenshot: Callable[[Page, s
         }""")
         screenshot(page, url.strip("/").replace("/", "-"))
     too_wide = {url: width for url, width in widths.items() if width > WIDTH}
-    assert len(widths) == 22 and not too_wide, too_wide
+    assert len(widths) == 23 and not too_wide, too_wide

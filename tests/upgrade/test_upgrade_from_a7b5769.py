@@ -48,8 +48,9 @@ EXPECTED_COUNTS = {
     "recovery_toolcall": 5,
     "backplane_agent": 7,
     "auth_user": 2,
-    # The fixture's "dead-letter reviewers", backplane 0012's "Reviewers", recovery 0013's "Viewers" and "Operators".
-    "auth_group": 4,
+    # The fixture's "dead-letter reviewers", backplane 0012's "Reviewers", recovery 0013's "Viewers" and
+    # "Operators", recovery 0017's "Approvers".
+    "auth_group": 5,
     "auth_user_groups": 1,
     "backplane_webhooksubscription": 2,
     "backplane_breakertransition": 1,
