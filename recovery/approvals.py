@@ -176,6 +176,17 @@ def approval_gate(task: Task, *, key: str, step: int, tool: str, input: dict[str
     return request
 
 
+def approval_awaited(task: Task, *, key: str, tool: str, input: dict[str, Any]) -> bool:
+    """Whether a call would wait for people now: its request is pending (or refused), or no
+    request exists and a policy in force asks for one. Read without locks, for the gateway to
+    spend no rate-limit slot or breaker trial on a call that will not go out; the dispatch decides
+    again under the task's lock."""
+    status = ApprovalRequest.objects.filter(idempotency_key=key).values_list("status", flat=True).first()
+    if status is not None:
+        return status != ApprovalStatus.GRANTED
+    return approval_verdict(tool=tool, namespace=task.namespace, arguments=input).needed
+
+
 def approval_decide(*, approval_id: uuid.UUID, user: Any, verdict: str, reason: str,
                     namespace: str | None = None) -> ApprovalRequest:
     """One person's decision. A member of the group asked now decides a pending request once;

@@ -47,6 +47,7 @@ from backplane.eventlog.services import ensure_storable_json
 from backplane.eventlog.writer import check_lease
 from backplane.telemetry import counters
 from recovery import breakers
+from recovery.approvals import approval_awaited
 from recovery.errors import RateLimited, ToolUnavailable
 from recovery.models import Tool, ToolCall, ToolCallStatus
 from recovery.tool_calls import ToolCallOutcome, tool_call_dispatch, tool_call_key, tool_call_record_result
@@ -125,8 +126,11 @@ def tool_invoke(
     # An answered call is replayed and a call with another input is refused (422) by
     # tool_call_dispatch without calling the tool; only calls that will go out pass the gate.
     # A sandbox never calls a tool: tool_call_dispatch answers it from the record or refuses it.
+    # A call that waits for people's approval does not go out either: each of its dispatches until
+    # the decision would otherwise take a rate-limit slot (and maybe the breaker's trial).
     will_call = not task.sandbox and (
-        known is None or (known.status == ToolCallStatus.DISPATCHED and known.input == input))
+        (known is None and not approval_awaited(task, key=key, tool=tool.name, input=input))
+        or (known is not None and known.status == ToolCallStatus.DISPATCHED and known.input == input))
     permit = _admit(tool, now=now) if will_call else None
 
     sent = False

@@ -636,3 +636,26 @@ def test_a_sandbox_never_calls_a_tool(
     assert answered.json()["result"] == {"message_id": "m-1", "to": "bob@example.com"}
     assert tool_server.calls() == 1  # neither call reached the tool
     assert [t for t, _ in tool_events(sandbox)] == ["ToolCallDispatched", "ToolCallResultReceived"]
+
+
+def test_a_call_waiting_for_approval_spends_no_rate_limit_slot(alice: APIClient, make_tool: Callable[..., Tool],
+                                                               tool_server: ToolServer) -> None:
+    """Each invoke of a gated call until its decision answers 202 without taking a slot of the
+    tool's per-minute limit; once approved, the call takes its one slot and the tool acts once."""
+    from recovery import approvals
+    from tests.support.roles import staff_user
+
+    approver = staff_user("ana", "Approvers")
+    approvals.tool_policy_set(tool="send-email", approver_group="Approvers", set_by="user:olivia", reason="all mail")
+    tool = make_tool(rate_limit_per_minute=1)
+    task = new_task()
+    if timezone.now().second >= 55:  # keep the calls in one window
+        time.sleep(61 - timezone.now().second)
+    waiting = [invoke(alice, task) for _ in range(3)]
+    assert {w.status_code for w in waiting} == {202} and len({w.json()["approval_id"] for w in waiting}) == 1
+    tool.refresh_from_db()
+    assert tool.rate_window_count == 0 and tool_server.calls() == 0
+    approvals.approval_decide(approval_id=waiting[0].json()["approval_id"], user=approver, verdict="approve",
+                              reason="read it")
+    made = invoke(alice, task)
+    assert made.status_code == 200 and made.json()["status"] == "succeeded" and tool_server.calls() == 1
