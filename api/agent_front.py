@@ -70,7 +70,7 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 from api import bodies
-from api.approvals import approval_read, approval_wait_seconds
+from api.approvals import approval_read, read_wait_seconds
 from api.authentication import (
     AGENT_COUNTED_SQL,
     NOTE_SEEN_SQL,
@@ -230,7 +230,7 @@ WAIT_POLL_SECONDS = 0.25
 async def _wait_while(request: Request, sql: str, params: dict[str, Any], waiting: str) -> None:
     """Return once the status ``sql`` reads is no longer ``waiting`` (or there is no row: the
     handler answers 404), after the request's ``wait`` seconds, or when the client has gone."""
-    wait = approval_wait_seconds(QueryDict(request.scope["query_string"].decode("latin-1")))
+    wait = read_wait_seconds(QueryDict(request.scope["query_string"].decode("latin-1")))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:

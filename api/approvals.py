@@ -35,7 +35,7 @@ def awaiting_answer(request: ApprovalRequest) -> Answer:
         "status": "awaiting_approval", "approval_id": str(request.pk), "idempotency_key": request.idempotency_key,
         "argument_sha256": request.argument_sha256, "policy_id": request.policy_id,
         "policy_version": request.policy.version, "group": request.group.name,
-        "approvals_required": request.approvals_required, "expires_at": optional_timestamp(request.expires_at),
+        "approvals_required": request.policy.approvals_required, "expires_at": optional_timestamp(request.expires_at),
     }, status.HTTP_202_ACCEPTED)
 
 
@@ -46,7 +46,7 @@ def approval_as_api_dict(request: ApprovalRequest) -> dict[str, Any]:
         "argument_sha256": request.argument_sha256, "reason": request.reason, "requested_by": request.requested_by,
         "requested_at": optional_timestamp(request.requested_at), "policy_id": request.policy_id,
         "policy_version": request.policy.version, "status": request.status,
-        "approvals_required": request.approvals_required, "group": request.group.name,
+        "approvals_required": request.policy.approvals_required, "group": request.group.name,
         "escalated": request.escalated, "expires_at": optional_timestamp(request.expires_at),
         "decided_at": optional_timestamp(request.decided_at),
         "decisions": [{"by": d.decided_by, "verdict": d.verdict, "reason": d.reason, "at": optional_timestamp(d.at)}
@@ -54,14 +54,14 @@ def approval_as_api_dict(request: ApprovalRequest) -> dict[str, Any]:
     }
 
 
-def approval_wait_seconds(query: Mapping[str, str]) -> int:
+def read_wait_seconds(query: Mapping[str, str]) -> int:
     return query_int(query, "wait", default=0, minimum=0, maximum=WAIT_MAX_SECONDS)
 
 
 def approval_read(principal: Any, query: Mapping[str, str], *, approval_id: uuid.UUID) -> Answer:
     """On Django's stack (a staff session) the answer is given at once; ``wait`` is checked and
     honoured by the HTTP front, which serves agents."""
-    approval_wait_seconds(query)
+    read_wait_seconds(query)
     return Answer(approval_as_api_dict(selectors.approval_visible(namespace=principal.namespace,
                                                                   approval_id=approval_id)))
 

@@ -11,7 +11,7 @@ from typing import Any
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter
 from rest_framework import status
 
-from api.approvals import WAIT_MAX_SECONDS, approval_wait_seconds
+from api.approvals import WAIT_MAX_SECONDS, read_wait_seconds
 from api.base import Answer, errors
 from api.bodies import SignalOut, SignalSendIn, SignalWaitIn, answer_ref
 from api.permissions import AgentOrViewerOperator
@@ -45,7 +45,7 @@ def signal_wait(principal: Any, data: dict[str, Any], *, task_id: uuid.UUID, nam
 def signal_read(principal: Any, query: Mapping[str, str], *, task_id: uuid.UUID, name: str) -> Answer:
     """On Django's stack (a staff session) the answer is given at once; ``wait`` is checked and
     honoured by the HTTP front, which serves agents."""
-    approval_wait_seconds(query)
+    read_wait_seconds(query)
     return Answer(signal_as_api_dict(signals.signal_get(namespace=principal.namespace, task_id=task_id, name=name)))
 
 

@@ -166,11 +166,11 @@ def approval_gate(task: Task, *, key: str, step: int, tool: str, input: dict[str
     policy = verdict.policy
     request = ApprovalRequest.objects.create(
         idempotency_key=key, task=task, step=step, tool=tool, input=input, argument_sha256=digest, reason=reason,
-        requested_by=agent or "", requested_at=now, policy=policy, approvals_required=policy.approvals_required,
+        requested_by=agent or "", requested_at=now, policy=policy,
         group=policy.approver_group, expires_at=now + timedelta(seconds=policy.open_seconds),
     )
     payload = {**_request_facts(request), "reason": reason, "asked_because": verdict.reason,
-               "approvals_required": request.approvals_required, "group": request.group.name,
+               "approvals_required": request.policy.approvals_required, "group": request.group.name,
                "expires_at": format_timestamp(request.expires_at)}
     write_events(task, [_draft(et.APPROVAL_REQUESTED, payload)], agent=agent, now=now)
     return request
@@ -227,7 +227,7 @@ def approval_decide(*, approval_id: uuid.UUID, user: Any, verdict: str, reason: 
             request.status = ApprovalStatus.DENIED
             event = _draft(et.APPROVAL_DENIED, {**_request_facts(request), "denied_by": decided_by, "reason": reason,
                                                 "approved_by": [_decision_facts(d) for d in approvals]})
-        elif len(approvals) >= request.approvals_required:
+        elif len(approvals) >= request.policy.approvals_required:
             request.status = ApprovalStatus.GRANTED
             event = _draft(et.APPROVAL_GRANTED, {**_request_facts(request),
                                                  "approved_by": [_decision_facts(d) for d in approvals]})

@@ -597,7 +597,6 @@ class ApprovalRequest(models.Model):
     requested_by = models.CharField(max_length=100)
     requested_at = models.DateTimeField()
     policy = models.ForeignKey(ToolPolicy, on_delete=models.PROTECT, related_name="requests")
-    approvals_required = models.PositiveSmallIntegerField()
     # The group asked now: the policy's approvers, or after an escalation its escalation group.
     group = models.ForeignKey("auth.Group", on_delete=models.PROTECT, related_name="+")
     escalated = models.BooleanField(default=False)

@@ -29,7 +29,6 @@ class Migration(migrations.Migration):
                 ('reason', models.TextField(blank=True, default='')),
                 ('requested_by', models.CharField(max_length=100)),
                 ('requested_at', models.DateTimeField()),
-                ('approvals_required', models.PositiveSmallIntegerField()),
                 ('escalated', models.BooleanField(default=False)),
                 ('status', models.CharField(choices=[('pending', 'Pending'), ('granted', 'Granted'), ('denied', 'Denied'), ('expired', 'Expired')], default='pending', max_length=10)),
                 ('expires_at', models.DateTimeField()),

@@ -144,7 +144,7 @@ def grow(rows: ListRows, n: int) -> None:
     requests = ApprovalRequest.objects.bulk_create(
         ApprovalRequest(idempotency_key=f"{round_:032x}{i:032x}", task=tasks[i], step=i, tool=rows.policy.tool,
                         input={"n": i}, argument_sha256="0" * 64, requested_by="payer", requested_at=now,
-                        policy=rows.policy, approvals_required=2, group=approvers, expires_at=now + timedelta(hours=1))
+                        policy=rows.policy, group=approvers, expires_at=now + timedelta(hours=1))
         for i in range(n))
     ApprovalDecision.objects.bulk_create(
         ApprovalDecision(request=request, user=approver, decided_by=f"user:approver-{round_}", verdict="approve",
