@@ -51,7 +51,9 @@ def signal_read(principal: Any, query: Mapping[str, str], *, task_id: uuid.UUID,
 
 def signal_send(principal: Any, data: dict[str, Any], *, task_id: uuid.UUID, name: str) -> Answer:
     signal, delivered = signals.signal_send(namespace=principal.namespace, task_id=task_id, name=name,
-                                            payload=dict(data["payload"]), sent_by=str(principal.name))
+                                            payload=dict(data["payload"]), sent_by=str(principal.name),
+                                            agent=principal.name if principal.agent else None,
+                                            kinds=principal.kinds)
     return Answer(signal_as_api_dict(signal), status.HTTP_201_CREATED if delivered else status.HTTP_200_OK)
 
 

@@ -27,7 +27,14 @@ from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, NotFound
 from backplane.eventlog.models import Task
 from backplane.eventlog.services import ensure_storable_json
-from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
+from backplane.eventlog.writer import (
+    EventDraft,
+    check_kind,
+    check_lease,
+    lock_task,
+    task_closed_error,
+    write_events,
+)
 from recovery.models import SignalStatus, TaskSignal
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
@@ -70,16 +77,18 @@ def signal_await(*, namespace: str | None, task_id: uuid.UUID, name: str, timeou
 
 
 def signal_send(*, namespace: str | None, task_id: uuid.UUID, name: str, payload: dict[str, Any],
-                sent_by: str) -> tuple[TaskSignal, bool]:
+                sent_by: str, agent: str | None = None, kinds: Sequence[str] = ()) -> tuple[TaskSignal, bool]:
     """Send the signal ``name`` to the task: the row and whether this call delivered it
     (``SignalReceived`` written). The same payload again is answered from the row; another
     payload, or a signal whose wait ran out, is ``409 already_decided``; a closed task
-    ``409 task_closed``."""
+    ``409 task_closed``. An agent (``agent``) limited to ``kinds`` signals only tasks of those
+    kinds (and those it created), as it writes only to them: another kind is 403."""
     _checked_name(name)
     ensure_storable_json(payload, "payload")
     now = timezone.now()
     with transaction.atomic(durable=True):
         task = lock_task(namespace=namespace, task_id=task_id)
+        check_kind(task, agent=agent, kinds=kinds)
         signal = TaskSignal.objects.select_for_update().filter(task=task, name=name).first()
         if signal is not None and signal.status == SignalStatus.RECEIVED:
             if signal.payload == payload:

@@ -121,6 +121,17 @@ def lock_tasks(task_ids: Sequence[uuid.UUID]) -> list[Task]:
     return TASK_ROWS.fetch_all(_LOCK_TASKS_SQL, [list(task_ids)])
 
 
+def check_kind(task: Task, *, agent: str | None, kinds: Sequence[str]) -> None:
+    """A token limited to ``kinds`` writes only tasks of those kinds, and the tasks it created
+    itself (the sub-tasks it dispatched): another kind is 403. ``check_lease``'s first rule, and
+    the whole rule for a write that needs no lease (a signal sent to a task)."""
+    if kinds and task.kind not in kinds and (agent is None or task.created_by != agent):
+        raise KindRefused(
+            f"this agent writes only tasks of its kinds ({', '.join(kinds)})",
+            {"kind": task.kind},
+        )
+
+
 def check_lease(
     task: Task,
     lease_epoch: int | None,
@@ -146,11 +157,7 @@ def check_lease(
     deadline and the detector's next sweep the holder is already presumed dead, and a write
     it makes then could interleave with the next holder's work.
     """
-    if kinds and task.kind not in kinds and (agent is None or task.created_by != agent):
-        raise KindRefused(
-            f"this agent writes only tasks of its kinds ({', '.join(kinds)})",
-            {"kind": task.kind},
-        )
+    check_kind(task, agent=agent, kinds=kinds)
     if task.is_leased and lease_epoch is None:
         raise StaleLease(
             "the task is leased; send lease_epoch",

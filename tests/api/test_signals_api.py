@@ -98,3 +98,19 @@ def test_an_agent_waiting_on_the_front_hears_of_the_signal_at_once(reads: AsyncR
     answer: dict[str, Any] = reads.request("GET", f"{path}?wait=20", headers, base_url="http://testserver").json()
     sender.join()
     assert answer["status"] == "received" and time.monotonic() - started < 3.0
+
+
+@pytest.mark.django_db
+def test_an_agent_limited_to_kinds_signals_only_tasks_of_them(alice: AgentClient, make_agent: Any) -> None:
+    from backplane.eventlog.models import Event
+    from recovery.models import TaskSignal
+
+    task = create_task(alice, kind="lead-qualification")
+    narrow = make_agent("narrow", "acme", kinds=("outreach",))
+    before = Event.objects.count()
+    error = assert_error(narrow.post(f"/api/v1/tasks/{task['task_id']}/signals/go/", {"payload": {}},
+                                     format="json"), 403, "permission_denied")
+    assert error["details"] == {"kind": "lead-qualification"}
+    assert Event.objects.count() == before and not TaskSignal.objects.exists()
+    assert alice.post(f"/api/v1/tasks/{task['task_id']}/signals/go/", {"payload": {}},
+                      format="json").status_code == 201
