@@ -446,6 +446,11 @@ class SignalOut(Answer):
     timed_out_at: Timestamp | None
 
 
+class SignalWaitOut(SignalOut):
+    callback_url: Annotated[str, Meta(description="sends this one signal with no credentials: "
+                                                  "POST it `{\"payload\": {…}}`")]
+
+
 def answer_ref(answer_type: type[Answer]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{answer_type.__name__}"}
 

@@ -7,16 +7,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urljoin
 
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter
-from rest_framework import status
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework import exceptions, status
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from api.approvals import WAIT_MAX_SECONDS, read_wait_seconds
 from api.base import Answer, errors
-from api.bodies import SignalOut, SignalSendIn, SignalWaitIn, answer_ref
+from api.bodies import SignalOut, SignalSendIn, SignalWaitIn, SignalWaitOut, answer_ref, checked, request_ref
 from api.permissions import AgentOrViewerOperator
 from api.routes import AgentRoute, Operation
 from api.serializers import optional_timestamp
+from api.throttling import count_request
 from recovery import signals
 from recovery.models import TaskSignal
 
@@ -35,11 +43,15 @@ def signal_as_api_dict(signal: TaskSignal) -> dict[str, Any]:
             "timed_out_at": optional_timestamp(signal.timed_out_at)}
 
 
-def signal_wait(principal: Any, data: dict[str, Any], *, task_id: uuid.UUID, name: str) -> Answer:
+def signal_wait(principal: Any, data: dict[str, Any], *, task_id: uuid.UUID, name: str, url: str) -> Answer:
+    """The wait's answer carries the signal's callback URL, for the agent to hand to whoever
+    should send it (a job it started, another system's webhook)."""
     signal, began = signals.signal_await(namespace=principal.namespace, task_id=task_id, name=name,
                                          timeout_seconds=data["timeout_seconds"], agent=principal.name,
                                          lease_epoch=data.get("lease_epoch"), kinds=principal.kinds)
-    return Answer(signal_as_api_dict(signal), status.HTTP_201_CREATED if began else status.HTTP_200_OK)
+    callback = urljoin(url, reverse("signal-callback", kwargs={"token": signals.signal_callback_token(signal)}))
+    return Answer({**signal_as_api_dict(signal), "callback_url": callback},
+                  status.HTTP_201_CREATED if began else status.HTTP_200_OK)
 
 
 def signal_read(principal: Any, query: Mapping[str, str], *, task_id: uuid.UUID, name: str) -> Answer:
@@ -57,6 +69,47 @@ def signal_send(principal: Any, data: dict[str, Any], *, task_id: uuid.UUID, nam
     return Answer(signal_as_api_dict(signal), status.HTTP_201_CREATED if delivered else status.HTTP_200_OK)
 
 
+class SignalCallbackView(APIView):
+    """The one route that takes no credentials: the token in its path is the credential, good for
+    one signal of one task (recovery/signals.py). Counted by the rate limit per signal, so a
+    leaked token is worth no more than that."""
+
+    authentication_classes: list[type[BaseAuthentication]] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        operation_id="signal_callbacks_send",
+        summary="Send a signal with its callback token",
+        description=(
+            "For whoever the waiting agent handed the wait's `callback_url` to (a job it started, a webhook of "
+            "another system): no account and no header, the token in the path is good for this one signal of this "
+            "one task. `201` and `SignalReceived` (sent by `callback:<the agent that waited>`); the same payload "
+            "again is `200`; another payload, or a wait that ran out, is `409 already_decided`; a closed task "
+            "`409 task_closed`. A token that is not one of the server's is `404`."
+        ),
+        parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH,
+                                     description="the token of the wait's `callback_url`")],
+        request={"application/json": request_ref(SignalSendIn)},
+        auth=[],
+        examples=[OpenApiExample("a job's result", request_only=True,
+                                 value={"payload": {"job": "render-42", "status": "done"}})],
+        # No credentials are read, so none is ever missing: every error but 401.
+        responses={201: answer_ref(SignalOut), 200: answer_ref(SignalOut),
+                   **{code: answer for code, answer in errors(404, 409, 429, conflicts=("already_decided",
+                                                                                      "task_closed"),
+                                                              body=True).items() if code != 401}},
+    )
+    def post(self, request: Request, token: str) -> Response:
+        task_id, name = signals.signal_callback_target(token)
+        wait = count_request(f"signal-callback:{task_id}:{name}")
+        if wait is not None:
+            raise exceptions.Throttled(wait=wait)
+        data = checked(SignalSendIn, request.data)
+        signal, delivered = signals.signal_send_by_callback(task_id=task_id, name=name, payload=dict(data["payload"]))
+        return Response(signal_as_api_dict(signal),
+                        status=status.HTTP_201_CREATED if delivered else status.HTTP_200_OK)
+
+
 signal_wait_route = AgentRoute(
     "SignalWaitView",
     post=Operation(signal_wait, dict(
@@ -67,15 +120,16 @@ signal_wait_route = AgentRoute(
             "`SignalAwaited` in the task's log. Again (a retry, or the next attempt after a crash): `200`, the "
             "signal as it stands. A signal sent before the wait is found by it (`status: received`). While a "
             "task waits the stall detector leaves it alone; read the signal with `tasks_signals_read` and "
-            "`wait`. When the time runs out the signal is `timed_out` (`SignalTimedOut`)."
+            "`wait`. When the time runs out the signal is `timed_out` (`SignalTimedOut`). `callback_url` sends this "
+            "one signal with no credentials (`signal_callbacks_send`): hand it to whoever should send it."
         ),
         parameters=_PATH,
         request=SignalWaitIn,
         examples=[OpenApiExample("wait a day", request_only=True, value={"timeout_seconds": 86400,
                                                                           "lease_epoch": 4})],
-        responses={201: answer_ref(SignalOut), 200: answer_ref(SignalOut),
+        responses={201: answer_ref(SignalWaitOut), 200: answer_ref(SignalWaitOut),
                    **errors(403, 404, 409, body=True)},
-    ), agents_only=True),
+    ), agents_only=True, with_url=True),
 )
 
 signal_route = AgentRoute(

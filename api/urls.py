@@ -30,6 +30,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/subtasks/", recovery_api.subtasks_route, name="task-subtasks"),
     path("tasks/<uuid:task_id>/signals/<slug:name>/", signals.signal_route, name="task-signal"),
     path("tasks/<uuid:task_id>/signals/<slug:name>/wait/", signals.signal_wait_route, name="task-signal-wait"),
+    path("signal-callbacks/<str:token>/", signals.SignalCallbackView.as_view(), name="signal-callback"),
     path("tools/<slug:name>/invoke/", recovery_api.tool_invoke_route, name="tool-invoke"),
     path("seals/latest/", integrity.SealLatestView.as_view(), name="seal-latest"),
     path("seals/consistency/", integrity.SealConsistencyView.as_view(), name="seal-consistency"),

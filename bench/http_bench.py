@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -237,6 +238,30 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         row.figure = served(calls)
         lost_note(row, calls)
     rows.append(row)
+
+    # A tool policy's cost to a dispatch (issue 43): against the same dispatch of a tool no policy covers.
+    gated = results.get("gated_dispatch") or {}
+    ungated = gated.get("ungated")
+    row = Row("an agent's new tool calls over HTTP, dispatches only, of a tool no policy covers (dispatch.lua)",
+              note=errors("gated_dispatch"))
+    if ungated:
+        row.figure = served(ungated)
+        lost_note(row, ungated)
+    rows.append(row)
+    for way, what in (("let_through", "a policy in force whose condition does not hold (made, 201)"),
+                      ("asked", "a policy asking (the request and `ApprovalRequested` written, 202)")):
+        row = Row(f"the same, {what}", target="≤ 1.5 (cost)", note=errors("gated_dispatch"),
+                  baseline=served(ungated) if ungated else "not measured")
+        measured = gated.get(way)
+        if measured:
+            row.figure = served(measured)
+        if measured and ungated:
+            # A cost: the ungated rate over this one (1.2 means 20 % more time per dispatch).
+            cost = ungated["rps"] / measured["rps"]
+            row.ratio, row.met = f"{cost:.2f}", cost <= 1.5
+            row.values.update(figure=measured["rps"], baseline=ungated["rps"], ratio=round(cost, 3))
+            lost_note(row, measured)
+        rows.append(row)
 
     # Informational: what every route Django still serves pays before its own work.
     row = Row("minimal Django view under uvicorn + a2wsgi (the floor of Django's routes)",
@@ -583,16 +608,37 @@ class Bench:
             for _ in range(self.args.tasks):
                 created("bench-claim")
 
-    def wrk(self, script: str, duration: float, log_name: str, url: str = "") -> dict[str, float]:
+    def wrk(self, script: str, duration: float, log_name: str, url: str = "",
+            extra_env: dict[str, str] | None = None) -> dict[str, float]:
         """wrk with a script of bench/baselines/ (or of bench/, where the shared baselines have
         none: append_outbox.lua) against ``url`` (the product's root: the append scripts name
         their paths; healthz.lua requests the URL's own)."""
-        env = {**os.environ, "BP_TOKEN": self.token, "TASKS": ",".join(self.tasks), "LEASES": ",".join(self.leases)}
+        env = {**os.environ, "BP_TOKEN": self.token, "TASKS": ",".join(self.tasks), "LEASES": ",".join(self.leases),
+               **(extra_env or {})}
         output = run(["wrk", f"-t{self.args.threads}", f"-c{self.args.connections}", f"-d{seconds(duration)}s",
                       "--timeout", f"{self.args.wrk_timeout:g}s", "-s",
                       str(BASELINES / script if (BASELINES / script).exists() else BENCH / script),
                       url or self.product.url], env=env, timeout=duration + 120, log=self.raw / log_name)
         return parse_wrk(output)
+
+    def gated_dispatch(self) -> dict[str, dict[str, float]]:
+        """New tool calls dispatched over HTTP three ways, one after the other: a tool no policy
+        covers; a tool whose policy (``amount > 1000``) lets this call through; the same policy
+        asking (the request and ``ApprovalRequested`` written, 202)."""
+        # A tool of each way's own: dispatch.lua's steps start again at each run, and the same
+        # step of the same tool with another amount would be a 422, not a new call.
+        stamp = uuid.uuid4().hex[:8]
+        free, through, asked = (f"bench.pay-{way}-{stamp}" for way in ("free", "through", "asked"))
+        run([sys.executable, "manage.py", "shell", "-c",
+             "from recovery.approvals import tool_policy_set\n"
+             f"for tool in ({through!r}, {asked!r}):\n"
+             "    tool_policy_set(tool=tool, condition='amount > 1000', field_types={'amount': 'number'}, "
+             "approver_group='Approvers', set_by='bench', reason='bench: gated dispatches over HTTP')"],
+            env=self.product.manage_env(), timeout=180)
+        ways = {"ungated": (free, "10", "201"), "let_through": (through, "10", "201"), "asked": (asked, "5000", "202")}
+        return {way: self.wrk("dispatch.lua", self.args.duration, f"wrk-dispatch-{way}.txt",
+                              extra_env={"TOOL": tool, "AMOUNT": amount, "EXPECT": expect})
+                for way, (tool, amount, expect) in ways.items()}
 
     def floor(self, app: str) -> dict[str, float]:
         """``GET /healthz`` of a floor of minimal_django.py, served alone beside the product, then stopped."""
@@ -703,6 +749,7 @@ class Bench:
         self.phase("heartbeat", lambda: self.wrk("heartbeat.lua", args.duration, "wrk-heartbeat.txt"))
         self.phase("claim", lambda: self.wrk("claim_release.lua", args.duration, "wrk-claim.txt"))
         self.phase("tool_calls", lambda: self.wrk("tool_calls.lua", args.duration, "wrk-tool-calls.txt"))
+        self.phase("gated_dispatch", self.gated_dispatch)
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))

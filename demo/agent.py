@@ -57,7 +57,16 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from backplane_client import AgentClient, BackplaneAPIError, LeaseLost, RetryPolicy, TaskSession
+from backplane_client import (
+    AgentClient,
+    ApprovalDenied,
+    ApprovalExpired,
+    AwaitingApproval,
+    BackplaneAPIError,
+    LeaseLost,
+    RetryPolicy,
+    TaskSession,
+)
 from demo import llm
 
 logger = logging.getLogger("demo.agent")
@@ -70,6 +79,8 @@ ZONES_OF = {ORCHESTRATOR: (1, 2, 3, 4), RESEARCHER: (1, 2, 3)}
 CRASH_STEP = {ORCHESTRATOR: 6, RESEARCHER: 2}
 TOOL_ATTEMPTS = 4  # a transient tool failure is retried this often (same key) before giving up
 SUBTASK_TIMEOUT = 120.0
+# How long an agent holds a task whose tool call waits for people before giving it back.
+APPROVAL_PATIENCE = 20.0
 # Errors that say "not now": the task goes back uncounted and someone tries again later.
 TRANSIENT_CODES = frozenset({"rate_limited", "unavailable", "circuit_open", "tool_unavailable"})
 
@@ -256,9 +267,13 @@ class Agent:
             return
         outcome["email"] = mail.get("message_id")
         if buys:
+            # Under make run, a charge over the demo's threshold waits for a person first
+            # (demo/fleet.py's PAYMENT_POLICY): ``reason`` is what the Approvals page shows them.
             charge = self.tool(s, 7, "payments-charge", {"lead_id": lead["id"], "amount_cents": lead["amount_cents"]},
                                compensation={"tool": "payments-refund", "input": {"lead_id": lead["id"]}},
-                               failed_is_final=True)
+                               failed_is_final=True,
+                               reason=f"{lead['company']} chose the {lead.get('plan', 'starter')} plan (fit score "
+                                      f"{score}): charge {lead['amount_cents'] / 100:,.2f} to close lead {lead['id']}.")
             if charge is None:
                 return
             outcome["charge"] = charge.get("charge")
@@ -298,11 +313,13 @@ class Agent:
     # --- one direct tool call, through the idempotency proxy --------------------------------
 
     def tool(self, s: TaskSession, step: int, tool: str, input: dict[str, Any], *,
-             compensation: dict[str, Any] | None = None, failed_is_final: bool = False) -> dict[str, Any] | None:
+             compensation: dict[str, Any] | None = None, failed_is_final: bool = False,
+             reason: str | None = None) -> dict[str, Any] | None:
         """Write before you act, act only when the backplane says so, acknowledge before you advance.
 
-        Returns the result, or None when the task was failed (a permanent failure, or a tool
-        that stayed unavailable) and the caller must stop.
+        Returns the result, or None when the task was failed (a permanent failure, a tool that
+        stayed unavailable, a call people denied) or given back to wait for people, and the
+        caller must stop.
         """
         body = {**input, "task_id": self.origin_task_id(s)}
         if step == CRASH_STEP[self.kind] and not any(c["step"] == step and c["tool"] == tool
@@ -310,7 +327,8 @@ class Agent:
             # Zone 1 is "decided, not yet dispatched": not true once an earlier attempt dispatched.
             self.crash_here(s, 1, step=step, tool=tool)
         try:
-            with s.tool_call(step, tool, body, compensation=compensation) as call:
+            with s.tool_call(step, tool, body, compensation=compensation, reason=reason,
+                             approval_timeout=APPROVAL_PATIENCE) as call:
                 if not call.needed:
                     self.observe("proxy_replay", s, step=step, tool=tool)
                 else:
@@ -330,6 +348,18 @@ class Agent:
                         call.succeeded(answer)
                     else:
                         call.failed({"status_code": status, **answer})
+        except AwaitingApproval:
+            # Nobody decided within our patience: give the task back. It waits durably, handed
+            # to no agent until the decision (or the request's expiry), and the claim after that
+            # finds the same request with the same key.
+            logger.info("%s: %s step %d waits for people's approval; giving the task back", self.name, tool, step)
+            self._give_back(s)
+            return None
+        except (ApprovalDenied, ApprovalExpired) as exc:
+            # People said no (or nobody answered in time): the call is not made, and failing the
+            # task for good has the saga undo the steps before it.
+            s.fail(f"{tool} not approved: {exc.message}", retryable=False)
+            return None
         except _Unavailable as exc:
             # Still unavailable after the retries: nothing is recorded, so the call stays in
             # flight (the next attempt repeats it with the same key) and the task fails retryably.

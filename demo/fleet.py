@@ -4,7 +4,8 @@
 
 - :func:`fleet_prepare` registers, idempotently, the demo namespace's agents (fresh tokens each
   start), the gateway tool ``crm-lookup``, the webhook subscription the relay uses to ask the
-  demo to run compensations, and the retention rule that prunes finished demo tasks;
+  demo to run compensations, the retention rule that prunes finished demo tasks, and (running
+  until stopped) the tool policy that makes an enterprise charge wait for a reviewer;
 - :class:`Fleet` runs the tool service (demo/toolservice.py) in threads and the agents as
   separate processes (demo/agent.py), each restarted when it dies — which they do on purpose;
 - :func:`lead` makes the feeder's leads: deterministic from the seed and a counter.
@@ -32,6 +33,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
@@ -46,8 +49,9 @@ from demo import llm
 from demo.agent import KINDS, ORCHESTRATOR, RESEARCHER
 from demo.models import LedgerEntry, Observation
 from demo.toolservice import BOUNCING_DOMAIN, Faults, ToolWorld, make_server
+from recovery.approvals import tool_policy_set
 from recovery.dead_letters import dead_letter_discard
-from recovery.models import Tool
+from recovery.models import Tool, ToolPolicy
 from recovery.retention import retention_rule_ensure
 
 logger = logging.getLogger(__name__)
@@ -75,6 +79,9 @@ class FleetConfig:
     # Running until stopped, the fleet prunes (a retention rule) and decides its own old dead
     # letters; a batch keeps everything for its report.
     tidy: bool = True
+    # Running until stopped, an enterprise charge waits for a person (PAYMENT_POLICY), and this
+    # login may decide it; a batch has nobody to ask, so no policy gates its calls.
+    approver: str | None = None
     faults: Faults = field(default_factory=Faults)
 
 
@@ -119,7 +126,29 @@ def fleet_prepare(config: FleetConfig, *, tools_url: str) -> Prepared:
     # finished tasks once they are old enough, sealed and exported (docs/operations.md, "Retention").
     if config.tidy:
         retention_rule_ensure(namespace=config.namespace, keep_seconds=config.keep_seconds)
+    if config.approver is not None:
+        payment_policy_ensure(namespace=config.namespace, approver=config.approver)
     return Prepared(tokens=tokens, webhook_secret=secret)
+
+
+# The demo's gated call (docs/approvals.md): a charge over 1,000.00 waits for a member of the
+# Approvers group; undecided for 15 minutes, it is denied and the saga undoes the lead's steps.
+PAYMENT_POLICY: dict[str, Any] = {
+    "tool": "payments-charge", "condition": "amount_cents > 100000", "field_types": {"amount_cents": "number"},
+    "approver_group": "Approvers", "open_seconds": 900, "on_expiry": "deny",
+    "reason": "demo: a charge over 1,000.00 waits for a reviewer",
+}
+
+
+def payment_policy_ensure(*, namespace: str, approver: str) -> None:
+    """Gate the namespace's charges over 1,000.00, unless a policy for them exists already (a
+    person's change to it stands), and let the login ``approver`` (``make run``'s, when there is
+    one) decide them as a member of the Approvers group."""
+    if not ToolPolicy.objects.filter(namespace=namespace, tool=PAYMENT_POLICY["tool"]).exists():
+        tool_policy_set(namespace=namespace, set_by="demo-fleet", **PAYMENT_POLICY)
+    user = get_user_model().objects.filter(username=approver).first()
+    if user is not None:
+        user.groups.add(Group.objects.get(name=PAYMENT_POLICY["approver_group"]))
 
 
 def demo_prune_own_records(*, older_than: timedelta) -> int:
@@ -160,8 +189,10 @@ def open_root_tasks(namespace: str) -> int:
 def lead(seed: int, run: str, n: int) -> dict[str, Any]:
     """The n-th lead of a run.
 
-    Every 25th, from the 3rd, is a poison message: imported without an email address, it makes
-    the orchestrator's code raise and its process die on every attempt, so the stall detector
+    Every 20th, from the 7th, wants the annual enterprise plan: its charge is over the threshold of
+    the demo's payment policy, so under ``make run`` it waits on the Approvals page. Every 25th,
+    from the 3rd, is a poison message: imported without an email address, it makes the
+    orchestrator's code raise and its process die on every attempt, so the stall detector
     dead-letters it after the last one — a dead letter to review within the first minute. Every
     25th from the 10th writes from a domain whose mail never goes through: the task fails
     retryably until its attempts run out, then for good, and the saga undoes what it did.
@@ -171,6 +202,8 @@ def lead(seed: int, run: str, n: int) -> dict[str, Any]:
     domain = BOUNCING_DOMAIN if n % 25 == 10 else company.lower().replace(" ", "-") + ".example"
     found: dict[str, Any] = {"id": f"L-{run}-{n:05d}", "company": company, "email": f"buyer{n}@{domain}",
                              "amount_cents": r.choice([4900, 9900, 19900])}
+    if n % 20 == 7:
+        found.update(amount_cents=480000, plan="enterprise")
     if n % 25 == 3:
         del found["email"]
         found["notes"] = "imported from a legacy CSV without a contact column"

@@ -167,10 +167,13 @@ def research(seed: int | str, lead: Mapping[str, Any], enrichment: Mapping[str, 
 
 def qualify(seed: int | str, lead: Mapping[str, Any], score: int) -> ModelFunction:
     def call(prompt: Any) -> dict[str, Any]:
-        qualified = score >= 50
-        buys = qualified and rng(seed, "buys", _json(prompt)).random() < 0.6
+        # An enterprise lead came asking for the annual plan: qualified and buying, whatever the score.
+        enterprise = lead.get("plan") == "enterprise"
+        qualified = score >= 50 or enterprise
+        buys = enterprise or (qualified and rng(seed, "buys", _json(prompt)).random() < 0.6)
+        plan = "the annual enterprise plan" if enterprise else "the starter plan"
         thought = (f"Score {score}: " + ("qualified" if qualified else "not a fit yet")
-                   + ("; they asked for the starter plan." if buys else "."))
+                   + (f"; they asked for {plan}." if buys else "."))
         # The one decision the stand-in thinks over before it answers.
         return _answer(prompt, {"thought": thought, "decision": {"qualified": qualified, "buys": buys}},
                        reasoning=QUALIFY_REASONING)

@@ -125,14 +125,21 @@ def approval_verdict(*, tool: str, namespace: str, arguments: Any) -> PolicyVerd
     policy = tool_policy_in_force(tool=tool, namespace=namespace)
     if policy is None or not policy.enabled:
         return PolicyVerdict(False, "no approval policy covers this tool", None)
+    needed, reason = condition_asks(condition=policy.condition, field_types=policy.field_types, arguments=arguments)
+    return PolicyVerdict(needed, reason, policy)
+
+
+def condition_asks(*, condition: str, field_types: Any, arguments: Any) -> tuple[bool, str]:
+    """Whether an enabled policy's condition asks for approval of a call with ``arguments``, and
+    why; what both dispatch paths decide by."""
     # Saved conditions were checked when saved; a stored one that no longer parses (edited in
     # the database by hand) asks for approval rather than letting calls through.
     try:
-        condition = parse_condition(policy.condition, policy.field_types)
+        parsed = parse_condition(condition, field_types)
     except RuleError as exc:
-        return PolicyVerdict(True, f"the policy's condition is refused ({exc}), so approval is asked for", policy)
-    verdict = condition.needs_approval(arguments)
-    return PolicyVerdict(verdict.needed, verdict.reason, policy)
+        return True, f"the policy's condition is refused ({exc}), so approval is asked for"
+    verdict = parsed.needs_approval(arguments)
+    return verdict.needed, verdict.reason
 
 
 # --- requests: what a gated dispatch writes, and people's decisions --------------------------------

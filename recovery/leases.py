@@ -38,6 +38,7 @@ from recovery.budgets import (
     claim_budgets_of,
     claim_budgets_params,
 )
+from recovery.models import ApprovalStatus, SignalStatus
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,9 @@ def _claimable_kinds(agent: Agent, kinds: Sequence[str] | None) -> list[str]:
 # budgets (sub-agents and all) and paused work (recovery/selectors.py's ``pauses_holding_back``, the
 # same rule: the namespace's own pause, or its kind's). The pauses are read in the claim's own
 # statement: a pause committed before it started holds the task back; one committing meanwhile
-# holds back every later claim, and leases already granted run on.
+# holds back every later claim, and leases already granted run on. A task waiting durably — its
+# holder gave it back while a tool call waits for people's approval or the task for a signal — is
+# not handed out until the decision, the signal or the deadline: a claimer could only wait again.
 _CANDIDATE_SQL = f"""
 WITH RECURSIVE passed_over(id) AS (
     SELECT id FROM backplane_task WHERE id = ANY(%(blocked_roots)s)
@@ -170,6 +173,10 @@ WHERE namespace = %(namespace)s AND status = '{TaskStatus.PENDING.value}' AND {{
   AND NOT EXISTS (SELECT 1 FROM recovery_pause AS pause
                   WHERE pause.namespace = backplane_task.namespace AND pause.resumed_at IS NULL
                     AND (pause.kind = '' OR pause.kind = backplane_task.kind))
+  AND NOT EXISTS (SELECT 1 FROM recovery_approvalrequest AS request
+                  WHERE request.task_id = backplane_task.id AND request.status = '{ApprovalStatus.PENDING.value}')
+  AND NOT EXISTS (SELECT 1 FROM recovery_tasksignal AS signal
+                  WHERE signal.task_id = backplane_task.id AND signal.status = '{SignalStatus.WAITING.value}')
 ORDER BY created_at, id
 LIMIT 1
 FOR UPDATE OF backplane_task SKIP LOCKED

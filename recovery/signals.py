@@ -8,7 +8,12 @@ with its payload and sender); the ``expire-approvals`` duty ends a wait whose ti
 the signal's row (one per task and name) says where it stands, so a signal sent before the wait
 is found by it, a repeat of either side is answered from the row, and a crashed agent that
 claims the task again waits for the same signal. The stall detector leaves a waiting task alone,
-as it does a task waiting for an approval.
+as it does a task waiting for an approval, and a task its holder gave back while it waits is not
+handed out again until the wait ends (recovery/leases.py).
+
+Whoever should send the signal needs no account: the wait's answer carries a callback token
+(``signal_callback_token``), signed with the server's secret key, that sends this one signal to
+this one task and nothing else — what a long-running job or a webhook of another system is given.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core import signing
 from django.db import transaction
 from django.utils import timezone
 
@@ -39,6 +45,10 @@ from recovery.models import SignalStatus, TaskSignal
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TIMEOUT_MAX_SECONDS = 30 * 24 * 3600
+_CALLBACK_SALT = "backplane.signals.callback"
+# Each signal is a row and an event or two: a task has at most this many names, so an agent (or a
+# sender) cannot grow one task's signals beyond what any real wait needs.
+SIGNALS_PER_TASK_MAX = 100
 
 
 def _checked_name(name: str) -> str:
@@ -66,6 +76,7 @@ def signal_await(*, namespace: str | None, task_id: uuid.UUID, name: str, timeou
         if task.is_closed:
             raise task_closed_error(task)
         if signal is None:
+            _check_room(task)
             signal = TaskSignal(task=task, name=name, status=SignalStatus.WAITING)
         signal.awaited_by, signal.awaited_at = agent or "", now
         signal.expires_at = now + timedelta(seconds=timeout_seconds)
@@ -101,6 +112,7 @@ def signal_send(*, namespace: str | None, task_id: uuid.UUID, name: str, payload
         if task.is_closed:
             raise task_closed_error(task)
         if signal is None:
+            _check_room(task)
             signal = TaskSignal(task=task, name=name)
         signal.status, signal.payload, signal.sent_by, signal.received_at = (
             SignalStatus.RECEIVED, payload, sent_by, now)
@@ -108,6 +120,13 @@ def signal_send(*, namespace: str | None, task_id: uuid.UUID, name: str, payload
         write_events(task, [EventDraft(type=et.SIGNAL_RECEIVED, payload={
             "name": name, "payload": payload, "sent_by": sent_by})], agent=None, now=now)
     return signal, True
+
+
+def _check_room(task: Task) -> None:
+    """Under the task's row lock, so two new names at once cannot both take the last place."""
+    if TaskSignal.objects.filter(task=task).count() >= SIGNALS_PER_TASK_MAX:
+        raise InvalidInput(f"a task has at most {SIGNALS_PER_TASK_MAX} signals",
+                           {"name": f"this task has {SIGNALS_PER_TASK_MAX} signals already"})
 
 
 def signal_get(*, namespace: str | None, task_id: uuid.UUID, name: str) -> TaskSignal:
@@ -137,3 +156,32 @@ def signals_expire(*, now: datetime | None = None, batch_size: int = 200) -> int
                          now=now, allow_closed=True)
             ended += 1
     return ended
+
+
+def signal_callback_token(signal: TaskSignal) -> str:
+    """The token that sends ``signal`` (this name, to this task) and nothing else. It names no
+    namespace and holds no secret of its own: Django's signing (HMAC with SECRET_KEY) makes it
+    unforgeable, and the signal's row makes it good for one payload — a repeat is answered as
+    received, another payload or a wait that ran out is refused."""
+    return signing.dumps([str(signal.task_id), signal.name], salt=_CALLBACK_SALT)
+
+
+def signal_callback_target(token: str) -> tuple[uuid.UUID, str]:
+    """The task and the signal name a callback token sends; ``404`` for a token that is not one of
+    ours (nothing says why)."""
+    try:
+        task_text, name = signing.loads(token, salt=_CALLBACK_SALT)
+        return uuid.UUID(task_text), _checked_name(name)
+    except (signing.BadSignature, ValueError, TypeError, InvalidInput):
+        raise NotFound("no such signal callback", {}) from None
+
+
+def signal_send_by_callback(*, task_id: uuid.UUID, name: str, payload: dict[str, Any]) -> tuple[TaskSignal, bool]:
+    """``signal_send`` for the holder of the callback token of ``signal_callback_target``, sent by
+    ``callback:<the agent that waited>``. Only a signal that was waited for has a token."""
+    awaited_by = TaskSignal.objects.filter(task_id=task_id, name=name, awaited_at__isnull=False).values_list(
+        "awaited_by", flat=True).first()
+    if awaited_by is None:
+        raise NotFound("no such signal callback", {})
+    return signal_send(namespace=None, task_id=task_id, name=name, payload=payload,
+                       sent_by=f"callback:{awaited_by}" if awaited_by else "callback")

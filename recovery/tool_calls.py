@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.lib.sql_rows import json_text, recordset, recordset_json
 from backplane.telemetry import counters
-from recovery.approvals import approval_gate
+from recovery.approvals import approval_gate, condition_asks
 from recovery.budgets import budget_gate, budget_gate_async
 from recovery.errors import ApprovalPending
 from recovery.models import ApprovalStatus, ToolCall, ToolCallStatus
@@ -154,8 +155,11 @@ async def tool_call_dispatch_async(
         check_lease(task, lease_epoch, agent=agent, kinds=kinds)
         if task.is_closed or task.forked_from_id is not None:
             raise HandOff
-        if await (await conn.execute(MAY_NEED_APPROVAL_SQL, [tool, task.namespace, key])).fetchone() is not None:
-            raise HandOff  # the approval gate is the sync service's (recovery/approvals.py)
+        requested, enabled, condition, field_types = await (await conn.execute(
+            POLICY_FOR_CALL_SQL, [key, tool, task.namespace])).fetchone() or (False, None, "", "{}")
+        if requested or (enabled and condition_asks(condition=condition, field_types=json.loads(field_types),
+                                                    arguments=input)[0]):
+            raise HandOff  # a request to write or to read: the approval gate is the sync service's
         now = timezone.now()
         await budget_gate_async(conn, namespace=task.namespace, agent=agent, task=task, now=now)
         call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
@@ -167,12 +171,17 @@ async def tool_call_dispatch_async(
     return call
 
 
-# Whether a tool policy may gate this call (an enabled current one of the tool, the namespace's or
-# the global one), or the call's key has an approval request already: then the sync service decides.
-MAY_NEED_APPROVAL_SQL = """
-SELECT 1 WHERE EXISTS (SELECT 1 FROM recovery_toolpolicy WHERE tool = %s AND namespace IN (%s, '')
-                       AND is_current AND enabled)
-   OR EXISTS (SELECT 1 FROM recovery_approvalrequest WHERE idempotency_key = %s)
+# Whether the call's key has an approval request already, and the policy in force for it (the
+# namespace's current version, else the global one: selectors.tool_policy_in_force's rule), whose
+# condition the loop evaluates as the sync service does. Only a call the policy lets through (or
+# no policy) is made on the loop; asking, and answering from a request, are the sync service's.
+POLICY_FOR_CALL_SQL = """
+SELECT EXISTS (SELECT 1 FROM recovery_approvalrequest WHERE idempotency_key = %s),
+       policy.enabled, policy.condition, policy.field_types::text
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT enabled, condition, field_types FROM recovery_toolpolicy
+                   WHERE tool = %s AND namespace IN (%s, '') AND is_current
+                   ORDER BY namespace DESC LIMIT 1) AS policy ON true
 """
 
 

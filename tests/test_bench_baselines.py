@@ -144,6 +144,9 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
         "heartbeat": http_bench.parse_wrk(done_line("heartbeat.lua", [5.0, 25.0, 800.0, 0])),
         "claim": http_bench.parse_wrk(done_line("claim_release.lua", [6.0, 30.0, 650.0, 2])),
         "tool_calls": http_bench.parse_wrk(done_line("tool_calls.lua", [6.0, 30.0, 700.0, 0])),
+        "gated_dispatch": {"ungated": http_bench.parse_wrk(done_line("dispatch.lua", [5.0, 20.0, 600.0, 0])),
+                           "let_through": http_bench.parse_wrk(done_line("dispatch.lua", [5.0, 22.0, 500.0, 0])),
+                           "asked": http_bench.parse_wrk(done_line("dispatch.lua", [8.0, 40.0, 300.0, 1]))},
         "batch": http_bench.parse_wrk(done_line("batch.lua", [200.0, 400.0, 40.0, 4000.0, 0])),
         "pgbench": {"tps": 2000.0},
         "append_py": {"raw": {"per_s": 1200.0}, "event_append": {"per_s": 300.0}},
@@ -151,7 +154,7 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
                   "langgraph": {"error": "exit 1: ImportError"}},
     }
     rows = {row.path.split(" (")[0]: row for row in http_bench.build_rows(results)}
-    assert len(rows) == 12  # no proof row: bench/proof.py gave no figures and no error
+    assert len(rows) == 15  # no proof row: bench/proof.py gave no figures and no error
     healthz = rows["`GET /healthz` of the product"]
     assert (healthz.ratio, healthz.met) == ("0.30", True)
     assert "3,000 req/s" in healthz.baseline
@@ -176,7 +179,11 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
     claims = rows["an agent's claims and releases over HTTP, one each in turn"]
     assert claims.figure.startswith("650 req/s") and "2 answers" in claims.note
     assert rows["an agent's new tool calls and their answers over HTTP, one each in turn"].figure.startswith("700")
-    assert table.count("\n|") == 14 and "**not met**" in table
+    through = rows["the same, a policy in force whose condition does not hold"]
+    assert (through.ratio, through.met) == ("1.20", True) and "600 req/s" in through.baseline
+    asked = rows["the same, a policy asking"]
+    assert (asked.ratio, asked.met) == ("2.00", False) and "1 answers" in asked.note
+    assert table.count("\n|") == 17 and "**not met**" in table
 
 
 def test_lost_answers_and_a_slow_p99_fail_the_append_target(http_bench: ModuleType) -> None:

@@ -1,5 +1,6 @@
 """The Approvals page's reads: the requests waiting (with what led to each: the task's last
-events before it), and the ones decided lately. Three queries whatever the number of rows."""
+events before it), the ones decided lately, and the tasks waiting for a signal. Three queries
+for the requests whatever the number of rows, one for the signals."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 from django.db import connection
 
 from backplane.eventlog.canonical import canonical_json
-from recovery.models import ApprovalRequest, ApprovalStatus
+from recovery.models import ApprovalRequest, ApprovalStatus, SignalStatus, TaskSignal
 
 # Events shown before each request: what the agent thought and did just before it asked.
 LEADING_EVENTS = 5
@@ -77,3 +78,9 @@ def approvals_recently_decided(*, limit: int = RECENTLY_DECIDED) -> list[Approva
     return list(ApprovalRequest.objects.exclude(status=ApprovalStatus.PENDING).filter(decided_at__isnull=False)
                 .select_related("policy", "group", "task").prefetch_related("decisions")
                 .order_by("-decided_at", "-pk")[:limit])
+
+
+def signals_waiting(*, limit: int = WAITING_SHOWN) -> list[TaskSignal]:
+    """The signals tasks wait for, the first to run out first."""
+    return list(TaskSignal.objects.filter(status=SignalStatus.WAITING, awaited_at__isnull=False)
+                .select_related("task").order_by("expires_at", "pk")[:limit])

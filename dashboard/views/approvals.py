@@ -1,4 +1,5 @@
-"""The Approvals page: gated tool calls waiting for people, and their decisions (docs/approvals.md)."""
+"""The Approvals page: gated tool calls waiting for people, and their decisions; tasks waiting for
+a signal, which an operator may send (docs/approvals.md)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.errors import BackplaneError
-from dashboard.approval_forms import ApprovalDecisionForm
-from dashboard.selectors.approvals import approvals_recently_decided, approvals_waiting
-from dashboard.views.common import across_namespaces, viewers_only
-from recovery import approvals
-from recovery.models import ApprovalVerdict
+from dashboard.approval_forms import ApprovalDecisionForm, SignalPayloadForm
+from dashboard.selectors.approvals import approvals_recently_decided, approvals_waiting, signals_waiting
+from dashboard.views.common import across_namespaces, operators_only, viewers_only
+from recovery import approvals, signals
+from recovery.models import OPERATE_PERMISSION, ApprovalVerdict
 
 NAV = "approvals"
 
@@ -28,9 +29,12 @@ def approvals_page(request: HttpRequest) -> HttpResponse:
     """The waiting requests and the last decisions (``?partial=waiting``: the page script's read of
     the waiting ones, rendered by the same template)."""
     groups = set(request.user.groups.values_list("pk", flat=True))
-    context = {"nav": NAV, "waiting": approvals_waiting(), "groups": groups}
+    context = {"nav": NAV, "waiting": approvals_waiting(), "groups": groups, "signals": signals_waiting(),
+               "may_send": request.user.has_perm(OPERATE_PERMISSION)}
     if request.GET.get("partial") == "waiting":
         return JsonResponse({"waiting": render_to_string("dashboard/approvals/_waiting.html", context,
+                                                         request=request),
+                             "signals": render_to_string("dashboard/approvals/_signals.html", context,
                                                          request=request)})
     return render(request, "dashboard/approvals/page.html", {**context, "decided": approvals_recently_decided()})
 
@@ -68,8 +72,29 @@ def _decide(request: HttpRequest, approval_id: uuid.UUID, verdict: str) -> HttpR
     return redirect("dashboard:approvals")
 
 
+@require_POST
+@operators_only("send a task a signal")
+@across_namespaces
+def signal_send(request: HttpRequest, task_id: uuid.UUID, name: str) -> HttpResponse:
+    """An operator sends a waiting task its signal, with the API's service and refusals; the
+    payload is recorded in the task's chain as sent by this person."""
+    form = SignalPayloadForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Not sent: {form.refusal()}.")
+        return redirect("dashboard:approvals")
+    try:
+        signals.signal_send(namespace=None, task_id=task_id, name=name, payload=form.cleaned_data["payload"],
+                            sent_by=f"user:{request.user.get_username()}")
+    except BackplaneError as exc:
+        messages.error(request, f"Not sent: {exc.message}.")
+        return redirect("dashboard:approvals")
+    messages.success(request, f"Sent: {name} to task {task_id}.")
+    return redirect("dashboard:approvals")
+
+
 urlpatterns = [
     path("", approvals_page, name="approvals"),
     path("<uuid:approval_id>/approve/", approval_approve, name="approval-approve"),
     path("<uuid:approval_id>/deny/", approval_deny, name="approval-deny"),
+    path("signals/<uuid:task_id>/<slug:name>/", signal_send, name="signal-send"),
 ]

@@ -1020,6 +1020,40 @@ def test_a_new_tool_call_and_its_answer_are_written_on_the_loop_as_the_services_
     assert answers[-1:] == [False] and Event.objects.filter(task_id=agent["task_id"]).count() == 11
 
 
+def test_a_policy_that_lets_a_call_through_is_decided_on_the_loop_and_one_that_asks_by_the_service(
+        reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.contrib.auth.models import Group
+
+    from recovery import approvals
+    from recovery.models import ApprovalRequest, ToolCall
+
+    Group.objects.get_or_create(name="Approvers")
+    for namespace, condition in (("", "amount > 1000"), ("acme", "amount > 100")):
+        approvals.tool_policy_set(tool="pay", namespace=namespace, condition=condition,
+                                  field_types={"amount": "number"}, approver_group="Approvers", set_by="user:o",
+                                  reason="rule")
+    approvals.tool_policy_set(tool="refund", condition="", approver_group="Approvers", set_by="user:o",
+                              reason="always", enabled=False)
+    dispatches = record_loop(monkeypatch, "tool_call_dispatch_async", agent_front.tool_calls)
+    task = f"/api/v1/tasks/{agent['task_id']}/tool-calls/"
+    epoch = post(reads, agent["token"], "/api/v1/leases/", {}).json()["lease_epoch"]
+
+    def dispatch(step: int, tool: str, input: dict[str, Any]) -> httpx.Response:
+        return post(reads, agent["token"], task, {"step": step, "tool": tool, "input": input, "lease_epoch": epoch})
+
+    # The namespace's policy is the one in force (100, not the global 1000); a disabled one asks nothing.
+    assert dispatch(1, "pay", {"amount": 50}).status_code == 201 and dispatches == [True]
+    assert dispatch(2, "refund", {"amount": 5000}).status_code == 201 and dispatches[-1:] == [True]
+    asked = dispatch(3, "pay", {"amount": 500})
+    assert asked.status_code == 202 and dispatches[-1:] == [False]
+    # A field the condition cannot decide (missing) asks, as the service would.
+    assert dispatch(4, "pay", {"currency": "EUR"}).status_code == 202 and dispatches[-1:] == [False]
+    # The same call again finds its request: the service's, on the loop's hand-off.
+    assert dispatch(3, "pay", {"amount": 500}).json()["approval_id"] == asked.json()["approval_id"]
+    assert dispatches[-1:] == [False]
+    assert ApprovalRequest.objects.count() == 2 and ToolCall.objects.count() == 2
+
+
 def test_a_dispatch_a_spent_budget_refuses_is_the_services_409(
         reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from decimal import Decimal

@@ -111,6 +111,26 @@ def test_bad_queries_and_ids_are_the_contracts_errors(alice: AgentClient) -> Non
     assert_error(approver.post(f"{missing}approve/", {"reason": "x"}, format="json"), 404, "not_found")
 
 
+@pytest.mark.django_db
+def test_an_agent_lists_no_approvals_and_a_long_reason_asks_nothing(alice: AgentClient) -> None:
+    from backplane.eventlog.models import Event
+
+    gate_payments()
+    task = leased_task(alice)
+    assert_error(alice.get("/api/v1/approvals/"), 403, "permission_denied")
+    before = Event.objects.filter(task_id=task["task_id"]).count()
+    error = assert_error(dispatch(alice, task, reason="x" * 2001), 400, "validation_error")
+    assert set(error["details"]) == {"reason"}
+    assert not ApprovalRequest.objects.exists() and not ToolCall.objects.exists()
+    assert Event.objects.filter(task_id=task["task_id"]).count() == before
+    assert dispatch(alice, task, reason="x" * 2000).status_code == 202  # the longest allowed
+    waiting = ApprovalRequest.objects.get()
+    decider = session(staff_user("ana", "Approvers"))
+    assert_error(decider.post(f"/api/v1/approvals/{waiting.pk}/approve/", {"reason": "y" * 2001}, format="json"),
+                 400, "validation_error")
+    assert not waiting.decisions.exists()
+
+
 @pytest.fixture
 def reads() -> Iterator[AsyncReads]:
     served = AsyncReads()
@@ -158,3 +178,27 @@ def test_an_agent_waiting_on_the_front_hears_of_the_decision_at_once(reads: Asyn
     decided = reads.request("GET", f"{path}?wait=20", headers, base_url="http://testserver")
     decider.join()
     assert decided.json()["status"] == "granted" and time.monotonic() - started < 3.0
+
+
+@pytest.mark.usefixtures("committed_db")
+def test_the_front_does_not_hand_out_a_task_given_back_while_it_waits(reads: AsyncReads) -> None:
+    from backplane.eventlog import services
+    from recovery import leases, tool_calls
+    from recovery.errors import ApprovalPending
+
+    gate_payments()
+    created = services.agent_create(name="payer", namespace="acme")
+    task = services.task_create(namespace="acme", kind="payment", input={}, agent="planner").task
+    headers = {"Authorization": f"Bearer {created.token}", "Host": "testserver", "Content-Type": "application/json"}
+    lease = reads.request("POST", "/api/v1/leases/", headers, base_url="http://testserver", content=b"{}").json()
+    with pytest.raises(ApprovalPending) as pending:
+        tool_calls.tool_call_dispatch(namespace="acme", task_id=task.pk, step=1, tool="payments.transfer",
+                                      input=PAYMENT, agent="payer", lease_epoch=lease["lease_epoch"])
+    leases.lease_release(namespace="acme", task_id=task.pk, lease_epoch=lease["lease_epoch"], agent="payer")
+
+    refused = reads.request("POST", "/api/v1/leases/", headers, base_url="http://testserver", content=b"{}")
+    assert refused.status_code == 204
+    approvals.approval_decide(approval_id=pending.value.request.pk, user=staff_user("ana", "Approvers"),
+                              verdict="approve", reason="ok")
+    claimed = reads.request("POST", "/api/v1/leases/", headers, base_url="http://testserver", content=b"{}")
+    assert claimed.status_code == 200 and claimed.json()["task"]["task_id"] == str(task.pk)

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from api.bodies import SignalOut
+from api.bodies import SignalOut, SignalWaitOut
 from backplane.eventlog import services
 from recovery import leases, signals
 from tests.api.conftest import AgentClient, assert_error, claim, create_task
@@ -34,7 +34,7 @@ def test_a_task_waits_and_an_operator_sends(alice: AgentClient, mallory: AgentCl
     signal = f"/api/v1/tasks/{task['task_id']}/signals/invoice-paid/"
     assert_error(alice.get(signal), 404, "not_found")
     waiting = alice.post(f"{signal}wait/", {"timeout_seconds": 3600, "lease_epoch": epoch}, format="json")
-    assert waiting.status_code == 201 and conforms(waiting, SignalOut)["status"] == "waiting"
+    assert waiting.status_code == 201 and conforms(waiting, SignalWaitOut)["status"] == "waiting"
     assert alice.post(f"{signal}wait/", {"timeout_seconds": 3600, "lease_epoch": epoch},
                       format="json").status_code == 200
     assert_error(mallory.post(signal, {"payload": {}}, format="json"), 404, "not_found")
@@ -75,10 +75,13 @@ def test_an_agent_waiting_on_the_front_hears_of_the_signal_at_once(reads: AsyncR
     services.task_create(namespace="acme", kind="k", input={}, agent="planner")
     lease = leases.lease_claim(agent=created.agent, kinds=None, lease_seconds=30)
     assert lease is not None
-    signals.signal_await(namespace="acme", task_id=lease.task.pk, name="go", timeout_seconds=600, agent="waiter",
-                         lease_epoch=lease.lease_epoch)
     path = f"/api/v1/tasks/{lease.task.pk}/signals/go/"
     headers = {"Authorization": f"Bearer {created.token}", "Host": "testserver"}
+    began = reads.request("POST", f"{path}wait/", {**headers, "Content-Type": "application/json"},
+                          base_url="https://testserver", content=b'{"timeout_seconds": 600, "lease_epoch": %d}'
+                          % lease.lease_epoch)
+    assert began.status_code == 201 and began.json()["callback_url"].startswith(
+        "https://testserver/api/v1/signal-callbacks/")
     started = time.monotonic()
     assert reads.request("GET", f"{path}?wait=1", headers, base_url="http://testserver").json()["status"] == "waiting"
     assert 1.0 <= time.monotonic() - started < 3.0
@@ -114,3 +117,51 @@ def test_an_agent_limited_to_kinds_signals_only_tasks_of_them(alice: AgentClient
     assert Event.objects.count() == before and not TaskSignal.objects.exists()
     assert alice.post(f"/api/v1/tasks/{task['task_id']}/signals/go/", {"payload": {}},
                       format="json").status_code == 201
+
+
+@pytest.mark.django_db
+def test_a_callback_url_sends_its_one_signal_and_nothing_else(
+    alice: AgentClient, settings: Any,
+) -> None:
+    task = create_task(alice)
+    epoch = claim(alice, task_id=task["task_id"])["lease_epoch"]
+    base = f"/api/v1/tasks/{task['task_id']}/signals/"
+    waiting = alice.post(f"{base}render-done/wait/", {"timeout_seconds": 3600, "lease_epoch": epoch},
+                         format="json").json()
+    other = alice.post(f"{base}other/wait/", {"timeout_seconds": 3600, "lease_epoch": epoch}, format="json").json()
+    callback = waiting["callback_url"]
+    assert callback.startswith("http://testserver/api/v1/signal-callbacks/") and callback != other["callback_url"]
+    path = callback.removeprefix("http://testserver")
+    events = services_events(task["task_id"])
+
+    anybody = APIClient()  # no credentials at all: the token is the credential
+    # Refusals first, each changing nothing: a forged or altered token, a bad body.
+    token = path.split("/")[-2]
+    forged = token[:-3] + ("AAA" if not token.endswith("AAA") else "BBB")
+    assert_error(anybody.post(f"/api/v1/signal-callbacks/{forged}/", {"payload": {}}, format="json"),
+                 404, "not_found")
+    assert_error(anybody.post("/api/v1/signal-callbacks/x/", {"payload": {}}, format="json"), 404, "not_found")
+    assert_error(anybody.post(path, {"payload": []}, format="json"), 400, "validation_error")
+    assert_error(anybody.post(path, b"{", content_type="application/json"), 400, "validation_error")
+    assert services_events(task["task_id"]) == events
+
+    sent = anybody.post(path, {"payload": {"frames": 240}}, format="json")
+    assert sent.status_code == 201 and conforms(sent, SignalOut)["sent_by"] == "callback:alice"
+    assert anybody.post(path, {"payload": {"frames": 240}}, format="json").status_code == 200
+    assert_error(anybody.post(path, {"payload": {"frames": 1}}, format="json"), 409, "already_decided")
+    assert alice.get(f"{base}other/").json()["status"] == "waiting"  # the other signal: untouched
+    assert services_events(task["task_id"]) == [*events, "SignalReceived"]
+
+    # A token works for its own signal only, and is counted by the rate limit per signal.
+    settings.BACKPLANE_RATE_LIMIT = "2/m"
+    other_path = other["callback_url"].removeprefix("http://testserver")
+    assert anybody.post(other_path, {"payload": {}}, format="json").status_code == 201
+    assert anybody.post(other_path, {"payload": {}}, format="json").status_code == 200
+    limited = assert_error(anybody.post(other_path, {"payload": {}}, format="json"), 429, "rate_limited")
+    assert limited is not None
+
+
+def services_events(task_id: str) -> list[str]:
+    from backplane.eventlog.models import Event
+
+    return list(Event.objects.filter(task_id=task_id).order_by("seq").values_list("type", flat=True))

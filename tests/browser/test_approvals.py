@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.contrib.auth.models import AbstractUser
 from playwright.sync_api import Page, expect
@@ -76,3 +77,42 @@ def test_an_approver_sees_the_exact_call_and_grants_it(logged_in_page: Page, sta
     assert made["status"] == "dispatched"
     assert ApprovalRequest.objects.get(pk=waiting["approval_id"]).decisions.get().decided_by == \
         f"user:{staff_user.username}"
+
+
+def test_a_signal_waited_for_appears_live_and_an_operator_sends_it(logged_in_page: Page, staff_user: AbstractUser,
+                                                                    make_agent: Callable[..., ApiAgent],
+                                                                    screenshot: Screenshot) -> None:
+    from recovery.models import TaskSignal
+
+    page = logged_in_page
+    page.goto("/approvals/")
+    wait_live(page)
+    expect(page.locator("#signals-waiting")).to_contain_text("No task waits for a signal.")
+
+    renderer = make_agent("renderer")
+    task = renderer.create_task("render", {"scene": "lobby"})
+    epoch = claim_task(renderer, task)
+    waiting = renderer.call("POST", f"/api/v1/tasks/{task['task_id']}/signals/render-done/wait/", 201,
+                            json={"timeout_seconds": 3600, "lease_epoch": epoch})
+    assert waiting["callback_url"].endswith("/") and "/api/v1/signal-callbacks/" in waiting["callback_url"]
+    row = page.locator(f"tr[data-signal='{task['task_id']}/render-done']")
+    expect(row).to_be_visible(timeout=LIVE_SECONDS)
+    expect(row).to_contain_text("renderer")
+    row.locator("input[name=payload]").fill('{"frames": 240}')
+    screenshot(scrolled_to_top(page), "approvals-signal-waiting")
+
+    with page.expect_navigation():
+        row.get_by_role("button", name="Send").click()
+    expect(page.locator("#messages")).to_contain_text(f"Sent: render-done to task {task['task_id']}.")
+    expect(page.locator(f"tr[data-signal='{task['task_id']}/render-done']")).to_have_count(0)
+    signal = TaskSignal.objects.get(task_id=task["task_id"], name="render-done")
+    assert (signal.status, signal.payload, signal.sent_by) == (
+        "received", {"frames": 240}, f"user:{staff_user.username}")
+
+    # The same wait's callback URL, on the real server: no credentials, this one signal only.
+    proof = renderer.call("POST", f"/api/v1/tasks/{task['task_id']}/signals/proof-ready/wait/", 201,
+                          json={"timeout_seconds": 600, "lease_epoch": epoch})
+    expect(page.locator(f"tr[data-signal='{task['task_id']}/proof-ready']")).to_be_visible(timeout=LIVE_SECONDS)
+    sent = httpx.post(proof["callback_url"], json={"payload": {"proof": "ok"}}, timeout=10)
+    assert sent.status_code == 201 and sent.json()["sent_by"] == "callback:renderer"
+    expect(page.locator(f"tr[data-signal='{task['task_id']}/proof-ready']")).to_have_count(0, timeout=LIVE_SECONDS)

@@ -83,3 +83,46 @@ def test_someone_logged_out_is_sent_to_log_in(waiting: ApprovalRequest) -> None:
     answer = Client().post(f"/approvals/{waiting.pk}/approve/", {"reason": "x"})
     assert answer.status_code == 302 and "/login/" in answer["Location"]
     assert ApprovalRequest.objects.get(pk=waiting.pk).status == ApprovalStatus.PENDING
+
+
+@pytest.fixture
+def awaiting_signal() -> tuple[str, str]:
+    from recovery import signals
+
+    agent = services.agent_create(name="renderer", namespace="acme").agent
+    services.task_create(namespace="acme", kind="render", input={}, agent="planner")
+    lease = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert lease is not None
+    signals.signal_await(namespace="acme", task_id=lease.task.pk, name="render-done", timeout_seconds=3600,
+                         agent="renderer", lease_epoch=lease.lease_epoch)
+    return str(lease.task.pk), "render-done"
+
+
+def test_tasks_waiting_for_a_signal_are_listed_and_an_operator_sends_one(awaiting_signal: tuple[str, str]) -> None:
+    from backplane.eventlog.models import Event
+    from recovery.models import TaskSignal
+
+    task_id, name = awaiting_signal
+    viewer = session("Viewers").get("/approvals/")
+    html = viewer.content.decode()
+    assert f'data-signal="{task_id}/{name}"' in html and "renderer" in html
+    assert 'name="payload"' not in html and "operators send" in html
+    assert f'data-signal="{task_id}/{name}"' in session("Viewers", name="vic").get(
+        "/approvals/?partial=waiting").json()["signals"]
+
+    url = f"/approvals/signals/{task_id}/{name}/"
+    before = list(Event.objects.filter(task_id=task_id).values_list("seq", flat=True))
+    assert session("Viewers", name="vera").post(url, {"payload": "{}"}).status_code == 403
+    operator = session("Operators", name="olivia")
+    for bad in ("", "[1]", "{", "x" * 20001):
+        refused = operator.post(url, {"payload": bad}, follow=True)
+        assert "Not sent:" in refused.content.decode(), bad
+    assert list(Event.objects.filter(task_id=task_id).values_list("seq", flat=True)) == before
+
+    sent = operator.post(url, {"payload": '{"frames": 240}'}, follow=True)
+    assert f"Sent: {name} to task {task_id}." in sent.content.decode()
+    signal = TaskSignal.objects.get(task_id=task_id, name=name)
+    assert (signal.status, signal.payload, signal.sent_by) == ("received", {"frames": 240}, "user:olivia")
+    assert f'data-signal="{task_id}/{name}"' not in sent.content.decode()
+    again = operator.post(url, {"payload": '{"frames": 1}'}, follow=True)
+    assert "Not sent: this signal was received already, with another payload." in again.content.decode()

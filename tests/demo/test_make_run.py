@@ -5,7 +5,9 @@ var directory and embedded PostgreSQL) with the demo fleet on, as it is by defau
 
 1. a real headless chromium logs in and, within 60 s of the product answering, the overview
    shows completed tasks, at least one recovery and at least one dead letter to review;
-2. ``manage.py demo --tasks 200 --crash-rate 0.2 --report --json``, started as soon as the
+2. the 7th lead's enterprise charge waits on the Approvals page; granted there by that login, it
+   is made once;
+3. ``manage.py demo --tasks 200 --crash-rate 0.2 --report --json``, started as soon as the
    product is ready, runs a second fleet (namespace demo-batch) against the same product; its report
    must show no duplicate side effect, no lost task, every chain valid and crashes in all four
    failure zones.
@@ -115,6 +117,64 @@ def test_the_first_minute_shows_work_recoveries_and_a_dead_letter(demo_product: 
                                         + product.log())
         finally:
             browser.close()
+
+
+def pending_charge(product: RunningProduct) -> tuple[str, str] | None:
+    """make run's fleet's first enterprise charge waiting for people: (approval id, task id)."""
+    with psycopg.connect(product.database_url(), autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT a.id::text, a.task_id::text FROM recovery_approvalrequest a
+                 JOIN backplane_task t ON t.id = a.task_id
+                WHERE t.namespace = 'demo-fleet' AND a.tool = 'payments-charge' AND a.status = 'pending'
+                ORDER BY a.requested_at LIMIT 1""").fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def charges_of(product: RunningProduct, task_id: str) -> int:
+    with psycopg.connect(product.database_url(), autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM demo_ledgerentry WHERE tool = 'payments-charge' AND task_id = %s",
+                           [task_id]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_enterprise_charge_waits_on_the_approvals_page_until_a_person_grants_it(
+    demo_product: DemoProduct,
+) -> None:
+    """The 7th lead wants the enterprise plan: its charge waits for the login make run printed
+    (a member of Approvers), and is made once, after the approval, by whichever agent holds it."""
+    product = demo_product.product
+    deadline = time.monotonic() + 150
+    waiting = pending_charge(product)
+    while waiting is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+        waiting = pending_charge(product)
+    assert waiting is not None, "no enterprise charge waited within 150 s\n" + product.log()
+    approval_id, task_id = waiting
+    assert charges_of(product, task_id) == 0
+    username, password = product.login()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_executable(), headless=True,
+                                             args=CHROMIUM_ARGS)
+        try:
+            viewport = ViewportSize(width=VIEWPORT["width"], height=VIEWPORT["height"])
+            page = browser.new_context(base_url=product.url, viewport=viewport).new_page()
+            login(page, username, password)
+            page.goto("/approvals/")
+            card = page.locator(f"section.approval[data-id='{approval_id}']")
+            SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT_DIR / "demo-approval-waiting.png"), full_page=True)
+            assert card.locator("input[name=reason]").count() == 1, page.locator("main").inner_text()
+            card.locator("input[name=reason]").fill("enterprise order confirmed by sales")
+            with page.expect_navigation():
+                card.get_by_role("button", name="Approve").click()
+            assert "Granted: payments-charge at step 7" in page.locator("#messages").inner_text()
+        finally:
+            browser.close()
+    deadline = time.monotonic() + 120
+    while charges_of(product, task_id) == 0 and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert charges_of(product, task_id) == 1, product.log()
 
 
 def test_a_200_task_crash_report_finds_no_duplicate_and_nothing_lost(demo_product: DemoProduct) -> None:

@@ -268,3 +268,38 @@ def test_metrics_count_the_waiting_and_time_each_decision(committed_db: None) ->
     after = scrape(client)
     assert after.value("backplane_approvals_pending") == 0
     assert after.moved_since(before, "backplane_approval_time_to_decision_seconds_count", outcome="granted") == 1
+
+
+def test_a_task_given_back_while_waiting_is_not_handed_out_until_the_decision(
+    approvers: list[User], agent: Agent, leased: tuple[Task, int],
+) -> None:
+    gate_payments()
+    request = pending(leased)
+    task, epoch = leased
+    leases.lease_release(namespace="acme", task_id=task.pk, lease_epoch=epoch, agent="payer")
+    services.task_create(namespace="acme", kind="payment", input={"n": 2}, agent="planner")
+    # The waiting task is the oldest pending one, yet the claim passes over it (and by id, too).
+    other = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert other is not None and other.task.pk != task.pk
+    assert leases.lease_claim(agent=agent, kinds=None, lease_seconds=30, task_id=task.pk) is None
+    assert Task.objects.get(pk=task.pk).status == "pending"
+
+    approvals.approval_decide(approval_id=request.pk, user=approvers[0], verdict="approve", reason="ok")
+    again = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert again is not None and again.task.pk == task.pk and not again.recovered
+    made = dispatch((again.task, again.lease_epoch))
+    assert not made.replayed and made.call.input == PAYMENT
+
+
+def test_a_request_that_expires_while_nobody_holds_the_task_frees_it_for_the_refusal(
+    approvers: list[User], agent: Agent, leased: tuple[Task, int],
+) -> None:
+    gate_payments(open_seconds=60)
+    pending(leased)
+    leases.lease_release(namespace="acme", task_id=leased[0].pk, lease_epoch=leased[1], agent="payer")
+    assert leases.lease_claim(agent=agent, kinds=None, lease_seconds=30) is None
+    assert approvals.approvals_expire(now=timezone.now() + timedelta(seconds=61)) == 1
+    again = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert again is not None and again.task.pk == leased[0].pk
+    with pytest.raises(ApprovalExpired):
+        dispatch((again.task, again.lease_epoch))

@@ -96,11 +96,20 @@ def test_over_the_api(price: None) -> None:  # noqa: F811
     budget_id = set_.json()["id"]
     assert_error(lead.post(f"/api/v1/budgets/{budget_id}/ask/approve/", {"reason": "go"}, format="json"),
                  404, "not_found")
+    assert not BudgetAsk.objects.exists()  # nothing asked, nothing answered
     spend_it()
     listed = operator.get("/api/v1/budgets/").json()["results"][0]
     assert (listed["spent"], listed["ask"]["status"], listed["ask"]["group"]) == (True, "pending", "Finance leads")
-    assert_error(operator.post(f"/api/v1/budgets/{budget_id}/ask/approve/", {"reason": "go"}, format="json"),
-                 403, "permission_denied")
+    events = Event.objects.count()
+    for refused in (operator.post(f"/api/v1/budgets/{budget_id}/ask/approve/", {"reason": "go"}, format="json"),
+                    operator.post(f"/api/v1/budgets/{budget_id}/ask/deny/", {"reason": "no"}, format="json")):
+        assert_error(refused, 403, "permission_denied")
+    assert_error(lead.post(f"/api/v1/budgets/{budget_id}/ask/approve/", {}, format="json"), 400, "validation_error")
+    assert_error(lead.post(f"/api/v1/budgets/{budget_id}/ask/approve/", {"reason": "x" * 2001}, format="json"),
+                 400, "validation_error")
+    ask = BudgetAsk.objects.get()
+    assert (ask.status, ask.decided_by, ask.decided_at) == ("pending", "", None) and Event.objects.count() == events
+    assert operator.get("/api/v1/budgets/").json()["results"][0]["spent"] is True
     answered = lead.post(f"/api/v1/budgets/{budget_id}/ask/approve/", {"reason": "go"}, format="json")
     assert answered.status_code == 200
     assert (answered.json()["spent"], answered.json()["ask"]["status"], answered.json()["ask"]["decided_by"]) == (

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from backplane.eventlog import services
 from backplane.eventlog.errors import AlreadyDecided, InvalidInput, StaleLease, TaskClosed
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.models import Agent, Event, Task
 from backplane.eventlog.writer import EventDraft
 from recovery import detector, leases, signals
 from recovery.models import SignalStatus, TaskSignal
@@ -98,3 +98,39 @@ def test_a_waiting_task_is_not_stalled(leased: tuple[Task, int]) -> None:
     send(leased[0], {"paid": True})
     assert detector.lease_expire_stalled(now=timezone.now()).expired == 0
     assert detector.lease_expire_stalled(now=timezone.now() + timedelta(hours=1)).expired == 1
+
+
+def test_a_task_given_back_while_waiting_for_a_signal_is_not_handed_out_until_it_comes(
+    leased: tuple[Task, int],
+) -> None:
+    task, epoch = leased
+    await_it(leased)
+    leases.lease_release(namespace="acme", task_id=task.pk, lease_epoch=epoch, agent="waiter")
+    agent = Agent.objects.get(namespace="acme", name="waiter")
+    assert leases.lease_claim(agent=agent, kinds=None, lease_seconds=30) is None
+    assert leases.lease_claim(agent=agent, kinds=None, lease_seconds=30, task_id=task.pk) is None
+    send(task, {"paid": True})
+    again = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert again is not None and again.task.pk == task.pk
+    # A wait that ran out frees the task as well: its next holder reads the timeout.
+    await_it((again.task, again.lease_epoch), name="second-invoice", timeout=60)
+    leases.lease_release(namespace="acme", task_id=task.pk, lease_epoch=again.lease_epoch, agent="waiter")
+    assert leases.lease_claim(agent=agent, kinds=None, lease_seconds=30) is None
+    assert signals.signals_expire(now=timezone.now() + timedelta(seconds=61)) == 1
+    third = leases.lease_claim(agent=agent, kinds=None, lease_seconds=30)
+    assert third is not None and third.task.pk == task.pk
+
+
+def test_a_task_has_at_most_a_hundred_signals(leased: tuple[Task, int]) -> None:
+    task = leased[0]
+    for n in range(signals.SIGNALS_PER_TASK_MAX - 1):
+        send(task, {}, name=f"s{n}")
+    await_it(leased, name="last-one")
+    before = types_of(task)
+    with pytest.raises(InvalidInput) as refused:
+        send(task, {}, name="one-too-many")
+    assert refused.value.details == {"name": "this task has 100 signals already"}
+    with pytest.raises(InvalidInput):
+        await_it(leased, name="one-too-many")
+    assert types_of(task) == before and TaskSignal.objects.filter(task=task).count() == 100
+    assert send(task, {"ok": True}, name="last-one")[1]  # the names it has still work

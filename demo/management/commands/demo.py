@@ -54,6 +54,8 @@ class Command(BaseCommand):
         parser.add_argument("--crash-rate", type=float, default=settings.BACKPLANE_DEMO_CRASH_RATE,
                             help="probability that an attempt at a task is SIGKILLed in a failure zone")
         parser.add_argument("--seed", type=int, default=7)
+        parser.add_argument("--approver", default="admin",
+                            help="running until stopped: the login added to Approvers, who decides enterprise charges")
         parser.add_argument("--orchestrators", type=int, default=None,
                             help="orchestrator processes (default 3 while running, 6 with --tasks)")
         parser.add_argument("--researchers", type=int, default=None,
@@ -81,7 +83,7 @@ class Command(BaseCommand):
         config = FleetConfig(
             base_url=options["base_url"] or default_base_url(),
             namespace=options["namespace"] or ("demo-fleet" if batch is None else "demo-batch"),
-            tidy=batch is None,
+            tidy=batch is None, approver=options["approver"] if batch is None else None,
             seed=options["seed"], crash_rate=options["crash_rate"],
             orchestrators=options["orchestrators"] or (3 if batch is None else 6),
             researchers=options["researchers"] or (2 if batch is None else 3), lease_seconds=options["lease_seconds"],
