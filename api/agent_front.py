@@ -70,7 +70,7 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 from api import bodies
-from api.approvals import approval_read, read_wait_seconds
+from api.approvals import approval_read, awaiting_answer, read_wait_seconds
 from api.authentication import (
     AGENT_COUNTED_SQL,
     NOTE_SEEN_SQL,
@@ -131,6 +131,7 @@ from backplane.runtime.replica import replica_configured
 from backplane.telemetry.http import count_response
 from backplane.telemetry.tracing import server_span
 from recovery import leases, subtasks, tool_calls
+from recovery.errors import ApprovalPending
 from recovery.selectors import APPROVAL_STATUS_SQL, SIGNAL_STATUS_SQL, TOOL_CALL_VISIBLE_SQL, tool_call_from
 
 JSON = "application/json"
@@ -325,10 +326,14 @@ async def _release(conn: psycopg.AsyncConnection[Any], principal: Principal, dat
 async def _tool_call_dispatch(conn: psycopg.AsyncConnection[Any], principal: Principal, data: dict[str, Any],
                               request: Request) -> Answer:
     assert principal.namespace is not None and principal.name is not None  # an agent's token
-    call = await tool_calls.tool_call_dispatch_async(
-        conn, namespace=principal.namespace, task_id=request.path_params["task_id"], step=data["step"],
-        tool=data["tool"], input=data["input"], agent=principal.name, lease_epoch=data.get("lease_epoch"),
-        compensation=dict(data["compensation"]) if data.get("compensation") else None, kinds=principal.kinds)
+    try:
+        call = await tool_calls.tool_call_dispatch_async(
+            conn, namespace=principal.namespace, task_id=request.path_params["task_id"], step=data["step"],
+            tool=data["tool"], input=data["input"], agent=principal.name, lease_epoch=data.get("lease_epoch"),
+            compensation=dict(data["compensation"]) if data.get("compensation") else None, kinds=principal.kinds,
+            reason=data.get("reason", ""))
+    except ApprovalPending as pending:
+        return awaiting_answer(pending.request)
     return dispatch_answer(tool_calls.ToolCallOutcome(call=call, replayed=False))
 
 

@@ -2,7 +2,7 @@
 -- dispatch" rows). Each request dispatches a new call of TOOL (a step of its own, on one of the
 -- tasks in TASKS, which take writes without a lease) with input {"amount": AMOUNT, "n": n}, and
 -- expects EXPECT (201: made; 202: waiting for people's approval).
--- Usage: BP_TOKEN=... TASKS=id1,... TOOL=bench.pay AMOUNT=10 EXPECT=201 wrk -t2 -c16 -d20s -s dispatch.lua URL
+-- Usage: BP_TOKEN=... TASKS=id1,... TOOL=bench.pay AMOUNT=10 EXPECT=201 [FIRST_STEP=0] wrk -t2 -c16 -d20s -s dispatch.lua URL
 local token = os.getenv("BP_TOKEN")
 local sent = {["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json"}
 local tasks = {}
@@ -12,6 +12,8 @@ end
 local tool = os.getenv("TOOL")
 local amount = os.getenv("AMOUNT") or "10"
 local expect = tonumber(os.getenv("EXPECT") or "201")
+-- A later run of the same tool starts its steps past the earlier one's: new calls, not replays.
+local first_step = tonumber(os.getenv("FIRST_STEP") or "0")
 local threads = {}
 setup = function(thread)
   threads[#threads + 1] = thread
@@ -21,7 +23,7 @@ local n = 0
 request = function()
   n = n + 1
   return wrk.format("POST", "/api/v1/tasks/" .. tasks[(n % #tasks) + 1] .. "/tool-calls/", sent,
-    '{"step":' .. (n * 16 + thread_number) .. ',"tool":"' .. tool .. '","input":{"amount":' .. amount
+    '{"step":' .. (first_step + n * 16 + thread_number) .. ',"tool":"' .. tool .. '","input":{"amount":' .. amount
     .. ',"n":' .. n .. '},"reason":"bench"}')
 end
 bad = 0

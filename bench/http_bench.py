@@ -163,6 +163,14 @@ def markdown(rows: list[Row], header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def both_rounds(runs: list[dict[str, float]]) -> dict[str, float] | None:
+    """Runs of one script as one figure: the mean rate, the worst p99, every lost answer."""
+    if not runs:
+        return None
+    return {"rps": sum(r["rps"] for r in runs) / len(runs), "p99_ms": max(r["p99_ms"] for r in runs),
+            **{name: sum(r.get(name, 0.0) for r in runs) for name in ("non201", "non_2xx", "socket_errors")}}
+
+
 def served(wrk: dict[str, float]) -> str:
     return f"{fmt(wrk['rps'])} req/s, p99 {fmt(wrk['p99_ms'], 1)} ms"
 
@@ -240,8 +248,9 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
     rows.append(row)
 
     # A tool policy's cost to a dispatch (issue 43): against the same dispatch of a tool no policy covers.
-    gated = results.get("gated_dispatch") or {}
-    ungated = gated.get("ungated")
+    rounds = (results.get("gated_dispatch") or {}).get("rounds") or []
+    gated = {way: both_rounds([r[way] for r in rounds if way in r]) for way in ("ungated", "let_through", "asked")}
+    ungated = gated["ungated"]
     row = Row("an agent's new tool calls over HTTP, dispatches only, of a tool no policy covers (dispatch.lua)",
               note=errors("gated_dispatch"))
     if ungated:
@@ -252,12 +261,14 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                       ("asked", "a policy asking (the request and `ApprovalRequested` written, 202)")):
         row = Row(f"the same, {what}", target="≤ 1.5 (cost)", note=errors("gated_dispatch"),
                   baseline=served(ungated) if ungated else "not measured")
-        measured = gated.get(way)
+        measured = gated[way]
         if measured:
             row.figure = served(measured)
         if measured and ungated:
-            # A cost: the ungated rate over this one (1.2 means 20 % more time per dispatch).
-            cost = ungated["rps"] / measured["rps"]
+            # A cost: the ungated rate over this one (1.2 means 20 % more time per dispatch),
+            # each round's own, then their mean.
+            costs = [r["ungated"]["rps"] / r[way]["rps"] for r in rounds if "ungated" in r and way in r]
+            cost = sum(costs) / len(costs)
             row.ratio, row.met = f"{cost:.2f}", cost <= 1.5
             row.values.update(figure=measured["rps"], baseline=ungated["rps"], ratio=round(cost, 3))
             lost_note(row, measured)
@@ -636,9 +647,16 @@ class Bench:
              "approver_group='Approvers', set_by='bench', reason='bench: gated dispatches over HTTP')"],
             env=self.product.manage_env(), timeout=180)
         ways = {"ungated": (free, "10", "201"), "let_through": (through, "10", "201"), "asked": (asked, "5000", "202")}
-        return {way: self.wrk("dispatch.lua", self.args.duration, f"wrk-dispatch-{way}.txt",
-                              extra_env={"TOOL": tool, "AMOUNT": amount, "EXPECT": expect})
-                for way, (tool, amount, expect) in ways.items()}
+        # Two rounds, the second in the reverse order, so the machine's drift and the tables'
+        # growth fall on every way alike; each round's steps start where the last one's ended.
+        rounds: list[dict[str, dict[str, float]]] = [{}, {}]
+        for number, order in enumerate((list(ways), list(reversed(ways)))):
+            for way in order:
+                tool, amount, expect = ways[way]
+                rounds[number][way] = self.wrk(
+                    "dispatch.lua", self.args.duration / 2, f"wrk-dispatch-{way}-{number + 1}.txt",
+                    extra_env={"TOOL": tool, "AMOUNT": amount, "EXPECT": expect, "FIRST_STEP": str(number * 10**7)})
+        return {"rounds": rounds}
 
     def floor(self, app: str) -> dict[str, float]:
         """``GET /healthz`` of a floor of minimal_django.py, served alone beside the product, then stopped."""

@@ -10,23 +10,27 @@ call, with these arguments, in this namespace, need approval, and under which ve
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
 from backplane.eventlog import event_types as et
+from backplane.eventlog.async_services import HandOff, WritePlan, write_events_async
 from backplane.eventlog.canonical import canonical_sha256
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import AlreadyDecided, IdempotencyMismatch, InvalidInput, NotFound
 from backplane.eventlog.models import Agent, Task, user_actor
 from backplane.eventlog.writer import EventDraft, OutboxDraft, lock_task, write_events
+from backplane.lib.sql_rows import recordset, recordset_json
 from recovery.approval_rules import RuleError, parse_condition
 from recovery.errors import ApprovalDenied, ApprovalExpired, NotAnApprover
 from recovery.models import (
@@ -170,17 +174,92 @@ def approval_gate(task: Task, *, key: str, step: int, tool: str, input: dict[str
     verdict = approval_verdict(tool=tool, namespace=task.namespace, arguments=input)
     if not verdict.needed or verdict.policy is None:
         return None
-    policy = verdict.policy
-    request = ApprovalRequest.objects.create(
-        idempotency_key=key, task=task, step=step, tool=tool, input=input, argument_sha256=digest, reason=reason,
-        requested_by=agent or "", requested_at=now, policy=policy,
-        group=policy.approver_group, expires_at=now + timedelta(seconds=policy.open_seconds),
-    )
-    payload = {**_request_facts(request), "reason": reason, "asked_because": verdict.reason,
-               "approvals_required": request.policy.approvals_required, "group": request.group.name,
-               "expires_at": format_timestamp(request.expires_at)}
-    write_events(task, [_draft(et.APPROVAL_REQUESTED, payload)], agent=agent, now=now)
+    request = _new_request(task, key=key, step=step, tool=tool, input=input, digest=digest, reason=reason,
+                           agent=agent, now=now, policy=verdict.policy, group=verdict.policy.approver_group)
+    with connection.cursor() as cursor:
+        cursor.execute(request_insert_sql(), request_insert_params(request))
+    write_events(task, [_requested(request, asked_because=verdict.reason)], agent=agent, now=now)
     return request
+
+
+# Under the task's row lock (every writer of a call or a request takes it first, so what is read
+# here holds until the dispatch commits): whether the call was made already, its request, and the
+# policy in force for it (the namespace's current version, else the global one:
+# selectors.tool_policy_in_force's rule) with the group it asks.
+GATE_READ_SQL = """
+SELECT EXISTS (SELECT 1 FROM recovery_toolcall WHERE idempotency_key = %s),
+       request.id, request.status, request.argument_sha256,
+       policy.id, policy.version, policy.enabled, policy.condition, policy.field_types::text,
+       policy.approvals_required, policy.open_seconds, asked.id, asked.name
+FROM (SELECT 1) AS one
+LEFT JOIN recovery_approvalrequest AS request ON request.idempotency_key = %s
+LEFT JOIN LATERAL (SELECT * FROM recovery_toolpolicy WHERE tool = %s AND namespace IN (%s, '') AND is_current
+                   ORDER BY namespace DESC LIMIT 1) AS policy ON true
+LEFT JOIN auth_group AS asked ON asked.id = policy.approver_group_id
+"""
+
+
+async def approval_gate_async(conn: psycopg.AsyncConnection[Any], task: Task, *, key: str, step: int, tool: str,
+                              input: dict[str, Any], reason: str, agent: str | None,
+                              now: datetime) -> tuple[ApprovalRequest | None, WritePlan | None]:
+    """``approval_gate`` on the event loop's connection, in the dispatch's transaction: the same
+    read, verdict, statement and event. ``(None, None)`` when no policy asks; a request granted
+    for these very arguments (the call is made under it); or the request written now, pending,
+    with the plan of its ``ApprovalRequested``. ``HandOff`` for what the service answers from what
+    it reads: a call made already, a request pending (asked again), refused, or for other arguments."""
+    row = await (await conn.execute(GATE_READ_SQL, [key, key, tool, task.namespace])).fetchone()
+    assert row is not None  # FROM (SELECT 1): always one row
+    (made, request_id, status, asked_digest, policy_id, version, enabled, condition, field_types, required,
+     open_seconds, group_id, group_name) = row
+    if made:
+        raise HandOff  # the service's replay, or its 422 for other arguments
+    digest = canonical_sha256(input)
+    if request_id is not None:
+        if status != ApprovalStatus.GRANTED or asked_digest != digest:
+            raise HandOff
+        return ApprovalRequest(pk=request_id, idempotency_key=key, status=status, argument_sha256=digest), None
+    if policy_id is None or not enabled:
+        return None, None
+    needed, asked_because = condition_asks(condition=condition, field_types=json.loads(field_types), arguments=input)
+    if not needed:
+        return None, None
+    policy = ToolPolicy(pk=policy_id, version=version, approvals_required=required, open_seconds=open_seconds)
+    request = _new_request(task, key=key, step=step, tool=tool, input=input, digest=digest, reason=reason,
+                           agent=agent, now=now, policy=policy, group=Group(pk=group_id, name=group_name))
+    await conn.execute(request_insert_sql(), request_insert_params(request))
+    plan = await write_events_async(conn, task, [_requested(request, asked_because=asked_because)], agent=agent,
+                                    now=now)
+    return request, plan
+
+
+def _new_request(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any], digest: str, reason: str,
+                 agent: str | None, now: datetime, policy: ToolPolicy, group: Group) -> ApprovalRequest:
+    return ApprovalRequest(idempotency_key=key, task=task, step=step, tool=tool, input=input, argument_sha256=digest,
+                           reason=reason, requested_by=agent or "", requested_at=now, policy=policy, group=group,
+                           expires_at=now + timedelta(seconds=policy.open_seconds))
+
+
+def _requested(request: ApprovalRequest, *, asked_because: str) -> EventDraft:
+    return _draft(et.APPROVAL_REQUESTED, {
+        **_request_facts(request), "reason": request.reason, "asked_because": asked_because,
+        "approvals_required": request.policy.approvals_required, "group": request.group.name,
+        "expires_at": format_timestamp(request.expires_at)})
+
+
+_REQUEST_FIELDS = tuple(field.name for field in ApprovalRequest._meta.concrete_fields)
+
+
+@functools.cache
+def request_insert_sql() -> str:
+    """A new request's one INSERT, on either driver (the task's lock makes its key free)."""
+    columns = recordset(ApprovalRequest, _REQUEST_FIELDS)
+    return (f"INSERT INTO recovery_approvalrequest ({columns.column_list}) SELECT {columns.column_list} "
+            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('r')}")
+
+
+def request_insert_params(request: ApprovalRequest) -> list[str]:
+    names = recordset(ApprovalRequest, _REQUEST_FIELDS).attnames
+    return [recordset_json([{name: getattr(request, name) for name in names}])]
 
 
 def approval_awaited(task: Task, *, key: str, tool: str, input: dict[str, Any]) -> bool:

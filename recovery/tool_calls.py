@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
 from backplane.lib.sql_rows import json_text, recordset, recordset_json
 from backplane.telemetry import counters
-from recovery.approvals import approval_gate, condition_asks
+from recovery.approvals import approval_gate, approval_gate_async
 from recovery.budgets import budget_gate, budget_gate_async
 from recovery.errors import ApprovalPending
 from recovery.models import ApprovalStatus, ToolCall, ToolCallStatus
@@ -141,12 +140,14 @@ async def tool_call_dispatch_async(
     lease_epoch: int | None,
     compensation: dict[str, Any] | None = None,
     kinds: Sequence[str] = (),
+    reason: str = "",
 ) -> ToolCall:
     """``tool_call_dispatch`` of a new call by an agent, on the event loop's connection (in
-    autocommit): the same lock, checks, statements and event. ``HandOff`` before anything is
-    written for what the service answers from what it reads: a key already dispatched (a replay,
-    or another input's 422), a closed task (who closed it), a fork's call (its record), a spent
-    budget (the spend)."""
+    autocommit): the same lock, checks, statements and events, the approval gate's too
+    (``ApprovalPending`` once a request is written). ``HandOff`` before anything is written for
+    what the service answers from what it reads: a key already dispatched (a replay, or another
+    input's 422), a closed task (who closed it), a fork's call (its record), a spent budget (the
+    spend), a request already pending or refused."""
     ensure_storable_json(input, "input")
     ensure_storable_json(compensation, "compensation")
     key = tool_call_key(task_id=task_id, step=step, tool=tool)
@@ -155,34 +156,24 @@ async def tool_call_dispatch_async(
         check_lease(task, lease_epoch, agent=agent, kinds=kinds)
         if task.is_closed or task.forked_from_id is not None:
             raise HandOff
-        requested, enabled, condition, field_types = await (await conn.execute(
-            POLICY_FOR_CALL_SQL, [key, tool, task.namespace])).fetchone() or (False, None, "", "{}")
-        if requested or (enabled and condition_asks(condition=condition, field_types=json.loads(field_types),
-                                                    arguments=input)[0]):
-            raise HandOff  # a request to write or to read: the approval gate is the sync service's
         now = timezone.now()
         await budget_gate_async(conn, namespace=task.namespace, agent=agent, task=task, now=now)
-        call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
-                        now=now, ttl=timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TTL_SECONDS))
-        if await (await conn.execute(tool_call_insert_sql(), tool_call_insert_params(call))).fetchone() is None:
-            raise HandOff
-        plan = await write_events_async(conn, task, [dispatched(call)], agent=agent, now=now)
+        approval, asked = await approval_gate_async(conn, task, key=key, step=step, tool=tool, input=input,
+                                                    reason=reason, agent=agent, now=now)
+        if asked is None:
+            call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
+                            now=now, ttl=timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TTL_SECONDS))
+            if await (await conn.execute(tool_call_insert_sql(), tool_call_insert_params(call))).fetchone() is None:
+                raise HandOff
+            made = dispatched(call, approval_id=approval.pk if approval is not None else None)
+            plan = await write_events_async(conn, task, [made], agent=agent, now=now)
+    if asked is not None:
+        assert approval is not None
+        run_after_commit(asked)
+        # Once the request is committed, as the service raises it: the agent comes back when people decided.
+        raise ApprovalPending(approval)
     run_after_commit(plan)
     return call
-
-
-# Whether the call's key has an approval request already, and the policy in force for it (the
-# namespace's current version, else the global one: selectors.tool_policy_in_force's rule), whose
-# condition the loop evaluates as the sync service does. Only a call the policy lets through (or
-# no policy) is made on the loop; asking, and answering from a request, are the sync service's.
-POLICY_FOR_CALL_SQL = """
-SELECT EXISTS (SELECT 1 FROM recovery_approvalrequest WHERE idempotency_key = %s),
-       policy.enabled, policy.condition, policy.field_types::text
-FROM (SELECT 1) AS one
-LEFT JOIN LATERAL (SELECT enabled, condition, field_types FROM recovery_toolpolicy
-                   WHERE tool = %s AND namespace IN (%s, '') AND is_current
-                   ORDER BY namespace DESC LIMIT 1) AS policy ON true
-"""
 
 
 def new_call(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any],

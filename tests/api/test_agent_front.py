@@ -1024,8 +1024,10 @@ def test_a_policy_that_lets_a_call_through_is_decided_on_the_loop_and_one_that_a
         reads: AsyncReads, agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from django.contrib.auth.models import Group
 
+    from backplane.delivery.models import OutboxMessage
     from recovery import approvals
     from recovery.models import ApprovalRequest, ToolCall
+    from tests.support.roles import staff_user
 
     Group.objects.get_or_create(name="Approvers")
     for namespace, condition in (("", "amount > 1000"), ("acme", "amount > 100")):
@@ -1044,14 +1046,33 @@ def test_a_policy_that_lets_a_call_through_is_decided_on_the_loop_and_one_that_a
     # The namespace's policy is the one in force (100, not the global 1000); a disabled one asks nothing.
     assert dispatch(1, "pay", {"amount": 50}).status_code == 201 and dispatches == [True]
     assert dispatch(2, "refund", {"amount": 5000}).status_code == 201 and dispatches[-1:] == [True]
+    # A call the policy asks about: the request and its event are written on the loop, answered 202
+    # as the service answers (ApprovalPending is no hand-off: nothing more is recorded of it).
     asked = dispatch(3, "pay", {"amount": 500})
-    assert asked.status_code == 202 and dispatches[-1:] == [False]
+    assert asked.status_code == 202 and dispatches[-1:] == [True], asked.text
+    request = ApprovalRequest.objects.get(pk=asked.json()["approval_id"])
+    assert (request.step, request.tool, request.input, request.reason, request.requested_by, request.status) == (
+        3, "pay", {"amount": 500}, "", "reader", "pending")
+    requested = Event.objects.filter(task_id=agent["task_id"], type="ApprovalRequested").get()
+    assert requested.payload["approval_id"] == str(request.pk) and requested.payload["policy_version"] == 1
+    assert requested.payload["asked_because"] and requested.payload["group"] == "Approvers"
+    assert OutboxMessage.objects.filter(topic="backplane.approvals").count() == 1
     # A field the condition cannot decide (missing) asks, as the service would.
-    assert dispatch(4, "pay", {"currency": "EUR"}).status_code == 202 and dispatches[-1:] == [False]
-    # The same call again finds its request: the service's, on the loop's hand-off.
-    assert dispatch(3, "pay", {"amount": 500}).json()["approval_id"] == asked.json()["approval_id"]
-    assert dispatches[-1:] == [False]
+    assert dispatch(4, "pay", {"currency": "EUR"}).status_code == 202 and dispatches[-1:] == [True]
+    # The same call again finds its request: the service's answer, on the loop's hand-off.
+    again = dispatch(3, "pay", {"amount": 500})
+    assert again.json() == asked.json() and dispatches[-1:] == [False]
     assert ApprovalRequest.objects.count() == 2 and ToolCall.objects.count() == 2
+    # Granted, the call is made on the loop under its approval; then replays are the service's.
+    approvals.approval_decide(approval_id=request.pk, user=staff_user("ana", "Approvers"), verdict="approve",
+                              reason="ok")
+    made = dispatch(3, "pay", {"amount": 500})
+    assert made.status_code == 201 and dispatches[-1:] == [True]
+    made_event = Event.objects.get(task_id=agent["task_id"], type="ToolCallDispatched", payload__step=3)
+    assert made_event.payload["approval_id"] == str(request.pk)
+    assert dispatch(3, "pay", {"amount": 500}).status_code == 200 and dispatches[-1:] == [False]
+    # Other arguments for an approved step: the service's 422.
+    assert dispatch(3, "pay", {"amount": 501}).status_code == 422
 
 
 def test_a_dispatch_a_spent_budget_refuses_is_the_services_409(
