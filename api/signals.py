@@ -4,6 +4,7 @@ signal (``?wait=`` seconds) runs on the HTTP front without a thread or a held co
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,7 @@ from api.bodies import SignalOut, SignalSendIn, SignalWaitIn, SignalWaitOut, ans
 from api.permissions import AgentOrViewerOperator
 from api.routes import AgentRoute, Operation
 from api.serializers import optional_timestamp
-from api.throttling import count_request
+from api.throttling import Window, count_into
 from recovery import signals
 from recovery.models import TaskSignal
 
@@ -69,10 +70,16 @@ def signal_send(principal: Any, data: dict[str, Any], *, task_id: uuid.UUID, nam
     return Answer(signal_as_api_dict(signal), status.HTTP_201_CREATED if delivered else status.HTTP_200_OK)
 
 
+# A callback's sends, per signal and minute: a job that retries its call a few times stays well
+# inside; a leaked URL sends its one signal, then at most this many refusals a minute (each of
+# which takes the task's row lock to read the signal).
+CALLBACK_SENDS_PER_MINUTE = 10
+
+
 class SignalCallbackView(APIView):
     """The one route that takes no credentials: the token in its path is the credential, good for
-    one signal of one task (recovery/signals.py). Counted by the rate limit per signal, so a
-    leaked token is worth no more than that."""
+    one signal of one task (recovery/signals.py), and counted per signal
+    (``CALLBACK_SENDS_PER_MINUTE``), whoever holds it."""
 
     authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
@@ -85,7 +92,8 @@ class SignalCallbackView(APIView):
             "another system): no account and no header, the token in the path is good for this one signal of this "
             "one task. `201` and `SignalReceived` (sent by `callback:<the agent that waited>`); the same payload "
             "again is `200`; another payload, or a wait that ran out, is `409 already_decided`; a closed task "
-            "`409 task_closed`. A token that is not one of the server's is `404`."
+            "`409 task_closed`. A token that is not one of the server's is `404`; past 10 sends a minute for one "
+            "signal, `429`."
         ),
         parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH,
                                      description="the token of the wait's `callback_url`")],
@@ -101,7 +109,8 @@ class SignalCallbackView(APIView):
     )
     def post(self, request: Request, token: str) -> Response:
         task_id, name = signals.signal_callback_target(token)
-        wait = count_request(f"signal-callback:{task_id}:{name}")
+        window = Window(limit=CALLBACK_SENDS_PER_MINUTE, ends_at=(time.time() // 60 + 1) * 60)
+        wait = window.wait_after(count_into(f"signal-callback:{task_id}:{name}", window))
         if wait is not None:
             raise exceptions.Throttled(wait=wait)
         data = checked(SignalSendIn, request.data)
