@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,13 +86,9 @@ def fleet_figures(product: RunningProduct) -> dict[str, int]:
     return dict(zip(("fleet-completed", "fleet-recoveries", "fleet-dead-letters"), row, strict=True))
 
 
-def tile_value(page: Page, name: str) -> int:
-    text = page.locator(f"[data-tile={name}] .tile-value").inner_text().strip().replace(",", "")
-    return int(text) if text.isdigit() else 0
-
-
-def test_the_first_minute_shows_work_recoveries_and_a_dead_letter(demo_product: DemoProduct) -> None:
-    product, ready_at = demo_product.product, demo_product.ready_at
+@contextmanager
+def logged_in(product: RunningProduct) -> Iterator[Page]:
+    """A headless chromium's page, logged in with the login make run printed."""
     username, password = product.login()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_executable(), headless=True,
@@ -100,23 +97,34 @@ def test_the_first_minute_shows_work_recoveries_and_a_dead_letter(demo_product: 
             viewport = ViewportSize(width=VIEWPORT["width"], height=VIEWPORT["height"])
             page = browser.new_context(base_url=product.url, viewport=viewport).new_page()
             login(page, username, password)
-            page.goto("/")
-            seen: dict[str, int] = {}
-            # The tiles update live over the socket; the page is never reloaded. They count
-            # every namespace, the batch's too, so make run's own fleet is also checked by name.
-            while time.monotonic() - ready_at < FIRST_MINUTE:
-                seen = {name: tile_value(page, name)
-                        for name in ("tasks-completed", "recoveries-hour", "dead-letters-pending")}
-                seen |= fleet_figures(product)
-                if all(seen.values()):
-                    break
-                page.wait_for_timeout(500)
-            SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT_DIR / "demo-first-minute.png"), full_page=True)
-            assert all(seen.values()), (f"after {time.monotonic() - ready_at:.0f} s the overview shows {seen}\n"
-                                        + product.log())
+            yield page
         finally:
             browser.close()
+
+
+def tile_value(page: Page, name: str) -> int:
+    text = page.locator(f"[data-tile={name}] .tile-value").inner_text().strip().replace(",", "")
+    return int(text) if text.isdigit() else 0
+
+
+def test_the_first_minute_shows_work_recoveries_and_a_dead_letter(demo_product: DemoProduct) -> None:
+    product, ready_at = demo_product.product, demo_product.ready_at
+    with logged_in(product) as page:
+        page.goto("/")
+        seen: dict[str, int] = {}
+        # The tiles update live over the socket; the page is never reloaded. They count
+        # every namespace, the batch's too, so make run's own fleet is also checked by name.
+        while time.monotonic() - ready_at < FIRST_MINUTE:
+            seen = {name: tile_value(page, name)
+                    for name in ("tasks-completed", "recoveries-hour", "dead-letters-pending")}
+            seen |= fleet_figures(product)
+            if all(seen.values()):
+                break
+            page.wait_for_timeout(500)
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT_DIR / "demo-first-minute.png"), full_page=True)
+        assert all(seen.values()), (f"after {time.monotonic() - ready_at:.0f} s the overview shows {seen}\n"
+                                    + product.log())
 
 
 def pending_charge(product: RunningProduct) -> tuple[str, str] | None:
@@ -152,25 +160,16 @@ def test_an_enterprise_charge_waits_on_the_approvals_page_until_a_person_grants_
     assert waiting is not None, "no enterprise charge waited within 150 s\n" + product.log()
     approval_id, task_id = waiting
     assert charges_of(product, task_id) == 0
-    username, password = product.login()
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_executable(), headless=True,
-                                             args=CHROMIUM_ARGS)
-        try:
-            viewport = ViewportSize(width=VIEWPORT["width"], height=VIEWPORT["height"])
-            page = browser.new_context(base_url=product.url, viewport=viewport).new_page()
-            login(page, username, password)
-            page.goto("/approvals/")
-            card = page.locator(f"section.approval[data-id='{approval_id}']")
-            SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT_DIR / "demo-approval-waiting.png"), full_page=True)
-            assert card.locator("input[name=reason]").count() == 1, page.locator("main").inner_text()
-            card.locator("input[name=reason]").fill("enterprise order confirmed by sales")
-            with page.expect_navigation():
-                card.get_by_role("button", name="Approve").click()
-            assert "Granted: payments-charge at step 7" in page.locator("#messages").inner_text()
-        finally:
-            browser.close()
+    with logged_in(product) as page:
+        page.goto("/approvals/")
+        card = page.locator(f"section.approval[data-id='{approval_id}']")
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT_DIR / "demo-approval-waiting.png"), full_page=True)
+        assert card.locator("input[name=reason]").count() == 1, page.locator("main").inner_text()
+        card.locator("input[name=reason]").fill("enterprise order confirmed by sales")
+        with page.expect_navigation():
+            card.get_by_role("button", name="Approve").click()
+        assert "Granted: payments-charge at step 7" in page.locator("#messages").inner_text()
     deadline = time.monotonic() + 120
     while charges_of(product, task_id) == 0 and time.monotonic() < deadline:
         time.sleep(1.0)
