@@ -10,7 +10,6 @@ call, with these arguments, in this namespace, need approval, and under which ve
 
 from __future__ import annotations
 
-import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.errors import AlreadyDecided, IdempotencyMismatch, InvalidInput, NotFound
 from backplane.eventlog.models import Agent, Task, user_actor
 from backplane.eventlog.writer import EventDraft, OutboxDraft, lock_task, write_events
-from backplane.lib.sql_rows import recordset, recordset_json
+from backplane.lib.sql_rows import row_insert_params, row_insert_sql
 from recovery.approval_rules import RuleError, parse_condition
 from recovery.errors import ApprovalDenied, ApprovalExpired, NotAnApprover
 from recovery.models import (
@@ -158,10 +157,9 @@ def approval_gate(task: Task, *, key: str, step: int, tool: str, input: dict[str
     now) or pending, found (a retry, a recovered agent) or written now with its
     ``ApprovalRequested`` event. A denied or expired request, or one for other arguments, is
     refused here, before anything is written."""
-    digest = canonical_sha256(input)
     request = ApprovalRequest.objects.select_for_update().filter(idempotency_key=key).first()
     if request is not None:
-        if request.argument_sha256 != digest:
+        if request.argument_sha256 != canonical_sha256(input):
             raise IdempotencyMismatch(
                 "this step and tool were submitted for approval with other arguments; a new approval needs a new "
                 "step", {"idempotency_key": key, "approval_id": str(request.pk),
@@ -174,10 +172,10 @@ def approval_gate(task: Task, *, key: str, step: int, tool: str, input: dict[str
     verdict = approval_verdict(tool=tool, namespace=task.namespace, arguments=input)
     if not verdict.needed or verdict.policy is None:
         return None
-    request = _new_request(task, key=key, step=step, tool=tool, input=input, digest=digest, reason=reason,
-                           agent=agent, now=now, policy=verdict.policy, group=verdict.policy.approver_group)
+    request = _new_request(task, key=key, step=step, tool=tool, input=input, reason=reason, agent=agent, now=now,
+                           policy=verdict.policy, group=verdict.policy.approver_group)
     with connection.cursor() as cursor:
-        cursor.execute(request_insert_sql(), request_insert_params(request))
+        cursor.execute(row_insert_sql(ApprovalRequest), row_insert_params(request))
     write_events(task, [_requested(request, asked_because=verdict.reason)], agent=agent, now=now)
     return request
 
@@ -213,28 +211,29 @@ async def approval_gate_async(conn: psycopg.AsyncConnection[Any], task: Task, *,
      open_seconds, group_id, group_name) = row
     if made:
         raise HandOff  # the service's replay, or its 422 for other arguments
-    digest = canonical_sha256(input)
     if request_id is not None:
-        if status != ApprovalStatus.GRANTED or asked_digest != digest:
+        if status != ApprovalStatus.GRANTED or asked_digest != canonical_sha256(input):
             raise HandOff
-        return ApprovalRequest(pk=request_id, idempotency_key=key, status=status, argument_sha256=digest), None
+        return ApprovalRequest(pk=request_id, idempotency_key=key, status=status, argument_sha256=asked_digest), None
     if policy_id is None or not enabled:
         return None, None
     needed, asked_because = condition_asks(condition=condition, field_types=json.loads(field_types), arguments=input)
     if not needed:
         return None, None
     policy = ToolPolicy(pk=policy_id, version=version, approvals_required=required, open_seconds=open_seconds)
-    request = _new_request(task, key=key, step=step, tool=tool, input=input, digest=digest, reason=reason,
-                           agent=agent, now=now, policy=policy, group=Group(pk=group_id, name=group_name))
-    await conn.execute(request_insert_sql(), request_insert_params(request))
+    request = _new_request(task, key=key, step=step, tool=tool, input=input, reason=reason, agent=agent, now=now,
+                           policy=policy, group=Group(pk=group_id, name=group_name))
+    await conn.execute(row_insert_sql(ApprovalRequest), row_insert_params(request))
     plan = await write_events_async(conn, task, [_requested(request, asked_because=asked_because)], agent=agent,
                                     now=now)
     return request, plan
 
 
-def _new_request(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any], digest: str, reason: str,
+def _new_request(task: Task, *, key: str, step: int, tool: str, input: dict[str, Any], reason: str,
                  agent: str | None, now: datetime, policy: ToolPolicy, group: Group) -> ApprovalRequest:
-    return ApprovalRequest(idempotency_key=key, task=task, step=step, tool=tool, input=input, argument_sha256=digest,
+    """The request a gated call writes, bound to its arguments' canonical hash."""
+    return ApprovalRequest(idempotency_key=key, task=task, step=step, tool=tool, input=input,
+                           argument_sha256=canonical_sha256(input),
                            reason=reason, requested_by=agent or "", requested_at=now, policy=policy, group=group,
                            expires_at=now + timedelta(seconds=policy.open_seconds))
 
@@ -245,21 +244,6 @@ def _requested(request: ApprovalRequest, *, asked_because: str) -> EventDraft:
         "approvals_required": request.policy.approvals_required, "group": request.group.name,
         "expires_at": format_timestamp(request.expires_at)})
 
-
-_REQUEST_FIELDS = tuple(field.name for field in ApprovalRequest._meta.concrete_fields)
-
-
-@functools.cache
-def request_insert_sql() -> str:
-    """A new request's one INSERT, on either driver (the task's lock makes its key free)."""
-    columns = recordset(ApprovalRequest, _REQUEST_FIELDS)
-    return (f"INSERT INTO recovery_approvalrequest ({columns.column_list}) SELECT {columns.column_list} "
-            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('r')}")
-
-
-def request_insert_params(request: ApprovalRequest) -> list[str]:
-    names = recordset(ApprovalRequest, _REQUEST_FIELDS).attnames
-    return [recordset_json([{name: getattr(request, name) for name in names}])]
 
 
 def approval_awaited(task: Task, *, key: str, tool: str, input: dict[str, Any]) -> bool:

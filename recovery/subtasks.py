@@ -34,10 +34,10 @@ from backplane.eventlog.services import (
     ensure_storable_json,
     new_task,
     started_drafts,
-    task_insert_params,
     task_insert_sql,
 )
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
+from backplane.lib.sql_rows import row_insert_params
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def subtask_dispatch(
         child = _new_child(parent, dispatch_key=dispatch_key, step=step, kind=kind, input=input, agent=agent, now=now)
         with connection.cursor() as cursor:
             # The parent's row lock serializes its dispatches: the key was looked up above.
-            cursor.execute(task_insert_sql(), task_insert_params(child))
+            cursor.execute(task_insert_sql(), row_insert_params(child))
         write_events(child, started_drafts(child), agent=agent, now=now)
         write_events(parent, [_dispatched(child, step=step)], agent=agent, now=now)
     return SubtaskOutcome(child=child, dispatch_key=dispatch_key, created=True)

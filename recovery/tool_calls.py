@@ -34,7 +34,7 @@ from backplane.eventlog.lineage import (
 from backplane.eventlog.models import Task
 from backplane.eventlog.services import ensure_storable_json, replay_count
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
-from backplane.lib.sql_rows import json_text, recordset, recordset_json
+from backplane.lib.sql_rows import json_text, row_insert_params, row_insert_sql
 from backplane.telemetry import counters
 from recovery.approvals import approval_gate, approval_gate_async
 from recovery.budgets import budget_gate, budget_gate_async
@@ -120,7 +120,7 @@ def tool_call_dispatch(
                             agent=agent, now=now, ttl=ttl)
             with connection.cursor() as cursor:
                 # The task's row lock serializes the dispatches of its calls: the key is free.
-                cursor.execute(tool_call_insert_sql(), tool_call_insert_params(call))
+                cursor.execute(tool_call_insert_sql(), row_insert_params(call))
             write_events(task, [dispatched(call, approval_id=approval.pk if approval else None)], agent=agent,
                          now=now)
             return ToolCallOutcome(call=call, replayed=False)
@@ -163,7 +163,7 @@ async def tool_call_dispatch_async(
         if asked is None:
             call = new_call(task, key=key, step=step, tool=tool, input=input, compensation=compensation, agent=agent,
                             now=now, ttl=timedelta(seconds=settings.BACKPLANE_TOOL_CALL_TTL_SECONDS))
-            if await (await conn.execute(tool_call_insert_sql(), tool_call_insert_params(call))).fetchone() is None:
+            if await (await conn.execute(tool_call_insert_sql(), row_insert_params(call))).fetchone() is None:
                 raise HandOff
             made = dispatched(call, approval_id=approval.pk if approval is not None else None)
             plan = await write_events_async(conn, task, [made], agent=agent, now=now)
@@ -194,19 +194,8 @@ def dispatched(call: ToolCall, *, approval_id: uuid.UUID | None = None) -> Event
 
 
 # A new call's one INSERT, on either driver; no row comes back when its key is taken.
-_TOOL_CALL_FIELDS = tuple(field.name for field in ToolCall._meta.concrete_fields)
-
-
-@functools.cache
 def tool_call_insert_sql() -> str:
-    columns = recordset(ToolCall, _TOOL_CALL_FIELDS)
-    return (f"INSERT INTO recovery_toolcall ({columns.column_list}) SELECT {columns.column_list} "
-            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('c')} "
-            "ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key")
-
-
-def tool_call_insert_params(call: ToolCall) -> list[str]:
-    return [recordset_json([{name: getattr(call, name) for name in recordset(ToolCall, _TOOL_CALL_FIELDS).attnames}])]
+    return row_insert_sql(ToolCall, "ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key")
 
 
 def tool_call_record_result(

@@ -52,7 +52,6 @@ from backplane.eventlog.services import (
     new_task,
     parent_not_found,
     started_drafts,
-    task_insert_params,
     task_insert_sql,
     validate_client_drafts,
 )
@@ -68,6 +67,7 @@ from backplane.eventlog.writer import (
     may_be_quiet,
     write_plan,
 )
+from backplane.lib.sql_rows import row_insert_params
 from backplane.telemetry import counters
 
 # Whether any of the keys was recorded on the task already (the replay is the sync service's).
@@ -108,7 +108,7 @@ async def write_events_async(conn: psycopg.AsyncConnection[Any], task: Task, dra
 async def insert_task_async(conn: psycopg.AsyncConnection[Any], task: Task) -> None:
     """A new task's row (``services.task_insert_sql``) on ``conn``; ``HandOff`` when its id or its
     dispatch key is taken: a replay or a conflict, which the sync service answers from the row there."""
-    if await (await conn.execute(task_insert_sql(), task_insert_params(task))).fetchone() is None:
+    if await (await conn.execute(task_insert_sql(), row_insert_params(task))).fetchone() is None:
         raise HandOff
 
 

@@ -31,7 +31,7 @@ from backplane.eventlog.canonical import CanonicalizationError, canonical_json, 
 from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, KindRefused, SeqConflict, TaskExists
 from backplane.eventlog.models import Agent, Event, Task, TaskStatus, hash_token
 from backplane.eventlog.writer import EventDraft, check_lease, lock_task, task_closed_error, write_events
-from backplane.lib.sql_rows import recordset, recordset_json
+from backplane.lib.sql_rows import row_insert_params, row_insert_sql
 from backplane.telemetry import counters
 
 
@@ -137,7 +137,7 @@ def task_create_in_transaction(
                         fork=fork)
         # A concurrent create of the same task_id that committed first leaves no row here; one
         # still in flight makes this statement wait for its end.
-        cursor.execute(task_insert_sql(), task_insert_params(task))
+        cursor.execute(task_insert_sql(), row_insert_params(task))
         inserted = cursor.fetchone() is not None
     if inserted:
         write_events(task, started_drafts(task, fork=fork), agent=agent, now=now)
@@ -193,20 +193,10 @@ def started_drafts(task: Task, *, fork: ForkOrigin | None = None) -> list[EventD
     ]
 
 
-# Every create's one INSERT, on either driver: the row, unless its id (or its dispatch key, for a
-# sub-task) is taken: then no row comes back.
-_TASK_FIELDS = tuple(field.name for field in Task._meta.concrete_fields)
-
-
-@functools.cache
 def task_insert_sql() -> str:
-    columns = recordset(Task, _TASK_FIELDS)
-    return (f"INSERT INTO backplane_task ({columns.column_list}) SELECT {columns.column_list} "
-            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('t')} ON CONFLICT DO NOTHING RETURNING id")
-
-
-def task_insert_params(task: Task) -> list[str]:
-    return [recordset_json([{name: getattr(task, name) for name in recordset(Task, _TASK_FIELDS).attnames}])]
+    """Every create's one INSERT, on either driver (with ``row_insert_params``): the row, unless
+    its id (or its dispatch key, for a sub-task) is taken: then no row comes back."""
+    return row_insert_sql(Task, "ON CONFLICT DO NOTHING RETURNING id")
 
 
 # --- appends -------------------------------------------------------------------------------

@@ -110,6 +110,25 @@ def recordset(model: type[Model], field_names: tuple[str, ...]) -> Recordset:
     )
 
 
+def _whole_row(model: type[Model]) -> Recordset:
+    return recordset(model, tuple(field.name for field in model._meta.concrete_fields))
+
+
+@functools.cache
+def row_insert_sql(model: type[Model], conflict: str = "") -> str:
+    """The one INSERT of a whole ``model`` row (``row_insert_params``), on either driver; the
+    hand-written creates (tasks, tool calls, approval requests) each run theirs. ``conflict``
+    (``ON CONFLICT … RETURNING …``) follows it."""
+    columns = _whole_row(model)
+    return (f"INSERT INTO {model._meta.db_table} ({columns.column_list}) SELECT {columns.column_list} "
+            f"FROM jsonb_to_recordset(%s::jsonb) AS {columns.definition('r')} {conflict}").rstrip()
+
+
+def row_insert_params(instance: Model) -> list[str]:
+    """``row_insert_sql``'s one parameter: ``instance``'s every column, as a one-row array."""
+    return [recordset_json([{name: getattr(instance, name) for name in _whole_row(type(instance)).attnames}])]
+
+
 def _as_json_value(value: Any) -> Any:
     """What neither encoder writes itself: a time (timestamptz reads the ISO form back to the
     microsecond) or anything else as its ``str`` (a UUID, a Decimal)."""

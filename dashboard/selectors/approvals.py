@@ -82,5 +82,5 @@ def approvals_recently_decided(*, limit: int = RECENTLY_DECIDED) -> list[Approva
 
 def signals_waiting(*, limit: int = WAITING_SHOWN) -> list[TaskSignal]:
     """The signals tasks wait for, the first to run out first."""
-    return list(TaskSignal.objects.filter(status=SignalStatus.WAITING, awaited_at__isnull=False)
+    return list(TaskSignal.objects.filter(status=SignalStatus.WAITING)
                 .select_related("task").order_by("expires_at", "pk")[:limit])

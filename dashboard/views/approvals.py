@@ -4,18 +4,18 @@ a signal, which an operator may send (docs/approvals.md)."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
-from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
-from backplane.eventlog.errors import BackplaneError
+from backplane.eventlog.models import user_actor
 from dashboard.approval_forms import ApprovalDecisionForm, SignalPayloadForm
 from dashboard.selectors.approvals import approvals_recently_decided, approvals_waiting, signals_waiting
-from dashboard.views.common import across_namespaces, operators_only, viewers_only
+from dashboard.views.common import across_namespaces, form_action, operators_only, viewers_only
 from recovery import approvals, signals
 from recovery.models import OPERATE_PERMISSION, ApprovalVerdict
 
@@ -55,21 +55,15 @@ def approval_deny(request: HttpRequest, approval_id: uuid.UUID) -> HttpResponse:
 
 def _decide(request: HttpRequest, approval_id: uuid.UUID, verdict: str) -> HttpResponse:
     """One person's decision, with the same service and refusals as the API's (who may decide
-    a request is the service's check: the group it asks, four eyes). A refusal is said on the
-    page the browser comes back to; nothing is written."""
-    form = ApprovalDecisionForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not decided: {form.refusal()}.")
-        return redirect("dashboard:approvals")
-    try:
+    a request is the service's check: the group it asks, four eyes)."""
+    def decide(data: dict[str, Any]) -> str:
         decided = approvals.approval_decide(approval_id=approval_id, user=request.user, verdict=verdict,
-                                            reason=form.cleaned_data["reason"])
-    except BackplaneError as exc:
-        messages.error(request, f"Not decided: {exc.message}.")
-        return redirect("dashboard:approvals")
-    what = {"granted": "Granted", "denied": "Denied"}.get(decided.status, "Approval recorded; more are needed")
-    messages.success(request, f"{what}: {decided.tool} at step {decided.step} of task {decided.task_id}.")
-    return redirect("dashboard:approvals")
+                                            reason=data["reason"])
+        what = {"granted": "Granted", "denied": "Denied"}.get(decided.status, "Approval recorded; more are needed")
+        return f"{what}: {decided.tool} at step {decided.step} of task {decided.task_id}."
+
+    return form_action(request, ApprovalDecisionForm(request.POST), decide, refused="Not decided",
+                       back=redirect("dashboard:approvals"))
 
 
 @require_POST
@@ -78,18 +72,13 @@ def _decide(request: HttpRequest, approval_id: uuid.UUID, verdict: str) -> HttpR
 def signal_send(request: HttpRequest, task_id: uuid.UUID, name: str) -> HttpResponse:
     """An operator sends a waiting task its signal, with the API's service and refusals; the
     payload is recorded in the task's chain as sent by this person."""
-    form = SignalPayloadForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not sent: {form.refusal()}.")
-        return redirect("dashboard:approvals")
-    try:
-        signals.signal_send(namespace=None, task_id=task_id, name=name, payload=form.cleaned_data["payload"],
-                            sent_by=f"user:{request.user.get_username()}")
-    except BackplaneError as exc:
-        messages.error(request, f"Not sent: {exc.message}.")
-        return redirect("dashboard:approvals")
-    messages.success(request, f"Sent: {name} to task {task_id}.")
-    return redirect("dashboard:approvals")
+    def send(data: dict[str, Any]) -> str:
+        signals.signal_send(namespace=None, task_id=task_id, name=name, payload=data["payload"],
+                            sent_by=user_actor(request.user))
+        return f"Sent: {name} to task {task_id}."
+
+    return form_action(request, SignalPayloadForm(request.POST), send, refused="Not sent",
+                       back=redirect("dashboard:approvals"))
 
 
 urlpatterns = [

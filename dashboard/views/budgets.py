@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from django.contrib import messages
+from typing import Any
+
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.costs import decimal_text
-from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
 from dashboard.budget_forms import BudgetResumeForm, BudgetSetForm
-from dashboard.views.common import across_namespaces, operators_only, viewers_only
+from dashboard.views.common import across_namespaces, form_action, operators_only, viewers_only
 from recovery import budgets
 from recovery.models import ApprovalVerdict, BudgetPeriod, BudgetScope, BudgetUnit
 from recovery.selectors import budget_decisions_recent, budget_list
@@ -40,38 +40,26 @@ def budgets_page(request: HttpRequest) -> HttpResponse:
 def budget_set_view(request: HttpRequest) -> HttpResponse:
     """Set a budget from the page's form: the same service, and the same refusals, as the API.
     A refusal is said on the page the browser comes back to; nothing is written."""
-    form = BudgetSetForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not set: {form.refusal()}.")
-        return redirect("dashboard:budgets")
-    data = form.cleaned_data
-    try:
+    def set_budget(data: dict[str, Any]) -> str:
         budget = budgets.budget_set(scope=data["scope"], key=data["key"], period=data["period"], unit=data["unit"],
                                     limit=data["limit"], currency=data["currency"],
                                     decided_by=user_actor(request.user), reason=data["reason"])
-    except BackplaneError as exc:
-        messages.error(request, f"Not set: {exc.message}.")
-        return redirect("dashboard:budgets")
-    messages.success(request, f"Budget set: {budget}.")
-    return redirect("dashboard:budgets")
+        return f"Budget set: {budget}."
+
+    return form_action(request, BudgetSetForm(request.POST), set_budget, refused="Not set",
+                       back=redirect("dashboard:budgets"))
 
 
 @require_POST
 @operators_only("Resuming a budget")
 @across_namespaces
 def budget_resume_view(request: HttpRequest, budget_id: int) -> HttpResponse:
-    form = BudgetResumeForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not resumed: {form.refusal()}.")
-        return redirect("dashboard:budgets")
-    try:
-        budget = budgets.budget_resume(budget_id=budget_id, decided_by=user_actor(request.user),
-                                       reason=form.cleaned_data["reason"])
-    except BackplaneError as exc:
-        messages.error(request, f"Not resumed: {exc.message}.")
-        return redirect("dashboard:budgets")
-    messages.success(request, f"Resumed for the rest of its period: {budget}.")
-    return redirect("dashboard:budgets")
+    def resume(data: dict[str, Any]) -> str:
+        budget = budgets.budget_resume(budget_id=budget_id, decided_by=user_actor(request.user), reason=data["reason"])
+        return f"Resumed for the rest of its period: {budget}."
+
+    return form_action(request, BudgetResumeForm(request.POST), resume, refused="Not resumed",
+                       back=redirect("dashboard:budgets"))
 
 
 @require_POST
@@ -90,19 +78,13 @@ def budget_ask_deny(request: HttpRequest, budget_id: int) -> HttpResponse:
 
 def _answer_ask(request: HttpRequest, budget_id: int, verdict: str) -> HttpResponse:
     """A spent budget's question answered by a member of its group (the service's check)."""
-    form = BudgetResumeForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not answered: {form.refusal()}.")
-        return redirect("dashboard:budgets")
-    try:
-        ask = budgets.budget_ask_decide(budget_id=budget_id, user=request.user, verdict=verdict,
-                                        reason=form.cleaned_data["reason"])
-    except BackplaneError as exc:
-        messages.error(request, f"Not answered: {exc.message}.")
-        return redirect("dashboard:budgets")
-    done = "goes on for the rest of its period" if ask.status == "granted" else "stays stopped"
-    messages.success(request, f"{ask.budget}: {done}.")
-    return redirect("dashboard:budgets")
+    def answer(data: dict[str, Any]) -> str:
+        ask = budgets.budget_ask_decide(budget_id=budget_id, user=request.user, verdict=verdict, reason=data["reason"])
+        done = "goes on for the rest of its period" if ask.status == "granted" else "stays stopped"
+        return f"{ask.budget}: {done}."
+
+    return form_action(request, BudgetResumeForm(request.POST), answer, refused="Not answered",
+                       back=redirect("dashboard:budgets"))
 
 
 urlpatterns = [

@@ -1,5 +1,5 @@
-"""What every dashboard view shares: who may look and act (declared on each view), and reading
-query parameters."""
+"""What every dashboard view shares: who may look and act (declared on each view), a page's action
+from its form (``form_action``), and reading query parameters."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 
 from backplane.delivery.models import REVIEW_PERMISSION
+from backplane.eventlog.errors import BackplaneError
 from dashboard.access import may_hold, may_log_in, namespace_of
+from dashboard.forms import RefusalForm
 from recovery.models import OPERATE_PERMISSION, VIEW_PERMISSION
 
 View = Callable[..., HttpResponse]
@@ -107,6 +110,23 @@ def across_namespaces(view: View) -> View:
         return render(request, "dashboard/forbidden.html", {"message": message, "scoped": namespace}, status=403)
 
     return wrapped
+
+
+def form_action(request: HttpRequest, form: RefusalForm, act: Callable[[dict[str, Any]], str], *, refused: str,
+                back: HttpResponse) -> HttpResponse:
+    """A page's action: the form checked, then ``act`` (the service, with the form's cleaned data)
+    run; its refusal, or the form's, is said as "<refused>: <why>." on the page the browser comes
+    back to (``back``), where nothing was written; else the line ``act`` returns."""
+    if not form.is_valid():
+        messages.error(request, f"{refused}: {form.refusal()}.")
+        return back
+    try:
+        done = act(form.cleaned_data)
+    except BackplaneError as exc:
+        messages.error(request, f"{refused}: {exc.message}.")
+        return back
+    messages.success(request, done)
+    return back
 
 
 def int_param(request: HttpRequest, name: str) -> int | None:

@@ -5,18 +5,17 @@ Thin: check the form (dashboard/fleet_forms.py), call one service in recovery/fl
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
-from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
-from backplane.eventlog.errors import BackplaneError
 from backplane.eventlog.models import user_actor
 from dashboard.access import namespace_of
 from dashboard.fleet_forms import PauseResumeForm, PauseSetForm, TaskCancelForm
-from dashboard.views.common import across_namespaces, operators_only, viewers_only
+from dashboard.views.common import across_namespaces, form_action, operators_only, viewers_only
 from recovery import fleet
 from recovery.selectors import pauses_in_force, pauses_recently_lifted
 
@@ -26,22 +25,16 @@ NAV = "pauses"
 @require_POST
 @operators_only("Cancelling a task")
 def task_cancel_view(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
-    form = TaskCancelForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not cancelled: {form.refusal()}.")
-        return redirect("dashboard:task", task_id=task_id)
-    try:
+    def cancel(data: dict[str, Any]) -> str:
         task = fleet.task_cancel(namespace=namespace_of(request.user), task_id=task_id,
-                                 cancelled_by=user_actor(request.user), reason=form.cleaned_data["reason"],
-                                 compensate=form.cleaned_data["compensate"])
-    except BackplaneError as exc:
-        messages.error(request, f"Not cancelled: {exc.message}.")
-        return redirect("dashboard:task", task_id=task_id)
-    if task.status == "compensating":
-        messages.success(request, "Cancelled; its side effects are being undone (compensating).")
-    else:
-        messages.success(request, "Cancelled: its lease holder's next write is refused.")
-    return redirect("dashboard:task", task_id=task_id)
+                                 cancelled_by=user_actor(request.user), reason=data["reason"],
+                                 compensate=data["compensate"])
+        if task.status == "compensating":
+            return "Cancelled; its side effects are being undone (compensating)."
+        return "Cancelled: its lease holder's next write is refused."
+
+    return form_action(request, TaskCancelForm(request.POST), cancel, refused="Not cancelled",
+                       back=redirect("dashboard:task", task_id=task_id))
 
 
 @require_GET
@@ -58,38 +51,26 @@ def pauses_page(request: HttpRequest) -> HttpResponse:
 @operators_only("Pausing work")
 @across_namespaces
 def pause_set_view(request: HttpRequest) -> HttpResponse:
-    form = PauseSetForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not paused: {form.refusal()}.")
-        return redirect("dashboard:pauses")
-    data = form.cleaned_data
-    try:
-        pause = fleet.pause_set(namespace=data["namespace"], kind=data["kind"], paused_by=user_actor(request.user),
-                                reason=data["reason"])
-    except BackplaneError as exc:
-        messages.error(request, f"Not paused: {exc.message}.")
-        return redirect("dashboard:pauses")
-    scope = f"kind {pause.kind} of {pause.namespace}" if pause.kind else f"all of {pause.namespace}"
-    messages.success(request, f"Paused {scope}: claims pass over it until it is resumed.")
-    return redirect("dashboard:pauses")
+    def pause(data: dict[str, Any]) -> str:
+        made = fleet.pause_set(namespace=data["namespace"], kind=data["kind"], paused_by=user_actor(request.user),
+                               reason=data["reason"])
+        scope = f"kind {made.kind} of {made.namespace}" if made.kind else f"all of {made.namespace}"
+        return f"Paused {scope}: claims pass over it until it is resumed."
+
+    return form_action(request, PauseSetForm(request.POST), pause, refused="Not paused",
+                       back=redirect("dashboard:pauses"))
 
 
 @require_POST
 @operators_only("Resuming work")
 @across_namespaces
 def pause_resume_view(request: HttpRequest, pause_id: int) -> HttpResponse:
-    form = PauseResumeForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"Not resumed: {form.refusal()}.")
-        return redirect("dashboard:pauses")
-    try:
-        pause = fleet.pause_lift(pause_id=pause_id, resumed_by=user_actor(request.user),
-                                 reason=form.cleaned_data["reason"])
-    except BackplaneError as exc:
-        messages.error(request, f"Not resumed: {exc.message}.")
-        return redirect("dashboard:pauses")
-    messages.success(request, f"Resumed: {pause.namespace}/{pause.kind or '*'} is claimed again.")
-    return redirect("dashboard:pauses")
+    def resume(data: dict[str, Any]) -> str:
+        lifted = fleet.pause_lift(pause_id=pause_id, resumed_by=user_actor(request.user), reason=data["reason"])
+        return f"Resumed: {lifted.namespace}/{lifted.kind or '*'} is claimed again."
+
+    return form_action(request, PauseResumeForm(request.POST), resume, refused="Not resumed",
+                       back=redirect("dashboard:pauses"))
 
 
 urlpatterns = [
