@@ -125,6 +125,7 @@ from backplane.eventlog.async_services import HandOff, event_append_batch_async,
 from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.services import AppendOutcome
 from backplane.eventlog.writer import EventDraft
+from backplane.privacy.sealing import seal_personal_async
 from backplane.runtime.async_pool import async_pool, async_pool_renew
 from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
 from backplane.runtime.replica import replica_configured
@@ -594,6 +595,8 @@ class FrontRoute:
                 else:
                     return _json(answer.body, answer.status, answer.headers)
             data = self._data(operation, request, raw)
+            if operation.body is not None:
+                data = await seal_personal_async(conn, principal.namespace, data)
             write = _WRITES_ON_THE_LOOP.get(operation.handler)
             if write is not None:
                 try:

@@ -112,7 +112,11 @@ CONFLICT_EXAMPLES["approval_denied"] = _example(
 CONFLICT_EXAMPLES["approval_expired"] = _example(
     "approval_expired", "approval_expired", "the approval request ran out undecided",
     {"approval_id": "5b0f5b8e-3d0c-4c7e-9a51-2f7f0c1d9e44", "status": "expired"})
-WRITE_CONFLICTS = ("seq_conflict", "stale_lease", "task_closed", "sandbox_refused", "budget_exceeded")
+CONFLICT_EXAMPLES["subject_erased"] = _example(
+    "subject_erased", "subject_erased", "data subject 'lead:8812' was erased; its data is no longer taken",
+    {"input.email": "subject erased", "erased_at": "2026-12-07T09:12:00.000000Z"})
+WRITE_CONFLICTS = ("seq_conflict", "stale_lease", "task_closed", "sandbox_refused", "budget_exceeded",
+                   "subject_erased")
 # A tool call's dispatch: the writes' conflicts, and the ends of an approval request that refuse it.
 DISPATCH_CONFLICTS = (*WRITE_CONFLICTS, "approval_denied", "approval_expired")
 

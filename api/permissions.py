@@ -23,6 +23,7 @@ from rest_framework.request import Request
 
 from api.authentication import Principal
 from backplane.delivery.models import REVIEW_PERMISSION
+from backplane.privacy.models import ERASE_SUBJECT_PERMISSION, OPEN_PERSONAL_DATA_PERMISSION
 from recovery.models import OPERATE_PERMISSION, VIEW_PERMISSION
 from recovery.selectors import staff_namespace
 
@@ -95,6 +96,30 @@ class Reviewer(PrincipalPermission):
             return False
         # A session's namespace is its user's scope; a token bound to a user has its agent's.
         return (principal.namespace if principal.agent is None else staff_namespace(user_id=user.pk)) is None
+
+
+class PersonalDataReader(PrincipalPermission):
+    """Agents (their namespace's personal data), or a person with ``open_personal_data`` (Privacy
+    officers), by session or a token bound to that user: every read by a person is recorded."""
+
+    message = "reading personal data in clear needs the open_personal_data permission (the Privacy officers group)"
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        user = principal.user
+        if user is None:
+            return principal.agent is not None
+        return user.is_staff and user.has_perm(OPEN_PERSONAL_DATA_PERMISSION)
+
+
+class SubjectEraser(PrincipalPermission):
+    """A person with ``erase_subject`` (Privacy officers), by session or a token bound to that user
+    (a privacy tool). Agents of their own never erase."""
+
+    message = "erasing a data subject needs the erase_subject permission (the Privacy officers group)"
+
+    def allows(self, principal: Principal, method: str) -> bool:
+        user = principal.user
+        return user is not None and user.is_staff and user.has_perm(ERASE_SUBJECT_PERMISSION)
 
 
 AGENTS_ONLY_MESSAGE = ("this route writes as an agent, under its lease and within its kinds: use an agent token "

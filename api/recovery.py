@@ -367,7 +367,9 @@ subtasks_route = AgentRoute(
 
 
 def recovery_context(principal: Principal, query: Mapping[str, str], *, task_id: uuid.UUID) -> Answer:
-    return Answer(selectors.recovery_context(namespace=principal.namespace, task_id=task_id))
+    # An agent resumes the work with its namespace's personal values opened; staff see them sealed.
+    return Answer(selectors.recovery_context(namespace=principal.namespace, task_id=task_id,
+                                             personal_opened=principal.agent is not None))
 
 
 recovery_context_route = AgentRoute(

@@ -13,7 +13,9 @@ run, in DRF's order, with DRF's answers:
 2. the route's permission, then the method (405; every answer carries ``Allow``; HEAD is GET
    without its body; OPTIONS is 204);
 3. the body: ``application/json`` in UTF-8 (else 415), the strict parser (parsers.py: 400),
-   then the operation's body as declared in bodies.py (400 naming each field at fault);
+   then the operation's body as declared in bodies.py (400 naming each field at fault), then
+   its personal values sealed (backplane/privacy/sealing.py: 400 for a malformed mark, 409
+   ``subject_erased``);
 4. the operation's handler (views.py, recovery.py, forks.py), the same function whatever the caller;
 5. the answer rendered as DRF's JSONRenderer renders it, errors through ``errors.error_parts``.
 """
@@ -34,6 +36,7 @@ from rest_framework.views import APIView
 from api import bodies
 from api.base import Answer, ApiView, principal_of, respond
 from api.permissions import AGENTS_ONLY_MESSAGE, AgentOrViewer, PrincipalPermission
+from backplane.privacy.sealing import seal_personal
 
 
 class Operation:
@@ -70,7 +73,9 @@ def _served_by_drf(operation: Operation) -> Callable[..., Response]:
         if operation.body is None:
             answer = operation.handler(principal, request.query_params, **kwargs)
         else:
-            answer = operation.handler(principal, bodies.checked(operation.body, request.data), **kwargs)
+            # Personal values sealed before anything hashes or stores them (backplane/privacy/sealing.py).
+            data = seal_personal(principal.namespace, bodies.checked(operation.body, request.data))
+            answer = operation.handler(principal, data, **kwargs)
         return respond(answer)
 
     return method

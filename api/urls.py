@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import approvals, budgets, dead_letters, fleet, forks, integrity, jobs, signals, tool_policies, views
+from api import approvals, budgets, dead_letters, fleet, forks, integrity, jobs, privacy, signals, tool_policies, views
 from api import recovery as recovery_api
 
 urlpatterns = [
@@ -55,6 +55,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/resume/", jobs.JobResumeView.as_view(), name="job-resume"),
     path("jobs/<int:job_id>/abort/", jobs.JobAbortView.as_view(), name="job-abort"),
     path("jobs/<int:job_id>/retry-failed/", jobs.JobRetryFailedView.as_view(), name="job-retry-failed"),
+    path("personal-data/open/", privacy.PersonalDataOpenView.as_view(), name="personal-data-open"),
+    path("personal-data/lookup/", privacy.PersonalDataLookupView.as_view(), name="personal-data-lookup"),
+    path("personal-data/erase/", privacy.SubjectEraseView.as_view(), name="personal-data-erase"),
     path("dead-letters/", dead_letters.DeadLettersView.as_view(), name="dead-letters"),
     path(
         "dead-letters/<int:dead_letter_id>/requeue/",

@@ -35,6 +35,11 @@ from backplane.integrity.sealing import require_signing_key  # noqa: E402
 # In production, no signing key means no seals and no audit export: refuse to serve at all.
 require_signing_key()
 
+from backplane.privacy.services import require_key_encryption_keys  # noqa: E402
+
+# Nor with key-encryption keys that do not open the data subjects' keys (lost, or wrong).
+require_key_encryption_keys()
+
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402

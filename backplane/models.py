@@ -35,9 +35,14 @@ from backplane.integrity.models import (
     VerificationRun,
     VerifiedHead,
 )
+from backplane.privacy.models import DataSubject, LookupKey, PersonalDataRead, PersonalLookup
 from backplane.runtime.models import Duty
 
 __all__ = [
+    "DataSubject",
+    "LookupKey",
+    "PersonalDataRead",
+    "PersonalLookup",
     "Duty",
     "WebhookSubscription",
     "OutboxStatus",

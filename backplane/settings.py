@@ -607,6 +607,10 @@ BACKPLANE_NO_PROGRESS_STALL_SECONDS = env_int("BACKPLANE_NO_PROGRESS_STALL_SECON
 BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS = env_int("BACKPLANE_TOOL_CALL_TIMEOUT_SECONDS", 300, minimum=1)
 # Ed25519 seed (64 hex digits) that signs Merkle tree heads; development generates one under var/.
 BACKPLANE_SIGNING_KEY = env_str("BACKPLANE_SIGNING_KEY", "")
+# Key-encryption keys that wrap the data subjects' keys (backplane/privacy/keys.py, docs/privacy.md):
+# the provider's class, and for the default one its JSON key file (development makes one under var/).
+BACKPLANE_KEK_PROVIDER = env_str("BACKPLANE_KEK_PROVIDER", "backplane.privacy.keys.FileKeys")
+BACKPLANE_KEK_FILE = env_str("BACKPLANE_KEK_FILE", str(VAR_DIR / "kek.json") if IS_LOCAL else "") or None
 BACKPLANE_BREAKER_THRESHOLD = env_int("BACKPLANE_BREAKER_THRESHOLD", 3, minimum=1)
 BACKPLANE_BREAKER_COOLDOWN_SECONDS = env_int("BACKPLANE_BREAKER_COOLDOWN_SECONDS", 60, minimum=1)
 # The same breaker per registered tool (recovery/gateway.py): no usable answer counts a failure.

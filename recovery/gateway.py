@@ -41,10 +41,12 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from backplane.delivery.outbound import OutboundRefused, outbound_client
-from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, NotFound
+from backplane.eventlog.errors import BackplaneError, IdempotencyMismatch, InvalidInput, NotFound
 from backplane.eventlog.selectors import task_visible
 from backplane.eventlog.services import ensure_storable_json
 from backplane.eventlog.writer import check_lease
+from backplane.privacy.sealing import seal_personal
+from backplane.privacy.services import personal_open
 from backplane.telemetry import counters
 from recovery import breakers
 from recovery.approvals import approval_awaited
@@ -156,7 +158,10 @@ def tool_invoke(
         try:
             with counters.tool_gateway_call_timed(tool=tool.name):
                 # The effect's key: a fork's call of a step its source dispatched is the same effect.
-                answer = _send(tool=tool, key=outcome.call.effect_key, input=input)
+                # The tool is the namespace's own: it gets the personal values opened (or shown as
+                # erased), and may mark its answer's (sealed before it is recorded).
+                opened = personal_open(task.namespace, input, reader=None, where_read="tool", bounded=False).value
+                answer = _send(tool=tool, key=outcome.call.effect_key, input=opened)
         except ToolUnavailable as exc:
             tool_breaker_record_failure(tool_id=tool.pk, reason=exc.message)
             raise
@@ -164,6 +169,12 @@ def tool_invoke(
         if permit is not None and permit.trial_started_at is not None and not sent:
             _trial_release(tool, permit)
     tool_breaker_record_success(tool_id=tool.pk)
+    try:
+        answer = ToolAnswer(answer.status, seal_personal(task.namespace, answer.result))
+    except BackplaneError as exc:
+        # The call was made: what it answered is recorded as a failure that says why.
+        answer = ToolAnswer(ToolCallStatus.FAILED, {"error": f"the tool's answer could not be sealed: {exc.message}",
+                                                    "details": exc.details})
 
     try:
         return tool_call_record_result(

@@ -24,6 +24,7 @@ from backplane.eventlog.lineage import history_of
 from backplane.eventlog.models import ALL_TIME, Agent, BreakerTransition, CostRollup, Task, TaskStatus
 from backplane.eventlog.selectors import TaskFilters, task_filters_from_json, task_visible, tasks_filtered
 from backplane.lib.sql_rows import RowLoader
+from backplane.privacy.services import personal_open, personal_shown
 from recovery.models import (
     AlertRule,
     AlertState,
@@ -69,8 +70,12 @@ def tool_call_from(row: Any, *, key: str) -> ToolCall:
     return TOOL_CALL_ROWS.load(row)
 
 
-def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, Any]:
+def recovery_context(*, namespace: str | None, task_id: uuid.UUID, personal_opened: bool = False) -> dict[str, Any]:
     """Replay the task's history into what a new holder needs to continue without redoing work.
+
+    Personal values (backplane/privacy): ``personal_opened`` for the agents of the namespace, who
+    resume the work with them; for anyone else they stay sealed. Either way a value whose subject
+    was erased shows as erased, and the rest of the context is whole.
 
     Only the event log is read (not the tool-call records, which expire), so the answer
     is the same for as long as the log exists. A fork's history includes its source's events
@@ -154,7 +159,12 @@ def recovery_context(*, namespace: str | None, task_id: uuid.UUID) -> dict[str, 
         "model_calls": model_calls,
         "last_reasoning": last_reasoning,
     }
-    context["resume_prompt"] = resume_prompt(task_kind=task.kind, task_input=task.input, context=context)
+    shown = {"context": context, "input": task.input}
+    shown = (personal_open(task.namespace, shown, reader=None, where_read="recovery context",
+                           bounded=False).value
+             if personal_opened else personal_shown(task.namespace, shown))
+    context = shown["context"]
+    context["resume_prompt"] = resume_prompt(task_kind=task.kind, task_input=shown["input"], context=context)
     return context
 
 

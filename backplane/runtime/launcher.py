@@ -390,6 +390,8 @@ class Launcher:
                 if self.stopping():
                     return 0
                 self.manage("migrate", "--noinput")
+                # A lost or wrong key-encryption key stops here, naming it (docs/privacy.md).
+                self.manage("privacy_keys", "check")
                 self.ensure_admin()
                 if self.stopping():
                     return 0

@@ -13,6 +13,7 @@ ROLES = {
     "Operators": ("recovery.view_backplane", "recovery.operate_backplane"),
     "Reviewers": ("recovery.view_backplane", "backplane.review_deadletter"),
     "Approvers": ("recovery.view_backplane",),
+    "Privacy officers": ("recovery.view_backplane", "backplane.open_personal_data", "backplane.erase_subject"),
 }
 
 
