@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiExample, extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -24,6 +24,7 @@ from backplane.privacy.models import SUBJECT_MAX_LENGTH
 from recovery.selectors import staff_namespace
 
 
+@extend_schema_field({})
 class AnyJSONField(serializers.Field):
     """Any JSON value, as parsed."""
 
@@ -148,6 +149,7 @@ class PersonalDataLookupView(ApiView):
         ),
         request=LookupIn,
         responses={200: LookupOut, **errors(403, body=True)},
+        examples=[OpenApiExample("an e-mail", request_only=True, value={"value": "ada@example.com"})],
     )
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -172,6 +174,8 @@ class SubjectEraseView(ApiView):
         ),
         request=EraseIn,
         responses={200: ErasedOut, **errors(403, 404, 409, conflicts=("subject_erased",), body=True)},
+        examples=[OpenApiExample("a request under article 17", request_only=True, value={
+            "namespace": "acme", "subject": "lead:8812", "reason": "erasure request #4411 (GDPR art. 17)"})],
     )
     def post(self, request: Request) -> Response:
         principal = principal_of(request)

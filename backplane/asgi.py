@@ -15,6 +15,7 @@ synchronous stack there (docs/benchmarks.md has the figures).
 
 import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from a2wsgi import WSGIMiddleware
@@ -35,10 +36,23 @@ from backplane.integrity.sealing import require_signing_key  # noqa: E402
 # In production, no signing key means no seals and no audit export: refuse to serve at all.
 require_signing_key()
 
+from django.db import connection as django_db_connection  # noqa: E402
+
 from backplane.privacy.services import require_key_encryption_keys  # noqa: E402
 
-# Nor with key-encryption keys that do not open the data subjects' keys (lost, or wrong).
-require_key_encryption_keys()
+
+
+def _check_key_encryption_keys() -> None:
+    try:
+        require_key_encryption_keys()
+    finally:
+        django_db_connection.close()  # this thread serves no request
+
+
+# Nor with key-encryption keys that do not open the data subjects' keys (lost, or wrong). On a
+# thread of its own: uvicorn imports this module on its event loop, where Django refuses queries.
+with ThreadPoolExecutor(max_workers=1) as _start_up:
+    _start_up.submit(_check_key_encryption_keys).result()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

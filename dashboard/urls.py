@@ -22,6 +22,7 @@ urlpatterns = [
     path("approvals/", include("dashboard.views.approvals")),
     path("pauses/", include("dashboard.views.fleet_ops")),
     path("jobs/", include("dashboard.views.jobs")),
+    path("privacy/", include("dashboard.views.privacy")),
     path("tasks/<uuid:task_id>/cancel/", fleet_ops.task_cancel_view, name="task-cancel"),
     path("searches/", include("dashboard.views.searches")),
     path("agents/", fleet.agents_page, name="agents"),

@@ -257,7 +257,12 @@ def data_key_unwrap(kek_id: str, wrapped: bytes | memoryview) -> bytes:
 
 # --- the statements, written once for both drivers ---------------------------------------------------
 
-Statement = tuple[str, list[Any]]
+@dataclass(frozen=True)
+class Statement:
+    sql: str
+    params: list[Any]
+
+
 Steps = Generator[Statement, list[tuple[Any, ...]], Any]
 
 _SUBJECTS_SQL = """
@@ -270,6 +275,7 @@ INSERT INTO backplane_datasubject (namespace, subject, kek_id, wrapped_key, crea
 SELECT %s, s.subject, %s, s.wrapped, %s, '', '' FROM unnest(%s::text[], %s::bytea[]) AS s(subject, wrapped)
 ORDER BY s.subject
 ON CONFLICT (namespace, subject) DO NOTHING
+RETURNING id, subject, kek_id, wrapped_key, erased_at
 """
 _LOOKUP_KEY_SQL = "SELECT kek_id, wrapped_key FROM backplane_lookupkey WHERE namespace = %s"
 _LOOKUP_KEY_INSERT_SQL = """
@@ -300,14 +306,17 @@ def _seal_steps(namespace: str, body: Any, found: list[Found], now: datetime) ->
     """Seal ``found`` (of ``body``): the subjects' keys read, and made for new subjects; the
     lookups written; the body with envelopes in place of the values."""
     subjects = sorted({item.subject for item in found})
-    rows = _subject_rows((yield _SUBJECTS_SQL, [namespace, subjects]))
+    rows = _subject_rows((yield Statement(_SUBJECTS_SQL, [namespace, subjects])))
     new = [subject for subject in subjects if subject not in rows]
     if new:
         wrapped = [data_key_wrap(secrets.token_bytes(DATA_KEY_BYTES)) for _ in new]
         kek_id = wrapped[0][0]
-        yield _SUBJECTS_INSERT_SQL, [namespace, kek_id, now, new, [w for _, w in wrapped]]
-        # A new statement, so it also sees the rows a concurrent write made first.
-        rows.update(_subject_rows((yield _SUBJECTS_SQL, [namespace, new])))
+        rows.update(_subject_rows((yield Statement(_SUBJECTS_INSERT_SQL,
+                                                   [namespace, kek_id, now, new, [w for _, w in wrapped]]))))
+        raced = [subject for subject in new if subject not in rows]
+        if raced:
+            # Made by a concurrent write first: a new statement sees its rows.
+            rows.update(_subject_rows((yield Statement(_SUBJECTS_SQL, [namespace, raced]))))
     keys = {row.subject: data_key_unwrap(row.kek_id, row.wrapped_key) for row in rows.values()
             if row.wrapped_key is not None and row.kek_id is not None}
     sealed_at: dict[Path, dict[str, Any]] = {}
@@ -334,17 +343,17 @@ def _seal_steps(namespace: str, body: Any, found: list[Found], now: datetime) ->
     lookups = [item for item in found if item.lookup]
     if lookups:
         lookup_key = yield from _lookup_key_steps(namespace, now)
-        yield _LOOKUPS_INSERT_SQL, [[rows[item.subject].id for item in lookups],
-                                    [lookup_digest(lookup_key, item.value) for item in lookups]]
+        yield Statement(_LOOKUPS_INSERT_SQL, [[rows[item.subject].id for item in lookups],
+                                              [lookup_digest(lookup_key, item.value) for item in lookups]])
     return replaced(body, lambda _marker, path: sealed_at[path])
 
 
 def _lookup_key_steps(namespace: str, now: datetime) -> Steps:
-    row = next(iter((yield _LOOKUP_KEY_SQL, [namespace])), None)
+    row = next(iter((yield Statement(_LOOKUP_KEY_SQL, [namespace]))), None)
     if row is None:
         kek_id, wrapped = data_key_wrap(secrets.token_bytes(32))
-        yield _LOOKUP_KEY_INSERT_SQL, [namespace, kek_id, wrapped, now]
-        row = next(iter((yield _LOOKUP_KEY_SQL, [namespace])))
+        yield Statement(_LOOKUP_KEY_INSERT_SQL, [namespace, kek_id, wrapped, now])
+        row = next(iter((yield Statement(_LOOKUP_KEY_SQL, [namespace]))))
     return data_key_unwrap(row[0], row[1])
 
 
@@ -357,17 +366,18 @@ def _run(steps: Steps) -> Any:
         try:
             statement = next(steps)
             while True:
-                cursor.execute(*statement)
+                cursor.execute(statement.sql, statement.params)
                 statement = steps.send(cursor.fetchall() if cursor.description is not None else [])
         except StopIteration as done:
             return done.value
 
 
 async def _run_async(conn: psycopg.AsyncConnection[Any], steps: Steps) -> Any:
+    """Run ``steps`` on ``conn`` (in autocommit)."""
     try:
         statement = next(steps)
         while True:
-            cursor = await conn.execute(*statement)
+            cursor = await conn.execute(statement.sql, statement.params)
             statement = steps.send(await cursor.fetchall() if cursor.description is not None else [])
     except StopIteration as done:
         return done.value

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count
 from django.utils import timezone
 
@@ -249,8 +249,6 @@ def require_key_encryption_keys() -> None:
     except (DatabaseError, RuntimeError) as exc:  # RuntimeError: a test run that allows no database here
         logger.warning("the key-encryption keys were not checked: %s", exc)
         return
-    finally:
-        connection.close()  # the web process's start-up thread serves no request
     if problems:
         raise ImproperlyConfigured("the key-encryption keys do not open the data subjects' keys: "
                                    + "; ".join(problems) + " (docs/privacy.md, \"Keys\")")

@@ -27,7 +27,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.chain import format_timestamp
-from backplane.eventlog.models import Task
+from backplane.eventlog.models import Task, user_actor
+from backplane.privacy.models import OPEN_PERSONAL_DATA_PERMISSION
+from backplane.privacy.sealing import personal_in_value
 from backplane.eventlog.selectors import TaskFilters
 from backplane.integrity.verification import task_chain_verify_now
 from backplane.runtime.duties import duties_state
@@ -35,10 +37,12 @@ from backplane.runtime.replica import replica_reads
 from dashboard.access import may_review, namespace_of
 from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
+from dashboard.selectors.personal import personal_for_people
 from dashboard.selectors.overview import activity_per_minute, feed_events, overview_figures
 from dashboard.selectors.spend import spend_today, task_spend
 from dashboard.selectors.task_detail import (
     TIMELINE_MAX_EVENTS,
+    EventRows,
     chain_state,
     event_rows,
     task_family,
@@ -162,9 +166,19 @@ def scoped_task(request: HttpRequest, task_id: uuid.UUID) -> Task:
     return get_object_or_404(Task, pk=task_id, **({} if scope is None else {"namespace": scope}))
 
 
-def _task_parts(request: HttpRequest, task: Task) -> dict[str, Any]:
+def _task_parts(request: HttpRequest, task: Task, rows: EventRows, *,
+                reader: str | None = None) -> dict[str, Any]:
+    """What the page's parts show; the personal values of the task's output and of ``rows``' events
+    as a person sees them (``shown_payload``), opened for ``reader`` (dashboard/selectors/personal.py)."""
+    shown = personal_for_people(task.namespace, [task.output, *(e.payload for e in rows.events)], reader=reader,
+                                task_id=task.pk)
+    for event, payload in zip(rows.events, shown[1:], strict=True):
+        setattr(event, "shown_payload", payload)  # noqa: B010 - for the template, not a field of the model
     return {
         "task": task,
+        "output_shown": shown[0],
+        "has_personal": any(personal_in_value(value)
+                            for value in [task.input, task.output, *(e.payload for e in rows.events)]),
         "family": task_family(task),
         "chain": chain_state(task.pk),
         "spend": task_spend(task),
@@ -182,10 +196,12 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
 def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | None = None, fork_error: str = "",
                      status: int = 200) -> HttpResponse:
     """The task page; with ``fork_form`` (a fork that was refused) its fork dialog is open, showing
-    what was sent and why it was refused. ``?fork_at=N`` opens it at event N."""
+    what was sent and why it was refused. ``?fork_at=N`` opens it at event N. ``?personal=open``:
+    a privacy officer sees the personal values in clear, and that read is recorded."""
     before_seq = int_param(request, "before_seq")
     rows = event_rows(task, before_seq=before_seq)
-    parts = _task_parts(request, task)
+    personal_opened = request.GET.get("personal") == "open" and request.user.has_perm(OPEN_PERSONAL_DATA_PERMISSION)
+    parts = _task_parts(request, task, rows, reader=user_actor(request.user) if personal_opened else None)
     fork_at = int_param(request, "fork_at")
     if fork_form is None:
         fork_form = ForkForm(initial={"at_seq": fork_at or task.last_seq, "sandbox": task.sandbox,
@@ -206,6 +222,7 @@ def render_task_page(request: HttpRequest, task: Task, *, fork_form: ForkForm | 
             "fork_error": fork_error,
             "fork_open": fork_form.is_bound or fork_at is not None,
             "compare_form": CompareForm(auto_id="compare_%s"),
+            "personal_opened": personal_opened,
             "nav": "tasks",
         },
         status=status,
@@ -220,7 +237,7 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     task = scoped_task(request, task_id)
     after = int_param(request, "after_seq") or 0
     rows = event_rows(task, after_seq=after)
-    parts = _task_parts(request, task)
+    parts = _task_parts(request, task, rows)
     return JsonResponse(
         {
             "last_seq": rows.events[-1].seq if rows.events else after,
@@ -238,7 +255,8 @@ def task_live(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
 @viewers_only
 def task_recovery_context(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     """The recovery context exactly as the next agent would receive it (docs/api.md), as a fragment."""
-    context = recovery_context(namespace=None, task_id=scoped_task(request, task_id).pk)
+    task = scoped_task(request, task_id)
+    context = personal_for_people(task.namespace, [recovery_context(namespace=None, task_id=task.pk)])[0]
     return render(request, "dashboard/_recovery_context.html", {"context": context})
 
 

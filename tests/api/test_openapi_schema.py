@@ -30,7 +30,7 @@ def operations(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_every_operation_has_a_description_and_every_parameter_too(schema: dict[str, Any]) -> None:
     ops = operations(schema)
-    assert len(ops) == 54, sorted(ops)
+    assert len(ops) == 57, sorted(ops)
     for name, op in ops.items():
         assert len(op.get("description", "")) > 40, name
         for parameter in op.get("parameters", []):
@@ -79,7 +79,7 @@ def test_the_append_operation_says_how_to_finish_or_fail_a_task(schema: dict[str
     assert isinstance(failed["payload"]["error"], str) and isinstance(failed["payload"]["retryable"], bool)
     conflicts = append["responses"]["409"]["content"]["application/json"]["examples"]
     assert {e["value"]["error"]["code"] for e in conflicts.values()} == {
-        "seq_conflict", "stale_lease", "task_closed", "sandbox_refused", "budget_exceeded"}
+        "seq_conflict", "stale_lease", "task_closed", "sandbox_refused", "budget_exceeded", "subject_erased"}
 
 
 def test_the_create_operation_documents_task_ids_across_namespaces(schema: dict[str, Any]) -> None:
