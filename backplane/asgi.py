@@ -41,7 +41,6 @@ from django.db import connection as django_db_connection  # noqa: E402
 from backplane.privacy.services import require_key_encryption_keys  # noqa: E402
 
 
-
 def _check_key_encryption_keys() -> None:
     try:
         require_key_encryption_keys()

@@ -42,7 +42,7 @@ from backplane_client.signing import SIGNATURE_HEADER, SignatureError, sign, ver
 if TYPE_CHECKING:
     from backplane_client.agent import AgentClient
     from backplane_client.aio import AsyncAgentClient
-    from backplane_client.calls import Lease, event_draft
+    from backplane_client.calls import Lease, event_draft, personal
     from backplane_client.errors import (
         ApprovalDenied,
         ApprovalExpired,
@@ -97,6 +97,7 @@ __all__ = [
     "handle_kombu_message",
     "model_cost",
     "parse_envelope",
+    "personal",
     "process_once",
     "prompt_sha256",
     "replay",
@@ -124,6 +125,7 @@ _LAZY_EXPORTS = {
     "ToolCall": "backplane_client.session",
     "ToolCallFailed": "backplane_client.errors",
     "event_draft": "backplane_client.calls",
+    "personal": "backplane_client.calls",
     "replay": "backplane_client.sandbox",
     "USAGE_KEYS": "backplane_client.usage",
     "Cost": "backplane_client.usage",

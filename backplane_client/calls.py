@@ -375,6 +375,35 @@ def send_signal(task_id: TaskId, name: str, payload: Mapping[str, Any]) -> Call[
     return Call("POST", f"/tasks/{task_id}/signals/{name}/", _body, json={"payload": dict(payload)})
 
 
+# --- personal data (docs/privacy.md) ---------------------------------------------------------------
+
+
+def personal(subject: str, value: Any, *, lookup: bool = False) -> dict[str, Any]:
+    """A value marked as personal data of ``subject``, to put anywhere in a request's JSON: the
+    server seals it before anything hashes or stores it, and answers with its envelope. With
+    ``lookup`` the value can be found again by :meth:`AgentClient.personal_lookup`."""
+    inner: dict[str, Any] = {"subject": subject, "value": value}
+    if lookup:
+        inner["lookup"] = True
+    return {"$personal": inner}
+
+
+def personal_open(value: Any, *, task_id: TaskId | None = None) -> Call[Any]:
+    """``value`` (any JSON the API answered: a payload, a task's input, a whole answer) with each
+    envelope of the agent's namespace opened, or ``{"$personal": {"subject", "erased_at"}}`` where
+    its subject was erased."""
+    body: dict[str, Any] = {"value": value}
+    if task_id is not None:
+        body["task_id"] = str(task_id)
+    return Call("POST", "/personal-data/open/", lambda response: response.json()["value"], json=body)
+
+
+def personal_lookup(value: Any) -> Call[list[str]]:
+    """The data subjects a value marked with ``lookup`` belongs to (exact match, by a keyed hash)."""
+    return Call("POST", "/personal-data/lookup/", lambda response: list(response.json()["subjects"]),
+                json={"value": value})
+
+
 # The longest one read of an approval request waits on the server (its ``wait`` bound).
 APPROVAL_WAIT_SECONDS = 30
 

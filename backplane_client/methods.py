@@ -133,5 +133,7 @@ class Requests:
     await_signal = Request(calls.await_signal)
     get_signal = Request(calls.get_signal)
     send_signal = Request(calls.send_signal)
+    personal_open = Request(calls.personal_open)
+    personal_lookup = Request(calls.personal_lookup)
     invoke = Request(calls.invoke)
     dispatch_subtask = Request(calls.dispatch_subtask)

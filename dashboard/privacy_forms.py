@@ -13,8 +13,9 @@ class SubjectEraseForm(RefusalForm):
     namespace = forms.CharField(max_length=100, strip=True,
                                 error_messages={"required": "say whose data subject it is: its namespace"})
     subject = forms.CharField(max_length=SUBJECT_MAX_LENGTH, strip=False,
-                              error_messages={"required": "name the data subject",
-                                              "max_length": f"a subject id has at most {SUBJECT_MAX_LENGTH} characters"})
+                              error_messages={
+                                  "required": "name the data subject",
+                                  "max_length": f"a subject id has at most {SUBJECT_MAX_LENGTH} characters"})
     reason = forms.CharField(max_length=REASON_MAX_LENGTH, strip=True,
                              error_messages={"required": "an erasure says why (the request's ticket)",
                                              "max_length": f"a reason of at most {REASON_MAX_LENGTH:,} characters"})

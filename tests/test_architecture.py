@@ -28,7 +28,8 @@ PACKAGES = ("backplane", "api", "recovery", "dashboard", "demo", "backplane_clie
 # A module longer than this does more than one job (STYLE.md); a migration is generated, not read.
 MAX_MODULE_LINES = 800
 
-LOWER_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity", "backplane.runtime")
+LOWER_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity", "backplane.runtime",
+               "backplane.privacy")
 CORE_PARTS = ("backplane.eventlog", "backplane.delivery", "backplane.integrity")
 # What ``python -m backplane.integrity.audit verify`` loads: the package's __main__, then the verifier.
 OFFLINE_VERIFIER = ("backplane.integrity.audit.__main__", "backplane.integrity.audit.verify",
@@ -69,7 +70,7 @@ class Rule:
 
 RULES = (
     Rule(
-        "the event log, delivery, integrity and runtime do not import recovery, the dashboard or the API",
+        "the event log, delivery, integrity, runtime and privacy do not import recovery, the dashboard or the API",
         sources=LOWER_PARTS,
         forbidden=("recovery", "dashboard", "api"),
     ),
@@ -81,6 +82,10 @@ RULES = (
     # id, so the two never import each other both ways.
     Rule("delivery does not import the event log or integrity", sources=("backplane.delivery",),
          forbidden=("backplane.eventlog", "backplane.integrity")),
+    # Personal values are sealed before the writer sees them (at the API's door), so the event log
+    # and integrity never need the keys: a chain, a seal or an export is checked without them.
+    Rule("the event log, delivery and integrity do not import privacy",
+         sources=("backplane.eventlog", "backplane.delivery", "backplane.integrity"), forbidden=("backplane.privacy",)),
     Rule("the shared helpers import no part", sources=("backplane.lib",),
          forbidden=(*CORE_PARTS, "backplane.runtime", "recovery", "dashboard", "api")),
     # The two surfaces stand side by side: the dashboard reads through the parts' selectors.
@@ -331,10 +336,12 @@ def test_the_offline_verifier_loads_neither_django_nor_psycopg(tree: dict[str, M
          "1: import backplane.integrity.sealing as s"),
         (RULES[3], "backplane/delivery/fake.py", "from backplane.eventlog.models import Task\n",
          "1: from backplane.eventlog.models import Task"),
-        (RULES[5], "dashboard/fake.py", "from api.base import ApiView\n",
+        (RULES[6], "dashboard/fake.py", "from api.base import ApiView\n",
          "1: from api.base import ApiView"),
-        (RULES[6], "api/fake.py", "from dashboard import selectors\n", "1: from dashboard import selectors"),
-        (RULES[4], "backplane/lib/fake.py", "from backplane.delivery import outbox\n",
+        (RULES[7], "api/fake.py", "from dashboard import selectors\n", "1: from dashboard import selectors"),
+        (RULES[4], "backplane/integrity/fake.py", "from backplane.privacy.sealing import seal_personal\n",
+         "1: from backplane.privacy.sealing import seal_personal"),
+        (RULES[5], "backplane/lib/fake.py", "from backplane.delivery import outbox\n",
          "1: from backplane.delivery import outbox"),
     ],
 )

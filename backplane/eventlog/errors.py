@@ -70,3 +70,10 @@ class SandboxRefused(BackplaneError):
 class AlreadyDecided(BackplaneError):
     status = 409
     code = "already_decided"
+
+
+class SubjectErased(BackplaneError):
+    """A new personal value for an erased data subject, or a second erasure (backplane/privacy)."""
+
+    status = 409
+    code = "subject_erased"

@@ -18,7 +18,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import secrets
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
@@ -95,11 +97,20 @@ class FileKeys:
 
 
 def kek_file_create(path: Path, *, name: str = "k1") -> None:
-    """A new key file holding one new key, readable by its owner only."""
+    """A new key file holding one new key, readable by its owner only. Written whole beside it and
+    linked into place, which fails if the file exists: of processes (or threads) starting at once,
+    the first one's key is everybody's, and nobody reads half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    logger.warning("no key-encryption key file: generating a development one in %s", path)
-    path.write_text(json.dumps({"current": name, "keys": {name: _new_kek()}}, indent=2) + "\n")
-    path.chmod(0o600)
+    staged = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    staged.write_text(json.dumps({"current": name, "keys": {name: _new_kek()}}, indent=2) + "\n")
+    staged.chmod(0o600)
+    try:
+        os.link(staged, path)
+        logger.warning("no key-encryption key file: generated a development one in %s", path)
+    except FileExistsError:
+        pass
+    finally:
+        staged.unlink()
 
 
 def kek_file_add(path: Path, name: str) -> None:
@@ -121,10 +132,18 @@ def _new_kek() -> str:
     return base64.b64encode(secrets.token_bytes(KEK_BYTES)).decode()
 
 
-@lru_cache(maxsize=1)
+_PROVIDER_LOCK = threading.Lock()
+
+
 def key_encryption_keys() -> KeyEncryptionKeys:
-    """The configured provider (read once per process; ``key_encryption_keys.cache_clear()``
-    after the key file changes)."""
+    """The configured provider, made once per process by the first thread that asks
+    (``key_encryption_keys_forget`` after the key file changes)."""
+    with _PROVIDER_LOCK:
+        return _provider()
+
+
+@lru_cache(maxsize=1)
+def _provider() -> KeyEncryptionKeys:
     provider: type = import_string(settings.BACKPLANE_KEK_PROVIDER)
     if provider is FileKeys:
         if settings.BACKPLANE_KEK_FILE is None:
@@ -132,3 +151,10 @@ def key_encryption_keys() -> KeyEncryptionKeys:
         return FileKeys(Path(settings.BACKPLANE_KEK_FILE))
     instance: KeyEncryptionKeys = provider()
     return instance
+
+
+
+def key_encryption_keys_forget() -> None:
+    """Read the provider anew at its next use (after the key file changed)."""
+    with _PROVIDER_LOCK:
+        _provider.cache_clear()

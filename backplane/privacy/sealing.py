@@ -42,7 +42,7 @@ from django.utils import timezone
 
 from backplane.eventlog.canonical import CanonicalizationError, canonical_json
 from backplane.eventlog.chain import format_timestamp
-from backplane.eventlog.errors import BackplaneError, InvalidInput
+from backplane.eventlog.errors import BackplaneError, InvalidInput, SubjectErased
 from backplane.privacy.keys import KeyEncryptionKeys, KeyUnavailable, key_encryption_keys
 from backplane.privacy.models import SUBJECT_MAX_LENGTH
 
@@ -56,13 +56,6 @@ SEALED_MAX_CHARS = 400_000  # above the API's body limit: any envelope a request
 
 _MARKER_KEYS = frozenset({"subject", "value", "lookup"})
 _ENVELOPE_KEYS = frozenset({"subject", "sealed"})
-
-
-class SubjectErased(BackplaneError):
-    """A write of a new value for an erased subject, or a second erasure."""
-
-    status = 409
-    code = "subject_erased"
 
 
 class KeysUnavailable(BackplaneError):
@@ -260,22 +253,35 @@ def data_key_unwrap(kek_id: str, wrapped: bytes | memoryview) -> bytes:
 @dataclass(frozen=True)
 class Statement:
     sql: str
-    params: list[Any]
+    params: list[Any] | dict[str, Any]
 
 
 Steps = Generator[Statement, list[tuple[Any, ...]], Any]
 
 _SUBJECTS_SQL = """
 SELECT id, subject, kek_id, wrapped_key, erased_at FROM backplane_datasubject
-WHERE namespace = %s AND subject = ANY(%s)
+WHERE namespace = %(namespace)s AND subject = ANY(%(subjects)s)
 """
-# In subject order, so two writes creating the same subjects never wait on each other in a circle.
-_SUBJECTS_INSERT_SQL = """
-INSERT INTO backplane_datasubject (namespace, subject, kek_id, wrapped_key, created_at, erased_by, erase_reason)
-SELECT %s, s.subject, %s, s.wrapped, %s, '', '' FROM unnest(%s::text[], %s::bytea[]) AS s(subject, wrapped)
-ORDER BY s.subject
-ON CONFLICT (namespace, subject) DO NOTHING
-RETURNING id, subject, kek_id, wrapped_key, erased_at
+# The subjects' rows, and a new row for each subject offered a key that has none: one statement
+# whether or not any is new (a write that inserts nothing commits nothing). Its snapshot does not
+# see the rows it inserts, so the two halves never name one subject twice; a row a concurrent
+# write inserted first is in neither (``raced``). In subject order, so two writes making the same
+# subjects never wait on each other in a circle.
+_SUBJECTS_MADE_SQL = """
+WITH inserted AS (
+    INSERT INTO backplane_datasubject (namespace, subject, kek_id, wrapped_key, created_at, erased_by, erase_reason)
+    SELECT %(namespace)s::text, o.subject, %(kek_id)s::text, o.wrapped, %(now)s::timestamptz, '', ''
+    FROM unnest(%(offered)s::text[], %(wrapped)s::bytea[]) AS o(subject, wrapped)
+    WHERE NOT EXISTS (SELECT 1 FROM backplane_datasubject d
+                      WHERE d.namespace = %(namespace)s::text AND d.subject = o.subject)
+    ORDER BY o.subject
+    ON CONFLICT (namespace, subject) DO NOTHING
+    RETURNING id, subject, kek_id, wrapped_key, erased_at
+)
+SELECT id, subject, kek_id, wrapped_key, erased_at FROM inserted
+UNION ALL
+SELECT id, subject, kek_id, wrapped_key, erased_at FROM backplane_datasubject
+WHERE namespace = %(namespace)s::text AND subject = ANY(%(subjects)s::text[])
 """
 _LOOKUP_KEY_SQL = "SELECT kek_id, wrapped_key FROM backplane_lookupkey WHERE namespace = %s"
 _LOOKUP_KEY_INSERT_SQL = """
@@ -306,25 +312,29 @@ def _seal_steps(namespace: str, body: Any, found: list[Found], now: datetime) ->
     """Seal ``found`` (of ``body``): the subjects' keys read, and made for new subjects; the
     lookups written; the body with envelopes in place of the values."""
     subjects = sorted({item.subject for item in found})
-    rows = _subject_rows((yield Statement(_SUBJECTS_SQL, [namespace, subjects])))
-    new = [subject for subject in subjects if subject not in rows]
-    if new:
-        wrapped = [data_key_wrap(secrets.token_bytes(DATA_KEY_BYTES)) for _ in new]
-        kek_id = wrapped[0][0]
-        rows.update(_subject_rows((yield Statement(_SUBJECTS_INSERT_SQL,
-                                                   [namespace, kek_id, now, new, [w for _, w in wrapped]]))))
-        raced = [subject for subject in new if subject not in rows]
-        if raced:
-            # Made by a concurrent write first: a new statement sees its rows.
-            rows.update(_subject_rows((yield Statement(_SUBJECTS_SQL, [namespace, raced]))))
+    # A key is offered to each subject of a clear value, made here whether it is needed or not (a
+    # few microseconds) so that the read and the making are one statement; a subject named only by
+    # envelopes is never made: an envelope of an unknown subject is refused below.
+    offered = sorted({item.subject for item in found if item.sealed is None})
+    wrapped = [data_key_wrap(secrets.token_bytes(DATA_KEY_BYTES)) for _ in offered]
+    rows = _subject_rows((yield Statement(_SUBJECTS_MADE_SQL, {
+        "namespace": namespace, "subjects": subjects, "offered": offered, "wrapped": [w for _, w in wrapped],
+        "kek_id": wrapped[0][0] if wrapped else None, "now": now})))
+    raced = [subject for subject in subjects if subject not in rows]
+    if raced:
+        # Made by a concurrent write first (or an envelope's unknown subject): a new statement sees it.
+        rows.update(_subject_rows((yield Statement(_SUBJECTS_SQL, {"namespace": namespace, "subjects": raced}))))
     keys = {row.subject: data_key_unwrap(row.kek_id, row.wrapped_key) for row in rows.values()
             if row.wrapped_key is not None and row.kek_id is not None}
     sealed_at: dict[Path, dict[str, Any]] = {}
     for item in found:
         key = keys.get(item.subject)
         if item.sealed is not None:
-            # Passed on as read: it must be this subject's, unless the subject is gone (then it
-            # carries nothing that can still be read, and stays as it is).
+            # Passed on as read: it must be a sealed value of this namespace's subject, unless the
+            # subject was erased (then it carries nothing that can still be read: kept as it is).
+            if item.subject not in rows:
+                raise InvalidInput("an envelope of no data subject of this namespace",
+                                   {where(item.path): "not a sealed value of this namespace"})
             if key is not None:
                 try:
                     open_value(key, namespace=namespace, subject=item.subject, sealed=item.sealed)

@@ -18,14 +18,13 @@ from django.utils import timezone
 from backplane.delivery.outbox import outbox_enqueue
 from backplane.eventlog.canonical import CanonicalizationError
 from backplane.eventlog.chain import format_timestamp
-from backplane.eventlog.errors import InvalidInput, NotFound
+from backplane.eventlog.errors import InvalidInput, NotFound, SubjectErased
 from backplane.privacy.keys import KeyUnavailable, key_encryption_keys
 from backplane.privacy.models import SUBJECT_MAX_LENGTH, DataSubject, LookupKey, PersonalDataRead, PersonalLookup
 from backplane.privacy.sealing import (
     MARK,
     Found,
     Path,
-    SubjectErased,
     data_key_unwrap,
     erased_marker,
     lookup_digest,

@@ -28,17 +28,17 @@ from django.views.decorators.http import require_GET, require_POST
 
 from backplane.eventlog.chain import format_timestamp
 from backplane.eventlog.models import Task, user_actor
-from backplane.privacy.models import OPEN_PERSONAL_DATA_PERMISSION
-from backplane.privacy.sealing import personal_in_value
 from backplane.eventlog.selectors import TaskFilters
 from backplane.integrity.verification import task_chain_verify_now
+from backplane.privacy.models import OPEN_PERSONAL_DATA_PERMISSION
+from backplane.privacy.sealing import personal_in_value
 from backplane.runtime.duties import duties_state
 from backplane.runtime.replica import replica_reads
 from dashboard.access import may_review, namespace_of
 from dashboard.fork_forms import CompareForm, ForkForm
 from dashboard.forms import TaskFilterForm
-from dashboard.selectors.personal import personal_for_people
 from dashboard.selectors.overview import activity_per_minute, feed_events, overview_figures
+from dashboard.selectors.personal import personal_for_people
 from dashboard.selectors.spend import spend_today, task_spend
 from dashboard.selectors.task_detail import (
     TIMELINE_MAX_EVENTS,

@@ -10,6 +10,7 @@ from django.shortcuts import redirect, render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
+from backplane.eventlog.errors import InvalidInput
 from backplane.eventlog.models import user_actor
 from backplane.privacy import selectors, services
 from backplane.privacy.models import ERASE_SUBJECT_PERMISSION, OPEN_PERSONAL_DATA_PERMISSION
@@ -40,7 +41,7 @@ def subject_erase(request: HttpRequest) -> HttpResponse:
 
     def erase(data: dict[str, Any]) -> str:
         if scope is not None and data["namespace"] != scope:
-            return f"Not erased: you act in namespace {scope} only."
+            raise InvalidInput(f"you act in namespace {scope} only", {"namespace": data["namespace"]})
         erased = services.subject_erase(namespace=data["namespace"], subject=data["subject"], reason=data["reason"],
                                         erased_by=user_actor(request.user))
         return (f"Erased: {erased.namespace}/{erased.subject}. Its values can no longer be read anywhere; every "

@@ -137,6 +137,7 @@ def test_another_namespace_a_viewer_and_an_altered_envelope_open_nothing(
     # Mallory cannot launder acme's envelope into her namespace either.
     assert_error(append(mallory, other["task_id"], {"contact": envelope}), 400, "validation_error")
     assert row_counts() == before
+    assert list(DataSubject.objects.values_list("namespace", "subject")) == [("acme", "lead:8812")]
     assert PersonalDataRead.objects.count() == 0
 
 

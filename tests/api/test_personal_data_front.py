@@ -23,8 +23,8 @@ EMAIL = "grace.hopper@example.com"
 
 
 def marked(key: str, value: Any = EMAIL) -> bytes:
-    return json.dumps({"type": "LeadQualified", "idempotency_key": key,
-                       "payload": {"email": {"$personal": {"subject": "lead:7", "value": value}}, "score": 91}}).encode()
+    payload = {"email": {"$personal": {"subject": "lead:7", "value": value}}, "score": 91}
+    return json.dumps({"type": "LeadQualified", "idempotency_key": key, "payload": payload}).encode()
 
 
 def test_a_marked_append_on_the_loop_is_sealed_as_django_seals_it(reads: AsyncReads) -> None:  # noqa: F811

@@ -38,7 +38,7 @@ class Command(BaseCommand):
                 keys.kek_file_add(Path(settings.BACKPLANE_KEK_FILE), options["new"])
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
-            keys.key_encryption_keys.cache_clear()
+            keys.key_encryption_keys_forget()
         try:
             rewrapped = services.kek_rotate(progress=lambda done: self.stdout.write(f"re-wrapped {done}"))
         except ImproperlyConfigured as exc:

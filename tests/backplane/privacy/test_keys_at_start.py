@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("committed_db")]
 def key_file(settings: Any, tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "kek.json"
     settings.BACKPLANE_KEK_FILE = str(path)
-    keys.key_encryption_keys.cache_clear()
+    keys.key_encryption_keys_forget()
     yield path
-    keys.key_encryption_keys.cache_clear()
+    keys.key_encryption_keys_forget()
 
 
 def test_a_wrong_key_stops_the_web_process_at_start_and_the_right_one_serves(key_file: Path, tmp_path: Path) -> None:
