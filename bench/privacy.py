@@ -12,7 +12,7 @@ tests/api/test_agent_front.py serves them), three ways, against the first:
    marker of one subject whose key exists (made before timing): one more statement (the
    subject's key read), a key unwrap and two AES-GCM seals;
 3. personal, new subject: the same, each append naming a subject never seen before: its key is
-   made on the way (two more statements: the key inserted and read back).
+   made on the way, by the same one statement (which then inserts a row and commits it).
 
 No marker asks for ``lookup`` (the blind index is not timed). Each way writes the same number of
 events, spread over new tasks of its own each round (``APPENDS_PER_TASK`` to a task), so no

@@ -298,3 +298,27 @@ def test_a_session_of_every_namespace_marks_nothing(alice: AgentClient) -> None:
     assert_error(response, 400, "validation_error")
     assert DataSubject.objects.count() == 0
     assert json.dumps(personal(EMAIL)) not in stored_text()
+
+
+def test_a_fork_of_a_task_touching_an_erased_subject_works_with_the_value_erased(alice: AgentClient) -> None:
+    task, _ = qualified(alice)
+    step = alice.post(f"/api/v1/tasks/{task['task_id']}/events/",
+                      {"type": "ReasoningStepCompleted", "payload": {"step": 1, "about": personal(EMAIL)}},
+                      format="json").json()
+    session("priya", "Privacy officers").post("/api/v1/personal-data/erase/", {
+        "namespace": "acme", "subject": "lead:8812", "reason": "asked"}, format="json")
+    forked = alice.post(f"/api/v1/tasks/{task['task_id']}/fork/",
+                        {"at_seq": step["seq"], "reason": "retry the qualification"}, format="json")
+    assert forked.status_code == 201, forked.content
+    fork_id = forked.json()["task_id"]
+    assert alice.get(f"/api/v1/tasks/{fork_id}/verify/").json()["valid"] is True
+    context = alice.get(f"/api/v1/tasks/{fork_id}/recovery-context/").json()
+    about = context["completed_steps"][0]["payload"]["about"]
+    assert set(about["$personal"]) == {"subject", "erased_at"} and EMAIL not in json.dumps(context)
+
+
+def test_a_payload_search_never_finds_a_personal_value(alice: AgentClient) -> None:
+    task, _ = qualified(alice)
+    viewer = session("vera", "Viewers")
+    assert task["task_id"] not in viewer.get("/tasks/", {"q": EMAIL}).content.decode()
+    assert task["task_id"] in viewer.get("/tasks/", {"q": "webinar"}).content.decode()
