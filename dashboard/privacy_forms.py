@@ -19,3 +19,12 @@ class SubjectEraseForm(RefusalForm):
     reason = forms.CharField(max_length=REASON_MAX_LENGTH, strip=True,
                              error_messages={"required": "an erasure says why (the request's ticket)",
                                              "max_length": f"a reason of at most {REASON_MAX_LENGTH:,} characters"})
+
+
+class SubjectFindForm(RefusalForm):
+    """A value marked ``lookup`` (as text: an e-mail, a phone number), found through the blind index."""
+
+    namespace = forms.CharField(max_length=100, strip=True,
+                                error_messages={"required": "say in which namespace to look"})
+    value = forms.CharField(max_length=2000, strip=True,
+                            error_messages={"required": "the value to look for, exactly as it was marked"})

@@ -16,9 +16,10 @@ its arguments) holds on envelopes as it did on clear values; the price is that t
 of one subject are seen to be equal. An envelope sent back as it was read (an agent passing a
 sealed value on) is kept as it is, once it opens under the subject's key.
 
-The steps that need the database are written once as a generator of statements (``_seal_steps``,
-``_open_steps``) that both drivers run: Django's connection (``seal_personal``) and the event
-loop's (``seal_personal_async``).
+The steps that need the database are written once, as a generator of statements
+(``_seal_steps``) that both drivers run: Django's connection (``seal_personal``) and the event
+loop's (``seal_personal_async``). Opening (services.py) is for people's pages and the API's
+opening route, on Django's connection only.
 """
 
 from __future__ import annotations

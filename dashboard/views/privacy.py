@@ -15,7 +15,7 @@ from backplane.eventlog.models import user_actor
 from backplane.privacy import selectors, services
 from backplane.privacy.models import ERASE_SUBJECT_PERMISSION, OPEN_PERSONAL_DATA_PERMISSION
 from dashboard.access import namespace_of
-from dashboard.privacy_forms import SubjectEraseForm
+from dashboard.privacy_forms import SubjectEraseForm, SubjectFindForm
 from dashboard.views.common import form_action, staff_permission_required
 
 privacy_officers_only = staff_permission_required(OPEN_PERSONAL_DATA_PERMISSION, ERASE_SUBJECT_PERMISSION,
@@ -25,13 +25,36 @@ privacy_officers_only = staff_permission_required(OPEN_PERSONAL_DATA_PERMISSION,
 @require_GET
 @privacy_officers_only
 def privacy_page(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+def _page(request: HttpRequest, *, find: SubjectFindForm | None = None, found: list[str] | None = None,
+          status: int = 200) -> HttpResponse:
     scope = namespace_of(request.user)
     search = request.GET.get("subject", "").strip()[:200]
     return render(request, "dashboard/privacy.html", {
         "nav": "privacy", "subjects": selectors.subjects_page(scope, search=search), "search": search,
         "reads": selectors.reads_of(scope), "scope": scope,
         "form": SubjectEraseForm(initial={"namespace": scope or ""}),
-        "may_erase": request.user.has_perm(ERASE_SUBJECT_PERMISSION)})
+        "find": find or SubjectFindForm(initial={"namespace": scope or ""}), "found": found,
+        "may_erase": request.user.has_perm(ERASE_SUBJECT_PERMISSION),
+        "may_open": request.user.has_perm(OPEN_PERSONAL_DATA_PERMISSION)}, status=status)
+
+
+@require_POST
+@staff_permission_required(OPEN_PERSONAL_DATA_PERMISSION, what="Finding a data subject by a value")
+def subject_find(request: HttpRequest) -> HttpResponse:
+    """The subjects a value marked ``lookup`` belongs to (a POST: the value stays out of URLs and
+    logs); a lookup that finds any is recorded as this person's read."""
+    form = SubjectFindForm(request.POST)
+    scope = namespace_of(request.user)
+    if not form.is_valid() or (scope is not None and form.cleaned_data["namespace"] != scope):
+        if form.is_valid():
+            form.add_error("namespace", f"you act in namespace {scope} only")
+        return _page(request, find=form, status=400)
+    found = services.subjects_by_value(form.cleaned_data["namespace"], form.cleaned_data["value"],
+                                       reader=user_actor(request.user))
+    return _page(request, find=form, found=found)
 
 
 @require_POST
@@ -54,4 +77,5 @@ def subject_erase(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("", privacy_page, name="privacy"),
     path("erase/", subject_erase, name="privacy-erase"),
+    path("find/", subject_find, name="privacy-find"),
 ]

@@ -322,3 +322,27 @@ def test_a_payload_search_never_finds_a_personal_value(alice: AgentClient) -> No
     viewer = session("vera", "Viewers")
     assert task["task_id"] not in viewer.get("/tasks/", {"q": EMAIL}).content.decode()
     assert task["task_id"] in viewer.get("/tasks/", {"q": "webinar"}).content.decode()
+
+
+def test_every_agent_routes_body_is_sealed_batches_sub_tasks_and_signals_too(alice: AgentClient) -> None:
+    create_task(alice, input={})
+    lease = claim(alice)
+    task_id, epoch = lease["task"]["task_id"], lease["lease_epoch"]
+    batch = alice.post(f"/api/v1/tasks/{task_id}/events/batch/", {"lease_epoch": epoch, "events": [
+        {"type": "LeadQualified", "payload": {"email": personal(EMAIL)}},
+        {"type": "LeadScored", "payload": {"who": personal("Ada", subject="lead:9")}}]}, format="json")
+    assert batch.status_code == 201, batch.content
+    child = alice.post(f"/api/v1/tasks/{task_id}/subtasks/", {"step": 3, "kind": "outreach", "lease_epoch": epoch,
+                                                            "input": {"to": personal(EMAIL)}}, format="json")
+    assert child.status_code == 201, child.content
+    assert child.json()["task"]["input"]["to"] == batch.json()["results"][0]["payload"]["email"]
+    signal = alice.post(f"/api/v1/tasks/{task_id}/signals/reply/", {"payload": {"from": personal(EMAIL)}},
+                        format="json")
+    assert signal.status_code == 201, signal.content
+    assert EMAIL not in stored_text() and "Ada" not in stored_text()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload::text FROM recovery_tasksignal")
+        assert EMAIL not in cursor.fetchone()[0]
+    assert_error(alice.post(f"/api/v1/tasks/{task_id}/events/batch/", {"lease_epoch": epoch, "events": [
+        {"type": "Noted", "payload": {}}, {"type": "Noted", "payload": {"x": {"$personal": {"value": 1}}}}]},
+        format="json"), 400, "validation_error")

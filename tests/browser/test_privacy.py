@@ -1,7 +1,7 @@
 """Personal data in the browser (docs/privacy.md): a task page shows sealed values as
-``[personal: …]``; a privacy officer opens them (the read is listed on the Privacy page), erases
-the subject there with a reason, and the task page then shows the value as erased while its chain
-still verifies."""
+``[personal: …]``; a privacy officer opens them (the read is listed on the Privacy page), finds
+the subject by its e-mail there, erases it with a reason, and the task page then shows the value
+as erased while its chain still verifies."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def test_a_privacy_officer_opens_then_erases_and_the_page_shows_it_erased(
 ) -> None:
     staff_user.groups.add(role_group("Privacy officers"))
     agent = make_agent("qualifier")
-    task = agent.create_task("lead-qualification", {"lead": personal(EMAIL), "source": "webinar"})
+    task = agent.create_task("lead-qualification", {"lead": {"$personal": {"subject": "lead:8812", "value": EMAIL,
+                                                                           "lookup": True}},
+                                                    "source": "webinar"})
     agent.append(task["task_id"], "LeadQualified", {"email": personal(EMAIL), "score": 87,
                                                     "name": personal({"first": "Ada", "last": "Lovelace"})})
 
@@ -43,12 +45,18 @@ def test_a_privacy_officer_opens_then_erases_and_the_page_shows_it_erased(
     expect(page.locator("#event-table")).not_to_contain_text(EMAIL)
     with page.expect_navigation():
         page.locator("#show-personal").click()
-    expect(page.locator("#personal-notice")).to_contain_text("this read is recorded")
+    expect(page.locator("#personal-notice")).to_contain_text("reading them is recorded")
     expect(page.locator("tr[data-type=LeadQualified]")).to_contain_text(EMAIL)
     assert PersonalDataRead.objects.get().reader == f"user:{staff_user.username}"
 
     page.goto("/privacy/")
     expect(page.locator("#personal-reads")).to_contain_text("task page")
+    find = page.locator("#find-form")
+    find.locator("input[name=namespace]").fill(agent.namespace)
+    find.locator("input[name=value]").fill(EMAIL)
+    with page.expect_navigation():
+        find.get_by_role("button", name="Find").click()
+    expect(page.locator("#found")).to_have_text("Belongs to lead:8812.")
     form = page.locator("#erase-form")
     form.locator("input[name=namespace]").fill(agent.namespace)
     form.locator("input[name=subject]").fill("lead:8812")

@@ -73,3 +73,17 @@ def test_the_privacy_pages_erasure_refuses_in_words_and_changes_nothing(task: Ta
                          follow=True)
     assert "Not erased: data subject &#x27;lead:8812&#x27; was already erased." in again.content.decode()
     assert "[erased: lead:8812" in officer.get(f"/tasks/{task.pk}/?personal=open").content.decode()
+
+
+def test_a_privacy_officer_finds_a_subject_by_a_value_marked_for_lookup(task: Task) -> None:
+    seal_personal("acme", {"email": {"$personal": {"subject": "lead:8812", "value": EMAIL, "lookup": True}}})
+    officer = session("Privacy officers", name="priya")
+    found = officer.post("/privacy/find/", {"namespace": "acme", "value": EMAIL}).content.decode()
+    assert "Belongs to <code>lead:8812</code>." in found
+    read = PersonalDataRead.objects.get()
+    assert (read.reader, read.where, read.subjects) == ("user:priya", "lookup", ["lead:8812"])
+    assert "No live subject" in officer.post("/privacy/find/", {"namespace": "acme", "value": "x@y.z"}).content.decode()
+    assert officer.post("/privacy/find/", {"namespace": "", "value": EMAIL}).status_code == 400
+    assert session("Viewers", name="vera").post("/privacy/find/", {"namespace": "acme", "value": EMAIL}).status_code \
+        == 403
+    assert PersonalDataRead.objects.count() == 1

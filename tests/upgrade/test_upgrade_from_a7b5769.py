@@ -49,8 +49,8 @@ EXPECTED_COUNTS = {
     "backplane_agent": 7,
     "auth_user": 2,
     # The fixture's "dead-letter reviewers", backplane 0012's "Reviewers", recovery 0013's "Viewers" and
-    # "Operators", recovery 0017's "Approvers".
-    "auth_group": 5,
+    # "Operators", recovery 0017's "Approvers", recovery 0021's "Privacy officers".
+    "auth_group": 6,
     "auth_user_groups": 1,
     "backplane_webhooksubscription": 2,
     "backplane_breakertransition": 1,
