@@ -4,7 +4,7 @@ There is no Docker engine here, so nothing is built or started. Instead the file
 parsed and every name they depend on (commands, modules, settings variables, health
 endpoints, services) is resolved against the code, so that renaming any of those
 breaks this test rather than a deployment. The file is validated against the Compose
-Specification's JSON schema (tests/vectors/compose_spec.json), and with ``docker-compose
+Specification's JSON schema (tests/support/compose_spec.json), and with ``docker-compose
 config`` too where that program is installed (Debian's ``docker-compose`` needs no engine).
 """
 
@@ -36,7 +36,7 @@ from backplane.runtime.env import database_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker-compose.yml"
-COMPOSE_SCHEMA = REPO / "tests" / "vectors" / "compose_spec.json"
+COMPOSE_SCHEMA = REPO / "tests" / "support" / "compose_spec.json"
 # The image's code lives in /app (WORKDIR); settings' VAR_DIR defaults to its var/.
 IMAGE_VAR_DIR = Path("/app/var")
 IMAGE_USER = "10001"

@@ -36,7 +36,7 @@ from tests.backplane.integrity.audit_support import as_attacker
 from tests.support.roles import staff_user
 
 ROOT = Path(__file__).resolve().parents[2]
-VECTORS = ROOT / "tests" / "vectors" / "rfc8785"
+VECTORS = ROOT / "vectors" / "rfc8785"
 
 
 def seed(steps: int = 3) -> Task:

@@ -18,7 +18,7 @@ from backplane.eventlog.canonical import canonical_json as server_canonical_json
 from backplane.eventlog.event_types import prompt_sha256 as server_prompt_sha256
 from backplane_client import CanonicalizationError, canonical_json, prompt_sha256
 
-VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "rfc8785"
+VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "rfc8785"
 
 
 @pytest.mark.parametrize("name", ["arrays", "french", "structures", "unicode", "values", "weird"])

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from backplane.eventlog.canonical import CanonicalizationError, canonical_json, canonical_sha256
 
 # A copy of ../shared/vectors, vendored so CI on a clean clone has them.
-VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "rfc8785"
+VECTORS = Path(__file__).resolve().parents[3] / "vectors" / "rfc8785"
 
 PAIRS = ["arrays", "french", "structures", "unicode", "values", "weird"]
 

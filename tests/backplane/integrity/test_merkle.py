@@ -1,7 +1,7 @@
 """RFC 6962 / RFC 9162 Merkle trees against the published vectors and probes, plus properties.
 
-``tests/vectors/rfc6962.json`` and ``rfc6962_probes.json`` are vendored copies of the
-transparency-dev/merkle and certificate-transparency vectors (see tests/vectors/README.md).
+``vectors/rfc6962.json`` and ``rfc6962_probes.json`` are vendored copies of the
+transparency-dev/merkle and certificate-transparency vectors (see vectors/README.md).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from backplane.integrity.merkle import (
     verify_inclusion,
 )
 
-VECTORS_DIR = Path(__file__).resolve().parents[2] / "vectors"
+VECTORS_DIR = Path(__file__).resolve().parents[3] / "vectors"
 VECTORS = json.loads((VECTORS_DIR / "rfc6962.json").read_text())
 PROBES = json.loads((VECTORS_DIR / "rfc6962_probes.json").read_text())
 
