@@ -37,6 +37,7 @@ from api.bodies import (
     ToolInvokeOut,
     answer_ref,
 )
+from api.privacy import reader_of
 from api.routes import AgentRoute, Operation
 from api.serializers import (
     optional_timestamp,
@@ -367,9 +368,11 @@ subtasks_route = AgentRoute(
 
 
 def recovery_context(principal: Principal, query: Mapping[str, str], *, task_id: uuid.UUID) -> Answer:
-    # An agent resumes the work with its namespace's personal values opened; staff see them sealed.
+    # An agent resumes the work with its namespace's personal values opened (a token acting for a
+    # person: that person's read, recorded); staff see them sealed.
     return Answer(selectors.recovery_context(namespace=principal.namespace, task_id=task_id,
-                                             personal_opened=principal.agent is not None))
+                                             personal_opened=principal.agent is not None,
+                                             reader=reader_of(principal)))
 
 
 recovery_context_route = AgentRoute(

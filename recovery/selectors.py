@@ -70,11 +70,13 @@ def tool_call_from(row: Any, *, key: str) -> ToolCall:
     return TOOL_CALL_ROWS.load(row)
 
 
-def recovery_context(*, namespace: str | None, task_id: uuid.UUID, personal_opened: bool = False) -> dict[str, Any]:
+def recovery_context(*, namespace: str | None, task_id: uuid.UUID, personal_opened: bool = False,
+                     reader: str | None = None) -> dict[str, Any]:
     """Replay the task's history into what a new holder needs to continue without redoing work.
 
     Personal values (backplane/privacy): ``personal_opened`` for the agents of the namespace, who
-    resume the work with them; for anyone else they stay sealed. Either way a value whose subject
+    resume the work with them (``reader``: the person a token acts for, whose read is recorded);
+    for anyone else they stay sealed. Either way a value whose subject
     was erased shows as erased, and the rest of the context is whole.
 
     Only the event log is read (not the tool-call records, which expire), so the answer
@@ -160,7 +162,7 @@ def recovery_context(*, namespace: str | None, task_id: uuid.UUID, personal_open
         "last_reasoning": last_reasoning,
     }
     shown = {"context": context, "input": task.input}
-    shown = (personal_open(task.namespace, shown, reader=None, where_read="recovery context",
+    shown = (personal_open(task.namespace, shown, reader=reader, where_read="recovery context", task_id=task.pk,
                            bounded=False).value
              if personal_opened else personal_shown(task.namespace, shown))
     context = shown["context"]

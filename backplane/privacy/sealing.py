@@ -95,6 +95,9 @@ def where(path: Path) -> str:
 def personal_in(body: Any, *, bounded: bool = True) -> list[Found]:
     """Every marked value and envelope in ``body``, checked (400 naming the path at fault).
     ``bounded``: a request's, held to what one request may mark; False for what is stored."""
+    # Most bodies mark nothing: a walk that builds no paths says so first (a third of the cost).
+    if not personal_in_value(body):
+        return []
     found: list[Found] = []
     _walk(body, found, bounded=bounded)
     if not bounded:

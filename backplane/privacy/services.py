@@ -108,8 +108,7 @@ def personal_open(namespace: str, value: Any, *, reader: str | None, where_read:
                                {where(item.path): "not a sealed value of this subject"}) from None
     live = sorted(name for name, row in rows.items() if row.erased_at is None)
     if reader is not None and live:
-        PersonalDataRead.objects.create(read_at=timezone.now(), reader=reader[:200], namespace=namespace,
-                                        subjects=live, where=where_read[:200], task_id=task_id)
+        _read_recorded(reader=reader, namespace=namespace, subjects=live, where_read=where_read, task_id=task_id)
     return Opened(value=replaced(value, lambda _marker, path: opened_at[path]),
                   subjects=[_subject_state(rows[name]) for name in sorted(rows)])
 
@@ -133,9 +132,15 @@ def subjects_by_value(namespace: str, value: Any, *, reader: str | None) -> list
                                                     subject__erased_at__isnull=True)
                       .values_list("subject__subject", flat=True))
     if reader is not None and subjects:
-        PersonalDataRead.objects.create(read_at=timezone.now(), reader=reader[:200], namespace=namespace,
-                                        subjects=subjects, where="lookup")
+        _read_recorded(reader=reader, namespace=namespace, subjects=subjects, where_read="lookup")
     return subjects
+
+
+def _read_recorded(*, reader: str, namespace: str, subjects: list[str], where_read: str,
+                   task_id: uuid.UUID | None = None) -> None:
+    """A person read ``subjects``' personal data in clear (or found them by a value)."""
+    PersonalDataRead.objects.create(read_at=timezone.now(), reader=reader[:200], namespace=namespace,
+                                    subjects=subjects, where=where_read[:200], task_id=task_id)
 
 
 # --- erasure -----------------------------------------------------------------------------------------

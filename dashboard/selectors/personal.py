@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from backplane.privacy.sealing import MARK, personal_in_value, replaced
+from backplane.privacy.sealing import MARK, replaced
 from backplane.privacy.services import personal_open, personal_shown
 
 
@@ -22,8 +22,6 @@ def personal_for_people(namespace: str, values: list[Any], *, reader: str | None
                         task_id: uuid.UUID | None = None) -> list[Any]:
     """``values`` with their envelopes as a page shows them; ``reader``: the privacy officer who
     asked to see them opened (recorded once for all of ``values``). One query when any holds one."""
-    if not any(personal_in_value(value) for value in values):
-        return values
     if reader is not None:
         shown = personal_open(namespace, values, reader=reader, where_read="task page", task_id=task_id,
                               bounded=False).value

@@ -170,15 +170,15 @@ def _task_parts(request: HttpRequest, task: Task, rows: EventRows, *,
                 reader: str | None = None) -> dict[str, Any]:
     """What the page's parts show; the personal values of the task's output and of ``rows``' events
     as a person sees them (``shown_payload``), opened for ``reader`` (dashboard/selectors/personal.py)."""
-    shown = personal_for_people(task.namespace, [task.output, *(e.payload for e in rows.events)], reader=reader,
-                                task_id=task.pk)
+    values = [task.output, *(e.payload for e in rows.events)]
+    personal = personal_in_value(values)
+    shown = personal_for_people(task.namespace, values, reader=reader, task_id=task.pk) if personal else values
     for event, payload in zip(rows.events, shown[1:], strict=True):
         setattr(event, "shown_payload", payload)  # noqa: B010 - for the template, not a field of the model
     return {
         "task": task,
         "output_shown": shown[0],
-        "has_personal": any(personal_in_value(value)
-                            for value in [task.input, task.output, *(e.payload for e in rows.events)]),
+        "has_personal": personal or personal_in_value(task.input),
         "family": task_family(task),
         "chain": chain_state(task.pk),
         "spend": task_spend(task),

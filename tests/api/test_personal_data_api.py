@@ -346,3 +346,20 @@ def test_every_agent_routes_body_is_sealed_batches_sub_tasks_and_signals_too(ali
     assert_error(alice.post(f"/api/v1/tasks/{task_id}/events/batch/", {"lease_epoch": epoch, "events": [
         {"type": "Noted", "payload": {}}, {"type": "Noted", "payload": {"x": {"$personal": {"value": 1}}}}]},
         format="json"), 400, "validation_error")
+
+
+def test_a_token_acting_for_a_person_opens_a_recovery_context_and_the_read_is_recorded(alice: AgentClient) -> None:
+    from backplane.eventlog import services
+
+    task, _ = qualified(alice)
+    assert EMAIL in alice.get(f"/api/v1/tasks/{task['task_id']}/recovery-context/").content.decode()
+    assert PersonalDataRead.objects.count() == 0  # an agent of its own reads to work
+    tool = services.agent_create(name="privacy-tool", namespace="acme")
+    tool.agent.user = staff_user("priya", "Privacy officers")
+    tool.agent.save(update_fields=["user"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {tool.token}")
+    assert EMAIL in client.get(f"/api/v1/tasks/{task['task_id']}/recovery-context/").content.decode()
+    read = PersonalDataRead.objects.get()
+    assert (read.reader, read.where, str(read.task_id)) == (
+        "user:priya (agent:privacy-tool)", "recovery context", task["task_id"])
