@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd kafka kafka-jars connect-jars
+.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd kafka kafka-jars connect-jars ts-client go
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -21,7 +21,7 @@ FAST := -m "not slow and not browser"
 test: $(STAMP) promtool
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 
-test-all: $(STAMP) browser node promtool rabbitmq etcd kafka-jars connect-jars
+test-all: $(STAMP) browser node ts-client go promtool rabbitmq etcd kafka-jars connect-jars
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 	$(PY) -m pytest -m "slow or browser"
 
@@ -96,6 +96,26 @@ browser:
 # from apt (as root, else with sudo).
 node:
 	$(call apt_install,nodejs,node,the JavaScript agent's test)
+
+# The TypeScript client (clients/typescript, docs/sdk-typescript.md): its development tools
+# (TypeScript, openapi-typescript) exactly as package-lock.json pins them, again when the lock
+# changes. The full tier builds it and runs `npm test` and its tests against the real server
+# (tests/e2e/test_typescript_client.py); the Node agent imports the built package.
+TS_CLIENT := clients/typescript
+TS_STAMP := $(TS_CLIENT)/node_modules/.installed
+ts-client: $(TS_STAMP)
+$(TS_STAMP): $(TS_CLIENT)/package-lock.json
+	$(call apt_install,nodejs,node,the TypeScript client)
+	$(call apt_install,npm,npm,the TypeScript client's build)
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
+	touch $(TS_STAMP)
+
+# The independent offline verifier in Go (verifier/, tests/backplane/integrity/test_go_verifier.py):
+# go from PATH (these machines carry it; else Debian's golang-go), and the modules go.sum pins,
+# from the Go module proxy.
+go:
+	$(call apt_install,golang-go,go,the independent verifier)
+	cd verifier && go mod download
 
 # The alert rules (docs/prometheus/alerts.yml) are checked with `promtool check rules` by the test
 # suite (tests/backplane/telemetry/test_metrics_docs.py), which fails without it. promtool comes from Debian's

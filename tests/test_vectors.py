@@ -84,11 +84,11 @@ def test_every_consistency_proof_is_the_trees_and_verifies() -> None:
     for vector in MERKLE["consistency"]:
         first, second = vector["first"], vector["second"]
         assert hashes_to_hex(consistency_proof(MERKLE_LEAVES, first, second)) == vector["proof"], vector
-        roots = [bytes.fromhex(MERKLE["roots"][str(size)]) for size in (first, second)]
+        first_root, second_root = (bytes.fromhex(MERKLE["roots"][str(size)]) for size in (first, second))
         proof = [bytes.fromhex(item) for item in vector["proof"]]
-        assert verify_consistency(first, second, *roots, proof)
+        assert verify_consistency(first, second, first_root, second_root, proof)
         if first < second:
-            assert not verify_consistency(first, second, roots[1], roots[1], proof)
+            assert not verify_consistency(first, second, second_root, second_root, proof)
 
 
 @pytest.mark.parametrize("vector", MERKLE["proof_bundles"], ids=lambda v: v["name"])
@@ -102,3 +102,12 @@ def test_the_inclusion_proof_bundles(vector: dict[str, Any]) -> None:
 
 BUNDLE_PROBLEMS = {"event_hash": "content hashes to", "audit_path": "audit path does not lead",
                    "signature": "not signed by a trusted key"}
+
+
+@pytest.mark.parametrize("head", ["a string", {"tree_size": 11, "root_hash": MERKLE["roots"]["11"]},
+                                  {**MERKLE["proof_bundles"][0]["bundle"]["tree_head"], "signature": 7}],
+                         ids=["not-an-object", "no-signature", "signature-not-text"])
+def test_a_malformed_tree_head_is_a_problem_named_not_a_crash(head: object) -> None:
+    bundle = {**MERKLE["proof_bundles"][0]["bundle"], "tree_head": head}
+    with pytest.raises(ProofProblem):
+        check_proof_bundle(bundle, public_keys=[MERKLE["public_key"]])

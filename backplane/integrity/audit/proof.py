@@ -30,6 +30,8 @@ class ProofProblem(Exception):
 
 
 def _signed_by(head: dict[str, Any], public_keys: Collection[str]) -> str | None:
+    if not isinstance(head.get("signature"), str) or not {"tree_size", "root_hash", "signed_at"} <= head.keys():
+        return None
     message = fmt.tree_head_message(tree_size=head["tree_size"], root_hash=head["root_hash"],
                                     signed_at=head["signed_at"])
     for key in public_keys:
@@ -53,6 +55,8 @@ def check_proof_bundle(bundle: Any, *, public_keys: Collection[str]) -> str:
         raise ProofProblem(f"the bundle lacks {exc}") from None
     except NotCanonicalizable as exc:
         raise ProofProblem(f"the event cannot be canonicalised: {exc}") from None
+    if not isinstance(head, dict):
+        raise ProofProblem("the bundle lacks a tree_head object")
     if recomputed != event.get("hash"):
         raise ProofProblem(f"the event's content hashes to {recomputed}, not its recorded hash {event.get('hash')}")
     if size != head.get("tree_size"):

@@ -163,7 +163,8 @@ class GatedCalls:
         if digest != grant.get("argument_sha256"):
             raise VerificationProblem(f"{where} was made with arguments whose SHA-256 is {digest}, not the approved "
                                       f"{grant.get('argument_sha256')}")
-        approvers = [str(a.get("by")) for a in grant.get("approved_by") or [] if isinstance(a, dict)]
+        approvals = grant.get("approved_by")
+        approvers = [str(a.get("by")) for a in approvals if isinstance(a, dict)] if isinstance(approvals, list) else []
         self.calls.append(GatedCall(
             task_id=task_id, step=payload.get("step"), tool=payload.get("tool"), approval_id=approval_id,
             argument_sha256=digest, policy=f"#{grant.get('policy_id')} v{grant.get('policy_version')}",

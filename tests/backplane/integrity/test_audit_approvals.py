@@ -82,3 +82,12 @@ def test_a_call_that_names_an_approval_its_chain_never_granted_fails_in_the_stre
     lines = [event_as_api_dict(event) for event in Event.objects.filter(task=task).order_by("seq")]
     with pytest.raises(VerificationProblem, match="has no ApprovalGranted before it in its chain"):
         verify_event_lines([json.dumps(line).encode() for line in lines], source="stream")
+
+
+def test_a_grant_whose_approvers_are_not_a_list_lists_nobody_rather_than_crashing() -> None:
+    task = approved_payment()
+    granted = Event.objects.get(task=task, type="ApprovalGranted")
+    rewrite_history(task, seq=granted.seq, payload={**granted.payload, "approved_by": 5})
+    lines = [event_as_api_dict(event) for event in Event.objects.filter(task=task).order_by("seq")]
+    summary = verify_event_lines([json.dumps(line).encode() for line in lines], source="stream")
+    assert [call.approved_by for call in summary.gated.calls] == [[]]
