@@ -600,7 +600,7 @@ BODIES: tuple[type[Body], ...] = (
 ANSWERS: tuple[type[Answer], ...] = (
     TaskOut, TaskListOut, EventOut, EventListOut, EventBatchOut, LeaseClaimOut, HeartbeatOut,
     ToolCallDispatchOut, ToolCallOut, SubtaskOut, ToolInvokeOut, AwaitingApprovalOut, ApprovalOut,
-    ApprovalListOut, SignalOut,
+    ApprovalListOut, SignalOut, SignalWaitOut,
 )
 
 
