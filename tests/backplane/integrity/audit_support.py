@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from backplane.eventlog.chain import compute_hash, event_hashed_fields
 from backplane.eventlog.models import Event, Task
 from backplane.eventlog.writer import EventDraft
 from backplane.integrity import sealing
+from backplane.integrity.audit import export
 from backplane.integrity.audit import manifest as fmt
 
 REPO = Path(__file__).resolve().parents[3]
@@ -113,3 +115,42 @@ def public_key() -> str:
     """The sealer's public key, which an auditor gets out of band (GET /api/v1/seals/latest/)."""
     return sealing.public_key_hex()
 
+
+
+@dataclass
+class Exported:
+    path: Path
+    public_key: str
+    tasks: list[Task]
+
+
+@pytest.fixture
+def exported(db: None, audit_dir: Path, public_key: str) -> Exported:
+    """Two segments; segment 2 holds two tasks' later events and a new task, interleaved."""
+    first, second = seed(steps=2), seed(steps=2)
+    sealing.seal_new_events()
+    export.audit_export_until_idle()
+    third = seed(steps=1)
+    for _ in range(2):
+        append(first, 1)
+        append(second, 1)
+    sealing.seal_new_events()
+    assert len(export.audit_export_until_idle().segments) == 1
+    return Exported(audit_dir, public_key, [first, second, third])
+
+
+# --- S3 with Object Lock, against moto's S3 server on 127.0.0.1 -------------------------------------
+
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()

@@ -7,7 +7,6 @@ import hashlib
 import json
 import socket
 import stat
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
@@ -27,7 +26,14 @@ from backplane.integrity.audit import export
 from backplane.integrity.audit import manifest as fmt
 from backplane.integrity.models import AuditSegment, SignedTreeHead
 from recovery.dead_letters import dead_letter_requeue
-from tests.backplane.integrity.audit_support import append, as_attacker, run_verifier, seed, verifier_env
+from tests.backplane.integrity.audit_support import (
+    S3_CREDENTIALS,
+    append,
+    as_attacker,
+    run_verifier,
+    seed,
+    verifier_env,
+)
 
 
 def read_manifest(path: Path, number: int) -> dict[str, Any]:
@@ -262,20 +268,6 @@ def test_requeueing_an_audit_export_dead_letter_runs_the_export(
 # --- S3 with Object Lock, against moto's S3 server on 127.0.0.1 -------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
 @pytest.fixture
 def s3_bucket(
     s3_endpoint: str,
@@ -284,7 +276,7 @@ def s3_bucket(
     request: pytest.FixtureRequest,
 ) -> Any:
     """A fresh Object Lock bucket, configured as the audit destination."""
-    for name, value in CREDENTIALS.items():
+    for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     bucket = f"audit-{request.node.name.replace('_', '-')[:40]}".lower().rstrip("-")
@@ -323,7 +315,7 @@ def test_it_exports_to_s3_with_a_compliance_lock_and_the_verifier_reads_it_there
         with pytest.raises(s3_bucket.exceptions.ClientError, match="AccessDenied"):
             s3_bucket.delete_object(Bucket=bucket, Key=key, VersionId=version)
 
-    verified = run_verifier(f"s3://{bucket}/backplane/audit", public_key, env=verifier_env(**CREDENTIALS),
+    verified = run_verifier(f"s3://{bucket}/backplane/audit", public_key, env=verifier_env(**S3_CREDENTIALS),
                             args=("--endpoint-url", s3_endpoint))
 
     assert verified.returncode == 0, verified.stderr

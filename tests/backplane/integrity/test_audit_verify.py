@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from backplane.eventlog.chain import api_event_hash
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.models import Event
 from backplane.integrity import sealing
 from backplane.integrity.audit import export
 from backplane.integrity.audit import manifest as fmt
@@ -24,35 +23,13 @@ from backplane.integrity.audit.verify import main
 from backplane.integrity.verification import chain_check
 from tests.backplane.integrity.audit_support import (
     REPO,
-    append,
+    Exported,
     resign,
     rewrite_history,
     run_verifier,
     seed,
     verifier_env,
 )
-
-
-@dataclass
-class Exported:
-    path: Path
-    public_key: str
-    tasks: list[Task]
-
-
-@pytest.fixture
-def exported(db: None, audit_dir: Path, public_key: str) -> Exported:
-    """Two segments; segment 2 holds two tasks' later events and a new task, interleaved."""
-    first, second = seed(steps=2), seed(steps=2)
-    sealing.seal_new_events()
-    export.audit_export_until_idle()
-    third = seed(steps=1)
-    for _ in range(2):
-        append(first, 1)
-        append(second, 1)
-    sealing.seal_new_events()
-    assert len(export.audit_export_until_idle().segments) == 1
-    return Exported(audit_dir, public_key, [first, second, third])
 
 
 def verify_in_process(exported: Exported, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from backplane.eventlog.chain import api_event_hash
-from backplane.eventlog.models import Event, Task
+from backplane.eventlog.models import Event
 from backplane.integrity import sealing, selectors
 from backplane.integrity.audit import export
 from backplane.integrity.audit import manifest as fmt
 from tests.backplane.integrity.audit_support import (
     REPO,
+    S3_CREDENTIALS,
+    Exported,
     append,
     resign,
     rewrite_history,
@@ -108,28 +110,6 @@ def assert_both_fail_at(python: Verdict, go: Verdict, where: str) -> None:
 
 
 # --- an export of two segments, and what an attacker does to it ------------------------------
-
-
-@dataclass
-class Exported:
-    path: Path
-    public_key: str
-    tasks: list[Task]
-
-
-@pytest.fixture
-def exported(db: None, audit_dir: Path, public_key: str) -> Exported:
-    """Two segments; segment 2 holds two tasks' later events and a new task, interleaved."""
-    first, second = seed(steps=2), seed(steps=2)
-    sealing.seal_new_events()
-    export.audit_export_until_idle()
-    third = seed(steps=1)
-    for _ in range(2):
-        append(first, 1)
-        append(second, 1)
-    sealing.seal_new_events()
-    assert len(export.audit_export_until_idle().segments) == 1
-    return Exported(audit_dir, public_key, [first, second, third])
 
 
 def writable(path: Path) -> Path:
@@ -355,24 +335,10 @@ def test_both_fail_a_gated_call_whose_arguments_were_changed(
 # --- S3 ------------------------------------------------------------------------------------
 
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 def test_both_verify_an_export_in_s3(
     go_verifier: Path, db: None, s3_endpoint: str, settings: Any, monkeypatch: pytest.MonkeyPatch, public_key: str,
 ) -> None:
-    for name, value in CREDENTIALS.items():
+    for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     bucket = "audit-go-verifier"
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(
@@ -390,7 +356,7 @@ def test_both_verify_an_export_in_s3(
     export.audit_export_until_idle()
 
     python, go = both_verify(go_verifier, f"s3://{bucket}/backplane/audit", public_key,
-                             args=("--endpoint-url", s3_endpoint), env=verifier_env(**CREDENTIALS))
+                             args=("--endpoint-url", s3_endpoint), env=verifier_env(**S3_CREDENTIALS))
 
     assert_both_ok(python, go)
     assert go.stdout.startswith(f"OK s3://{bucket}/backplane/audit/: 2 segment(s), 6 event(s), 1 task(s)\n")
