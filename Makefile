@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd kafka kafka-jars connect-jars ts-client go
+.PHONY: run test test-all venv browser node promtool image-size openapi screenshots bench bench-ingress profile wrk pgclient crash-report fuzz lint mutants clean-db rabbitmq cluster etcd kafka kafka-jars connect-jars ts-client go pgbouncer pgbouncer-run
 
 # The launcher supervises everything it starts (docs/operations.md, "Supervisor"); one per var/.
 run: $(STAMP)
@@ -21,7 +21,7 @@ FAST := -m "not slow and not browser"
 test: $(STAMP) promtool
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 
-test-all: $(STAMP) browser node ts-client go promtool rabbitmq etcd kafka-jars connect-jars
+test-all: $(STAMP) browser node ts-client go promtool rabbitmq pgbouncer etcd kafka-jars connect-jars
 	$(PY) -m pytest $(FAST) -n 2 --dist loadfile
 	$(PY) -m pytest -m "slow or browser"
 
@@ -207,6 +207,26 @@ bench-scale: $(STAMP) wrk pgclient
 # machine with an init system; that node is stopped and disabled here, since nothing uses it.
 rabbitmq:
 	$(call apt_install,rabbitmq-server,rabbitmq-server,the RabbitMQ tests,$(RABBITMQ_SERVICE_OFF))
+
+# The PgBouncer tests (tests/support/pgbouncer.py, docs/production.md's layout with a pooler) start
+# private pgbouncers of Debian's package in transaction pooling mode; the system's own service, which
+# installing the package starts, is stopped and disabled, since nothing uses it.
+pgbouncer:
+	$(call apt_install,pgbouncer,pgbouncer,the PgBouncer tests,$(PGBOUNCER_SERVICE_OFF))
+
+# One PgBouncer for people, in the foreground on 127.0.0.1:$(PGBOUNCER_PORT), in front of `make run`'s
+# database (var/database_url) or DATABASE_URL: it prints the three settings that put the product
+# behind it (docs/production.md, "PgBouncer"), and Ctrl-C stops it.
+PGBOUNCER_PORT ?= 6432
+pgbouncer-run: $(STAMP) pgbouncer
+	$(PY) -m tests.support.pgbouncer --port $(PGBOUNCER_PORT)
+
+PGBOUNCER_SERVICE_OFF := if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+		$$sudo systemctl disable --now pgbouncer >/dev/null 2>&1 || true; \
+	else \
+		$$sudo invoke-rc.d pgbouncer stop >/dev/null 2>&1 || true; \
+		$$sudo update-rc.d pgbouncer disable >/dev/null 2>&1 || true; \
+	fi;
 
 RABBITMQ_SERVICE_OFF := if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
 		$$sudo systemctl disable --now rabbitmq-server epmd.socket epmd.service >/dev/null 2>&1 || true; \

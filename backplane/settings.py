@@ -15,6 +15,7 @@ import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from backplane import __version__
 from backplane.runtime.env import (
@@ -168,16 +169,39 @@ def _database_url() -> str:
 BACKPLANE_DB_APP_ROLE = env_str("BACKPLANE_DB_APP_ROLE", "backplane_app")
 BACKPLANE_DB_APP_LOGIN: dict[str, str] | None = None
 _migration_url = env_str("MIGRATION_DATABASE_URL", "")
+# Which URL is which with a pooler (docs/production.md, "PgBouncer"): BACKPLANE_DB_POOLER=transaction
+# says DATABASE_URL goes through a PgBouncer in transaction pooling mode, where a client holds a
+# server connection for one transaction only. Requests, tasks, beat and the relay use it as they
+# are; what needs a session of its own uses DATABASE_DIRECT_URL, a direct connection to the same
+# database: the channel layer (LISTEN, session advisory locks), and `manage.py migrate` and
+# `manage.py cdc` (a replication slot) when MIGRATION_DATABASE_URL is unset.
+BACKPLANE_DB_POOLER = env_str("BACKPLANE_DB_POOLER", "none")
+_direct_url = env_str("DATABASE_DIRECT_URL", "")
+if BACKPLANE_DB_POOLER not in {"none", "transaction"}:
+    raise ImproperlyConfiguredEnv(f"BACKPLANE_DB_POOLER={BACKPLANE_DB_POOLER!r} must be none or transaction")
+if BACKPLANE_DB_POOLER == "transaction" and not _direct_url:
+    raise ImproperlyConfiguredEnv(
+        "BACKPLANE_DB_POOLER=transaction needs DATABASE_DIRECT_URL, a connection to the same database that "
+        "bypasses the pooler: the channel layer's LISTEN, migrations and the CDC slot need a session")
+if _direct_url and BACKPLANE_DB_POOLER != "transaction":
+    raise ImproperlyConfiguredEnv(
+        "DATABASE_DIRECT_URL is set but BACKPLANE_DB_POOLER is not 'transaction': if DATABASE_URL goes through "
+        "PgBouncer, say so (its connections must not prepare statements); if not, unset DATABASE_DIRECT_URL")
 _app_database = database_from_url(_database_url())
-if _migration_url and Path(sys.argv[0]).name == "manage.py" and sys.argv[1:2] in (["migrate"], ["cdc"]):
+_owner_command = Path(sys.argv[0]).name == "manage.py" and sys.argv[1:2] in (["migrate"], ["cdc"])
+if _migration_url and _owner_command:
     if _app_database["USER"] != BACKPLANE_DB_APP_ROLE:
         raise ImproperlyConfiguredEnv(
             f"with MIGRATION_DATABASE_URL set, DATABASE_URL must log in as BACKPLANE_DB_APP_ROLE "
             f"({BACKPLANE_DB_APP_ROLE!r}), not {_app_database['USER']!r}")
     BACKPLANE_DB_APP_LOGIN = {"password": str(_app_database["PASSWORD"])}
     DATABASES = {"default": database_from_url(_migration_url)}
+elif _direct_url and _owner_command:
+    DATABASES = {"default": database_from_url(_direct_url)}
 else:
     DATABASES = {"default": _app_database}
+# Whether Django's default connections (and so the async pool's) go through the transaction pooler.
+BACKPLANE_DB_THROUGH_POOLER = DATABASES["default"] is _app_database and BACKPLANE_DB_POOLER == "transaction"
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("BACKPLANE_CONN_MAX_AGE", 0, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TIME_ZONE"] = None
@@ -216,8 +240,17 @@ DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env_int("BACKPLANE
 # Django's connections bind parameters on the server and prepare a statement run five times on a
 # connection (psycopg's threshold; Django's default binds on the client, which prepares nothing):
 # planning each statement anew cost PostgreSQL about as much as running it (docs/benchmarks.md).
-# Statements that take no parameters on the server (SET, DDL) pass values another way.
+# Statements that take no parameters on the server (SET, DDL) pass values another way. The async
+# pool takes the same threshold (async_pool.py builds its connections from these options).
 DATABASES["default"]["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
+if BACKPLANE_DB_THROUGH_POOLER:
+    # Taken when DATABASE_URL goes through PgBouncer in transaction mode: PgBouncer 1.18 does not
+    # follow named prepared statements, so a statement prepared on one server connection is missing,
+    # or already there, on the next (tests/e2e/test_pgbouncer.py shows it). Parameters are still bound
+    # on the server, through the unnamed statement. A `.iterator()` outside a transaction would hold a
+    # cursor (WITH HOLD) on a server connection the client no longer owns: it reads on the client.
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 # An optional streaming replica of DATABASE_URL's database for the dashboard's pages and the API's
 # heavy lists; agents' routes and every write stay on the primary (backplane/runtime/replica.py
 # says which reads go there, and when a lagging or unreachable replica is passed over).
@@ -318,13 +351,19 @@ else:
         "polling_interval": 0.2,
     }
     # channels_postgres builds its own connection from a Django-style dict and silently
-    # comes back None without PASSWORD, TIME_ZONE and OPTIONS.
-    _layer_db = dict(DATABASES["default"])
+    # comes back None without PASSWORD, TIME_ZONE and OPTIONS. It LISTENs, takes session advisory
+    # locks and prepares every statement (channels_postgres/db.py): behind a pooler, the direct URL.
+    _layer_db: dict[str, Any]
+    if BACKPLANE_DB_POOLER == "transaction":
+        _layer_db = dict(database_from_url(_direct_url))
+        _layer_db["OPTIONS"].setdefault("connect_timeout", DATABASES["default"]["OPTIONS"]["connect_timeout"])
+    else:
+        _layer_db = dict(DATABASES["default"])
+        # Django's options, not libpq's: the layer passes OPTIONS to libpq.
+        _layer_db["OPTIONS"] = {k: v for k, v in DATABASES["default"]["OPTIONS"].items()
+                                if k not in ("server_side_binding", "prepare_threshold")}
     _layer_db.setdefault("PASSWORD", "")
     _layer_db["TIME_ZONE"] = None
-    # Django's options, not libpq's: the layer passes OPTIONS to libpq.
-    _layer_db["OPTIONS"] = {k: v for k, v in DATABASES["default"]["OPTIONS"].items()
-                            if k not in ("server_side_binding", "prepare_threshold")}
     # Its pool holds connections per process (web, each Celery child); a few are plenty.
     _layer_db["PSYCOPG_OPTIONS"] = {"min_size": 1, "max_size": 4}
     CHANNEL_LAYERS = {

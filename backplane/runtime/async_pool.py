@@ -7,7 +7,8 @@ belong to the server's event loop. The pool is opened on first use, in the loop 
 the connection parameters Django would use (the same hosts, multi-host failover and connect
 timeout included). Its connections are in autocommit: each statement of a read is its own
 transaction, as in Django outside ``atomic``; like Django's, they prepare the statements they
-run often (the settings' ``prepare_threshold``).
+run often (the settings' ``prepare_threshold``), and prepare none behind a transaction pooler
+(``BACKPLANE_DB_POOLER``), where the settings set that threshold to None.
 """
 
 from __future__ import annotations

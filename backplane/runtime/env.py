@@ -108,6 +108,7 @@ class DatabaseSettings(TypedDict):
     CONN_HEALTH_CHECKS: NotRequired[bool]
     TIME_ZONE: NotRequired[str | None]
     TEST: NotRequired[dict[str, str]]
+    DISABLE_SERVER_SIDE_CURSORS: NotRequired[bool]
 
 
 # libpq parameters a URL's query may carry into the connection, besides ``host``.

@@ -5,6 +5,7 @@ content type, body) and against the contract (the error shape, ``Allow``, ``Retr
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,21 +13,36 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
+from django.db import connection
 
 from backplane.eventlog import services
-from tests.support.live_server import WebProcess
+from tests.support.live_server import WebProcess, database_url_of_test_db
+from tests.support.pgbouncer import pgbouncer_in_front_of
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def served(django_db_setup: None) -> Iterator[WebProcess]:
+@pytest.fixture(scope="module", params=["direct", "pgbouncer"])
+def served(request: pytest.FixtureRequest, django_db_setup: None) -> Iterator[WebProcess]:
     # As shipped (settings.py): the pool on, DEBUG off. The duty watch stays off: no worker here.
-    server = WebProcess(name="served-web", env={"BACKPLANE_DB_POOL": "1", "DEBUG": "0"})
-    try:
-        yield server.start()
-    finally:
-        server.close()
+    env = {"BACKPLANE_DB_POOL": "1", "DEBUG": "0"}
+    with contextlib.ExitStack() as stack:
+        if request.param == "pgbouncer":
+            # The layout with a transaction pooler (docs/production.md, "PgBouncer"): DATABASE_URL
+            # through a private PgBouncer, the direct URL beside it for what needs a session.
+            direct = database_url_of_test_db()
+            bouncer = stack.enter_context(pgbouncer_in_front_of(direct))
+            env.update(DATABASE_URL=bouncer.url(connection.settings_dict["NAME"]), DATABASE_DIRECT_URL=direct,
+                       BACKPLANE_DB_POOLER="transaction")
+        server = WebProcess(name=f"served-web-{request.param}", env=env)
+        stack.callback(server.close)
+        server.start()
+        if request.param == "pgbouncer":
+            # The pool's connections are PgBouncer's clients, not PostgreSQL's.
+            wait_until(lambda: bouncer.client_count(connection.settings_dict["NAME"]) >= 1, timeout=10,
+                       what="the web process's pool connects through PgBouncer", details=bouncer.log)
+        yield server
 
 
 class Route:
