@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from backplane_client.agent import AgentClient
+from recovery.detector import lease_expire_stalled
 from tests.support.live_server import WebProcess as BackplaneServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,6 +150,22 @@ class AgentRun:
         return f"exit {self.process.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-4000:]}"
 
 
+def kill_those_still_running(agents: Iterable[AgentRun]) -> None:
+    """Agent processes a test started and left running are killed, so none works on into the next."""
+    for agent in agents:
+        if agent.process.poll() is None:
+            agent.process.kill()
+            agent.process.communicate()
+
+
+def sweep_once_the_lease_ran_out(observer: AgentClient, task_id: str, *, lease_seconds: float) -> None:
+    """What the stall detector's beat duty does, run here once a dead run's lease has expired."""
+    deadline = time.monotonic() + 4 * lease_seconds
+    while lease_expire_stalled().expired == 0:
+        assert time.monotonic() < deadline, observer.get_task(task_id)
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def run_agent(backplane_server: BackplaneServer) -> Iterator[Callable[..., AgentRun]]:
     started: list[AgentRun] = []
@@ -166,7 +184,4 @@ def run_agent(backplane_server: BackplaneServer) -> Iterator[Callable[..., Agent
         return agent
 
     yield run
-    for agent in started:
-        if agent.process.poll() is None:
-            agent.process.kill()
-            agent.process.communicate()
+    kill_those_still_running(started)

@@ -1,14 +1,24 @@
 """Failover under append load: a three-member Patroni cluster (tests/support/cluster.py), the
-product's web process connected through a multi-host ``DATABASE_URL``, many agents appending.
+product's web process, worker and beat, many agents appending; in the two supported layouts:
+
+- ``direct``: ``DATABASE_URL`` is the multi-host URL, and libpq's ``target_session_attrs`` finds
+  the primary;
+- ``pgbouncer``: ``DATABASE_URL`` through a PgBouncer in transaction pooling mode
+  (``BACKPLANE_DB_POOLER=transaction``, the multi-host URL as ``DATABASE_DIRECT_URL``), which the
+  leader watch (tests/support/leader_watch.py) keeps on the primary, run as a process of its own
+  with the command line docs/production.md ("PgBouncer") gives operators.
 
 Under load, the primary's postmaster is SIGKILLed, then (once the cluster is whole again) the new
 leader's Patroni. Every acknowledged event (201, or 200 for a replay) must then be on the new
 primary exactly once, with the seq and hash the agent was told; the chains verify; the web process
-is the one started at the beginning. The figures go to docs/benchmarks.md ("Failover").
+is the one started at the beginning. Each layout prints the seconds from each kill to the first
+append the new primary acknowledged, and the module prints both layouts' figures side by side.
+The figures go to docs/benchmarks.md ("Failover").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +30,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +41,7 @@ import pytest
 from tests.support.celery_processes import CeleryProcesses
 from tests.support.cluster import PatroniCluster
 from tests.support.live_server import WebProcess
+from tests.support.pgbouncer import PgBouncer, pgbouncer_in_front_of
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -42,6 +54,8 @@ AGENTS = 12
 STEPS_PER_TASK = 25
 # Acknowledged appends to see between faults, so each fault lands on a fleet in full flow.
 ACKS_BETWEEN_FAULTS = 300
+# PgBouncer's server connections: fewer than the web process's pools alone hold, as in production.
+POOL_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,7 @@ class Outcome:
     started: float
     ended: float
     ok: bool
+    append: bool
 
 
 @dataclass
@@ -115,13 +130,13 @@ class Fleet:
             try:
                 answer = client.post(path, json=body)
             except httpx.HTTPError as exc:
-                self._note(started, ok=False, status=exc.__class__.__name__)
+                self._note(path, started, ok=False, status=exc.__class__.__name__)
                 time.sleep(0.05)
                 continue
             if answer.status_code in (200, 201):
-                self._note(started, ok=True, status=answer.status_code)
+                self._note(path, started, ok=True, status=answer.status_code)
                 return dict(answer.json())
-            self._note(started, ok=False, status=answer.status_code)
+            self._note(path, started, ok=False, status=answer.status_code)
             if answer.status_code == 429 or answer.status_code >= 500:
                 time.sleep(0.05)
                 continue
@@ -130,9 +145,9 @@ class Fleet:
             return None
         return None
 
-    def _note(self, started: float, *, ok: bool, status: int | str) -> None:
+    def _note(self, path: str, started: float, *, ok: bool, status: int | str) -> None:
         with self.lock:
-            self.outcomes.append(Outcome(started, time.monotonic(), ok))
+            self.outcomes.append(Outcome(started, time.monotonic(), ok, path.endswith("/events/")))
             self.statuses[status] += 1
 
     def outage_after(self, moment: float) -> float:
@@ -147,6 +162,19 @@ class Fleet:
         recovered = [o.ended for o in outcomes if o.ok and o.started >= first_error]
         assert recovered, "no request succeeded after the failover"
         return min(recovered) - first_error
+
+    def first_append_after(self, kill: float) -> float:
+        """Seconds from ``kill`` to the first append the new primary acknowledged: the first
+        acknowledged append sent after the first failure that followed the kill. The failure marks
+        the old primary's end: a SIGKILLed Patroni leaves its PostgreSQL taking appends until the
+        watchdog fences it, and those are the old primary's, not the new one's."""
+        with self.lock:
+            outcomes = list(self.outcomes)
+        errors = [o.ended for o in outcomes if not o.ok and o.ended >= kill]
+        since = min(errors) if errors else kill
+        acknowledged = [o.ended for o in outcomes if o.ok and o.append and o.started >= since]
+        assert acknowledged, "no append was acknowledged after the failover"
+        return min(acknowledged) - kill
 
 
 def manage(env: dict[str, str], *args: str) -> str:
@@ -172,6 +200,74 @@ def cluster() -> Iterator[PatroniCluster]:
         cluster.stop()
 
 
+@dataclass
+class Layout:
+    """How the product's processes reach the cluster: ``env`` holds their database settings."""
+
+    name: str
+    env: dict[str, str]
+    bouncer: PgBouncer | None = None
+    watch: subprocess.Popen[bytes] | None = None
+
+    @property
+    def watch_log_path(self) -> Path:
+        assert self.bouncer is not None
+        return self.bouncer.base / "leader-watch.log"
+
+    def retargets(self) -> list[tuple[float, int]]:
+        """(wall-clock time, PostgreSQL port) of each "now points at" line the leader watch logged."""
+        moments = []
+        for line in self.watch_log_path.read_text(errors="replace").splitlines():
+            if " leader watch: PgBouncer now points at " in line:
+                stamp, _, rest = line.partition(" leader watch: PgBouncer now points at ")
+                moments.append((datetime.fromisoformat(stamp).timestamp(), int(rest.split()[0].rsplit(":", 1)[1])))
+        return moments
+
+    def bouncer_port(self) -> int:
+        """The PostgreSQL port PgBouncer sends the ``backplane`` database to (``SHOW DATABASES``)."""
+        assert self.bouncer is not None
+        rows = [row for row in self.bouncer.admin("SHOW DATABASES") if row["name"] == "backplane"]
+        assert len(rows) == 1, rows
+        return int(rows[0]["port"])
+
+
+@contextlib.contextmanager
+def database_layout(name: str, cluster: PatroniCluster) -> Iterator[Layout]:
+    direct = cluster.database_url()
+    if name == "direct":
+        yield Layout(name, {"DATABASE_URL": direct})
+        return
+    with pgbouncer_in_front_of(cluster.member_url(cluster.leader()), pool_size=POOL_SIZE) as bouncer:
+        layout = Layout(name, {"DATABASE_URL": bouncer.url("backplane"), "DATABASE_DIRECT_URL": direct,
+                               "BACKPLANE_DB_POOLER": "transaction"}, bouncer)
+        # The operator's command line (docs/production.md, "PgBouncer"), interval and all.
+        argv = [sys.executable, "-m", "tests.support.leader_watch", "--databases-file", str(bouncer.databases_path),
+                "--admin-url", bouncer.url("pgbouncer")]
+        for member in cluster.watched_members():
+            argv += ["--member", f"{member.api_url}={member.host}:{member.port}"]
+        with layout.watch_log_path.open("ab") as log:
+            layout.watch = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        try:
+            # Its first look points PgBouncer where it already points: the watch is then running.
+            wait_until(layout.retargets, timeout=30, what="the leader watch finds the primary",
+                       details=lambda: layout.watch_log_path.read_text(errors="replace"))
+            yield layout
+        finally:
+            layout.watch.terminate()
+            layout.watch.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def first_append_seconds() -> Iterator[dict[str, tuple[float, float]]]:
+    """Each layout's seconds from each kill to the first append acknowledged after it, printed side
+    by side once the module's tests ran."""
+    figures: dict[str, tuple[float, float]] = {}
+    yield figures
+    print("\nkill to first append acknowledged by the new primary (postmaster SIGKILL, Patroni SIGKILL): "
+          + "; ".join(f"{name} {first:.1f} s, {second:.1f} s" for name, (first, second) in figures.items()))
+
+
 def stored_events(cluster: PatroniCluster) -> dict[str, list[tuple[str, int, str]]]:
     """The events on the current primary, by idempotency key: [(task, seq, hash), …]."""
     rows: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
@@ -192,16 +288,23 @@ def undelivered(cluster: PatroniCluster) -> int:
     return int(row[0])
 
 
-def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: PatroniCluster) -> None:
-    url = cluster.database_url()
-    env = {**os.environ, "DATABASE_URL": url, "BACKPLANE_ENV": "test", "PYTHONUNBUFFERED": "1"}
+@pytest.mark.parametrize("layout_name", ["direct", "pgbouncer"])
+def test_every_acknowledged_append_survives_two_failovers_exactly_once(
+        cluster: PatroniCluster, layout_name: str, first_append_seconds: dict[str, tuple[float, float]]) -> None:
+    with database_layout(layout_name, cluster) as layout:
+        _survive_two_failovers(cluster, layout, first_append_seconds)
+
+
+def _survive_two_failovers(cluster: PatroniCluster, layout: Layout,
+                           first_append_seconds: dict[str, tuple[float, float]]) -> None:
+    env = {**os.environ, **layout.env, "BACKPLANE_ENV": "test", "PYTHONUNBUFFERED": "1"}
     manage(env, "migrate", "--noinput")
     tokens = json.loads(manage(env, "shell", "-c", CREATE_AGENTS.replace("{count}", str(AGENTS))).splitlines()[-1])
     # The pool on, as in production: a failover must not leave it handing out dead connections.
-    web = WebProcess(name="failover-web", env={"DATABASE_URL": url, "BACKPLANE_DB_POOL": "1"})
+    web = WebProcess(name="failover-web", env={**layout.env, "BACKPLANE_DB_POOL": "1"})
     # The worker and beat too: the relay and every duty must come through both failovers on their
     # own. A queue bound to every topic, so the tasks' lifecycle messages are routable.
-    background = CeleryProcesses(env={"DATABASE_URL": url, "BACKPLANE_DB_POOL": "1",
+    background = CeleryProcesses(env={**layout.env, "BACKPLANE_DB_POOL": "1",
                                       "BACKPLANE_OUTBOX_QUEUES": "failover-drill=#"})
     fleet = Fleet(base_url=web.url, tokens=tokens)
     try:
@@ -218,7 +321,7 @@ def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: 
 
         # 1. The primary's postmaster dies; its Patroni hands the leader key to the sync standby.
         first = cluster.leader()
-        first_kill = time.monotonic()
+        first_kill, first_kill_at = time.monotonic(), time.time()
         cluster.kill_postmaster(first)
         wait_until(lambda: cluster.leader_name() not in (None, first.name), timeout=90, interval=0.25,
                    what="a new leader after the postmaster's death", details=cluster.logs)
@@ -230,7 +333,7 @@ def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: 
 
         # 2. The new leader's Patroni dies; the harness's watchdog fences its PostgreSQL.
         second = cluster.leader()
-        second_kill = time.monotonic()
+        second_kill, second_kill_at = time.monotonic(), time.time()
         cluster.kill_patroni(second)
         wait_until(lambda: [m for m in cluster.cluster_view() if m.get("role") == "leader"
                             and m["name"] != second.name], timeout=120, interval=0.25,
@@ -251,11 +354,23 @@ def test_every_acknowledged_append_survives_two_failovers_exactly_once(cluster: 
         duplicates = {key: rows for key, rows in stored.items() if len(rows) > 1}
         manage(env, "verify_chain", "--all")
         outages = (fleet.outage_after(first_kill), fleet.outage_after(second_kill))
-        print(f"\nfailover: {len(acknowledged)} appends acknowledged by {AGENTS} agents ({len(stored)} stored), "
-              f"lost {len(lost)}, "
+        first_appends = (fleet.first_append_after(first_kill), fleet.first_append_after(second_kill))
+        first_append_seconds[layout.name] = first_appends
+        print(f"\nfailover ({layout.name}): {len(acknowledged)} appends acknowledged by {AGENTS} agents "
+              f"({len(stored)} stored), lost {len(lost)}, "
               f"duplicates {len(duplicates)}; first error to first success: {outages[0]:.1f} s after the "
               f"postmaster's SIGKILL ({first.name}), {outages[1]:.1f} s after Patroni's SIGKILL ({second.name}); "
+              f"kill to first acknowledged append: {first_appends[0]:.1f} s, {first_appends[1]:.1f} s; "
               f"answers {dict(fleet.statuses)}")
+        if layout.bouncer is not None:
+            # The watch pointed PgBouncer at each new primary once, and PgBouncer points at the last.
+            retargets = layout.retargets()
+            third = cluster.leader()
+            assert [port for _, port in retargets] == [first.pg_port, second.pg_port, third.pg_port], (
+                retargets, layout.watch_log_path.read_text(errors="replace"))
+            assert layout.bouncer_port() == third.pg_port
+            print(f"leader watch: PgBouncer pointed at the new primary {retargets[1][0] - first_kill_at:.1f} s "
+                  f"after the postmaster's SIGKILL, {retargets[2][0] - second_kill_at:.1f} s after Patroni's")
 
         assert not fleet.unexpected, fleet.unexpected[:5]
         assert not lost, lost[:5]

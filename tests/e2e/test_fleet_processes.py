@@ -23,7 +23,7 @@ from backplane.eventlog import services
 from backplane.eventlog.models import Event, Task
 from recovery import fleet
 from tests.conftest import check_projections
-from tests.e2e.conftest import ROOT, AgentRun, BackplaneServer
+from tests.e2e.conftest import ROOT, AgentRun, BackplaneServer, kill_those_still_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -46,10 +46,7 @@ def fleet_agent(backplane_server: BackplaneServer) -> Iterator[Callable[..., Age
         return agent
 
     yield run
-    for agent in started:
-        if agent.process.poll() is None:
-            agent.process.kill()
-            agent.process.communicate()
+    kill_those_still_running(started)
 
 
 def wait_until(condition: Callable[[], bool], *, timeout: float = 20, what: str = "") -> None:

@@ -26,10 +26,15 @@ import pytest
 
 from backplane.eventlog import services
 from backplane_client.agent import AgentClient
-from recovery.detector import lease_expire_stalled
 from recovery.models import Tool
 from tests.conftest import check_projections
-from tests.e2e.conftest import AgentRun, BackplaneServer, ToolServer
+from tests.e2e.conftest import (
+    AgentRun,
+    BackplaneServer,
+    ToolServer,
+    kill_those_still_running,
+    sweep_once_the_lease_ran_out,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -74,18 +79,7 @@ def start_agent(backplane_server: BackplaneServer) -> Iterator[Callable[..., Age
         return agent
 
     yield start
-    for agent in started:
-        if agent.process.poll() is None:
-            agent.process.kill()
-            agent.process.communicate()
-
-
-def sweep_once_the_lease_ran_out(observer: AgentClient, task_id: str) -> None:
-    """What the stall detector's beat duty does, run here once the dead run's lease has expired."""
-    deadline = time.monotonic() + 4 * LEASE_SECONDS
-    while lease_expire_stalled().expired == 0:
-        assert time.monotonic() < deadline, observer.get_task(task_id)
-        time.sleep(0.1)
+    kill_those_still_running(started)
 
 
 def test_it_recovers_after_its_own_crash_without_calling_the_tool_twice(
@@ -110,7 +104,7 @@ def test_it_recovers_after_its_own_crash_without_calling_the_tool_twice(
 
         # Started while the dead run's lease still holds the task: it polls through the 204s.
         second = start_agent(token)
-        sweep_once_the_lease_ran_out(observer, task_id)
+        sweep_once_the_lease_ran_out(observer, task_id, lease_seconds=LEASE_SECONDS)
         assert second.wait() == 0, second.describe()
         assert [(r["task_id"], r["recovered"]) for r in second.reported("claimed")] == [(task_id, True)]
         [context] = second.reported("context")

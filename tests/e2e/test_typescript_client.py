@@ -1,8 +1,10 @@
 """The TypeScript client (clients/typescript) against the product's real web process.
 
-1. Its own suites: ``npm test`` (offline: the shared vectors, usage adapters, error classes of
-   the contract's table, retries, the generated types against docs/openapi.yaml) and ``npm run
-   test:server`` (a session, tool calls, refusals, sub-agents, replays, against this server).
+1. Its own suites: ``npm test`` (offline: the shared vectors, integrity checks, usage adapters,
+   error classes of the contract's table, retries, the generated types against docs/openapi.yaml)
+   and ``npm run test:server`` (a session, tool calls, refusals, sub-agents, replays, approvals,
+   personal data, seals and proofs, against this server). For the last three this side sets the
+   scene the suite cannot: a tool policy and a person who decides, and two seals.
 2. Crash and recovery: an agent process written with the client (test/agents/crash-agent.mjs)
    is SIGKILLed right after the tool answered, before or after the answer was recorded; once its
    lease has run out and the stall detector swept it, a second process claims the task as
@@ -23,6 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,13 +33,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 
 from backplane.eventlog import services
+from backplane.eventlog.writer import EventDraft
+from backplane.integrity import sealing
 from backplane_client.agent import AgentClient
-from recovery.detector import lease_expire_stalled
-from recovery.models import Tool
+from recovery import approvals
+from recovery.models import ApprovalRequest, ApprovalStatus, Tool
 from tests.conftest import check_projections
-from tests.e2e.conftest import ROOT, AgentRun, BackplaneServer, ToolServer
+from tests.e2e.conftest import (
+    ROOT,
+    AgentRun,
+    BackplaneServer,
+    ToolServer,
+    kill_those_still_running,
+    sweep_once_the_lease_ran_out,
+)
+from tests.support.roles import staff_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -46,6 +60,7 @@ KIND = "ts-outreach"
 CHILD_KIND = "ts-research"
 TOOL = "send-email"  # the tool the agents call themselves, through the proxy
 GATEWAY_TOOL = "ts-gateway-tool"  # the tool the backplane calls for them (invoke)
+GATED_TOOL = "ts-gated-email"  # every call asks a person first (test/server/approvals.test.mjs)
 TOOL_STEP = 3  # outreach.mjs's STEPS.send
 LEASE_SECONDS = 2  # short, so a dead run's lease runs out quickly
 
@@ -99,6 +114,44 @@ def agent_token(namespace: str, name: str = "ts-agent") -> str:
     return services.agent_create(name=name, namespace=namespace, kinds=(KIND, CHILD_KIND)).token
 
 
+def seal_everything() -> dict[str, Any]:
+    """What the sealer in Celery beat does, run here until nothing is left; the head it signed."""
+    while sealing.seal_new_events().sealed:
+        pass
+    head = sealing.latest_head()
+    return {"tree_size": head.tree_size, "root_hash": head.root_hash, "signed_at": head.signed_at,
+            "signature": head.signature}
+
+
+def sealed_twice(namespace: str) -> tuple[str, dict[str, Any]]:
+    """A task of the namespace sealed in an earlier head, and that head; then one more event and
+    a second seal, so the latest head is a larger tree the earlier one is a prefix of."""
+    task = services.task_create(namespace=namespace, kind=KIND, agent="planner", input={"lead": "ada"}).task
+    services.event_append(namespace=namespace, task_id=task.pk, agent="planner",
+                          draft=EventDraft(type="Noted", payload={"sealed": True}))
+    earlier = seal_everything()
+    services.task_create(namespace=namespace, kind=KIND, agent="planner", input={"lead": "bob"})
+    assert seal_everything()["tree_size"] > earlier["tree_size"]
+    return str(task.pk), earlier
+
+
+def decide_while_running(suite: subprocess.Popen[str], namespace: str, approver: User,
+                         timeout: float = 600) -> list[str]:
+    """A person in the policy's approver group decides each request of the namespace as its tool
+    input's ``verdict`` says, through the approvals service (the dashboard's path), until the
+    suite exits; the verdicts given, in order."""
+    given: list[str] = []
+    deadline = time.monotonic() + timeout
+    while suite.poll() is None:
+        assert time.monotonic() < deadline, "test:server still running"
+        for request in ApprovalRequest.objects.filter(task__namespace=namespace, status=ApprovalStatus.PENDING):
+            verdict = request.input.get("verdict", "deny")
+            approvals.approval_decide(approval_id=request.pk, user=approver, verdict=verdict, reason="read it")
+            given.append(verdict)
+        time.sleep(0.05)
+    return given
+
+
 def test_its_offline_and_server_suites_pass(
     built_client: Path, namespace: str, backplane_server: BackplaneServer, tool_server: ToolServer,
 ) -> None:
@@ -108,11 +161,33 @@ def test_its_offline_and_server_suites_pass(
     assert "# fail 0" in offline.stdout and "# pass 0" not in offline.stdout, offline.stdout[-2000:]
 
     Tool.objects.create(name=GATEWAY_TOOL, namespace=namespace, url=tool_server.url(GATEWAY_TOOL), timeout_seconds=5)
-    against_server = run([npm, "run", "test:server"], env=node_env(
-        BACKPLANE_URL=backplane_server.url, BACKPLANE_TOKEN=agent_token(namespace), BACKPLANE_KIND=KIND,
-        BACKPLANE_CHILD_KIND=CHILD_KIND, BACKPLANE_TOOL=GATEWAY_TOOL))
-    assert against_server.returncode == 0, against_server.stdout[-8000:] + against_server.stderr[-3000:]
-    assert "# fail 0" in against_server.stdout and "# pass 0" not in against_server.stdout
+    # The approver first: a flush after an earlier module's committed tests removes the role groups
+    # the migrations made, and staff_user makes its group again.
+    approver = staff_user("ts-approver", "Approvers")
+    approvals.tool_policy_set(tool=GATED_TOOL, namespace=namespace, approver_group="Approvers",
+                              set_by="user:olivia", reason="every e-mail to a lead is read first")
+    sealed_task, earlier_head = sealed_twice(namespace)
+    # Output to files, not pipes: a pipe nobody reads while the suite runs could fill and stall it.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        env = node_env(
+            BACKPLANE_URL=backplane_server.url, BACKPLANE_TOKEN=agent_token(namespace), BACKPLANE_KIND=KIND,
+            BACKPLANE_CHILD_KIND=CHILD_KIND, BACKPLANE_TOOL=GATEWAY_TOOL, BACKPLANE_GATED_TOOL=GATED_TOOL,
+            BACKPLANE_SEALED_TASK=sealed_task, BACKPLANE_EARLIER_TREE_HEAD=json.dumps(earlier_head),
+            BACKPLANE_PUBLIC_KEY=sealing.public_key_hex())
+        suite = subprocess.Popen([npm, "run", "test:server"], cwd=CLIENT, stdout=out, stderr=err, text=True, env=env)
+        try:
+            verdicts = decide_while_running(suite, namespace, approver)
+        finally:
+            if suite.poll() is None:
+                suite.kill()
+            suite.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert suite.returncode == 0, stdout[-8000:] + stderr[-3000:]
+    assert "# fail 0" in stdout and "# pass 0" not in stdout and "# skipped 0" in stdout, stdout[-2000:]
+    # One request granted, one denied (test/server/approvals.test.mjs), each decided once.
+    assert verdicts == ["approve", "deny"]
     # The gateway called the registered tool for the session's step 5, once for two invokes.
     assert sum(tool_server.effects.values()) == 1 and sum(tool_server.requests.values()) == 1
 
@@ -133,18 +208,7 @@ def start_agent(built_client: Path, backplane_server: BackplaneServer, tool_serv
         return agent
 
     yield start
-    for agent in started:
-        if agent.process.poll() is None:
-            agent.process.kill()
-            agent.process.communicate()
-
-
-def sweep_once_the_lease_ran_out(observer: AgentClient, task_id: str) -> None:
-    """What the stall detector's beat duty does, run here once the dead run's lease has expired."""
-    deadline = time.monotonic() + 4 * LEASE_SECONDS
-    while lease_expire_stalled().expired == 0:
-        assert time.monotonic() < deadline, observer.get_task(task_id)
-        time.sleep(0.1)
+    kill_those_still_running(started)
 
 
 def finished_after_a_crash(namespace: str, observer: AgentClient, tool_server: ToolServer,
@@ -155,7 +219,7 @@ def finished_after_a_crash(namespace: str, observer: AgentClient, tool_server: T
     first = start_agent(token, AGENT_CRASH_AFTER=crash_after)
     assert first.wait() == -signal.SIGKILL, first.describe()
     second = start_agent(token)  # polls through the 204s while the dead run's lease holds the task
-    sweep_once_the_lease_ran_out(observer, task_id)
+    sweep_once_the_lease_ran_out(observer, task_id, lease_seconds=LEASE_SECONDS)
     assert second.wait() == 0, second.describe()
     key = hashlib.sha256(f"{task_id}:{TOOL_STEP}:{TOOL}".encode()).hexdigest()
     return task_id, key, first, second

@@ -9,6 +9,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import * as calls from "./calls.js";
 import type { Call, ClaimOptions, CreateTaskOptions, DispatchOptions, EventDraft, AppendOptions, ForkOptions, Lease } from "./calls.js";
 import { BackplaneAPIError, TransportError, retryAfterOf } from "./errors.js";
+import { PROOF_BUNDLE_FORMAT, type ProofBundle } from "./integrity.js";
 import { DEFAULT_RETRY, RetryPolicy } from "./retry.js";
 import { TaskSession, type SessionOptions } from "./session.js";
 import type { Approval, Event, JsonObject } from "./types.js";
@@ -165,6 +166,9 @@ export class AgentClient implements Sender {
   dispatchSubtask(taskId: string, step: number, kind: string, input: JsonObject, options?: { leaseEpoch?: number }) {
     return this.send(calls.dispatchSubtask(taskId, step, kind, input, options));
   }
+  latestTreeHead() { return this.send(calls.latestTreeHead()); }
+  inclusionProof(position: number, options?: { treeSize?: number }) { return this.send(calls.inclusionProof(position, options)); }
+  consistencyProof(first: number, second: number) { return this.send(calls.consistencyProof(first, second)); }
 
   // --- sessions ------------------------------------------------------------------------------
 
@@ -189,6 +193,19 @@ export class AgentClient implements Sender {
       yield* page.results;
       cursor = page.next_after_seq;
     }
+  }
+
+  /**
+   * The inclusion-proof bundle of `event` (as the API shows it) in the latest signed tree: the
+   * file the dashboard's *Download proof* gives, to check with {@link checkProofBundle} against
+   * a key you trust. The proof is asked for the head's own size, so a seal in between cannot
+   * pair a path with another tree's head.
+   */
+  async proofBundle(event: Event): Promise<ProofBundle> {
+    const head = await this.latestTreeHead();
+    const proof = await this.inclusionProof(event.position, { treeSize: head.tree_size });
+    return { format: PROOF_BUNDLE_FORMAT, event, leaf_index: proof.leaf_index, tree_size: proof.tree_size,
+      audit_path: proof.audit_path, tree_head: head };
   }
 
   /**

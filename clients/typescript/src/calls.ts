@@ -13,8 +13,9 @@
 import { randomUUID } from "node:crypto";
 import type { HttpMethod, PathOf } from "./types.js";
 import type {
-  Approval, ChainVerification, Event, EventList, Heartbeat, JsonObject, OutboxItem, RecoveryContext, Signal, Subtask,
-  Task, TaskDiff, TaskList, ToolAnswer, ToolCallDispatch, ToolCallRecord, ToolInvocation, AwaitingApprovalAnswer,
+  Approval, ChainVerification, ConsistencyProof, Event, EventList, Heartbeat, InclusionProof, JsonObject, OutboxItem,
+  RecoveryContext, Signal, SignedTreeHead, Subtask, Task, TaskDiff, TaskList, ToolAnswer, ToolCallDispatch, ToolCallRecord,
+  ToolInvocation, AwaitingApprovalAnswer,
 } from "./types.js";
 
 export const API_PREFIX = "/api/v1";
@@ -346,4 +347,25 @@ export function dispatchSubtask(taskId: string, step: number, kind: string, inpu
   options: { leaseEpoch?: number } = {}): Call<Subtask> {
   return { method: "POST", path: route("post", "/api/v1/tasks/{task_id}/subtasks/", taskId),
     body: { step, kind, input, ...defined({ lease_epoch: options.leaseEpoch }) }, read: json<Subtask> };
+}
+
+// --- integrity (check the answers with integrity.ts) -------------------------------------------
+
+/** The latest signed tree head; `404` before the first seal. Its `public_key` is the server's word:
+ * verify the signature with a key you trust ({@link verifyTreeHead}). */
+export function latestTreeHead(): Call<SignedTreeHead> {
+  return { method: "GET", path: route("get", "/api/v1/seals/latest/"), read: json<SignedTreeHead> };
+}
+
+/** The audit path of the event at `position` (an event of the agent's namespace) in the signed tree
+ * of `treeSize` leaves (default the latest); `404` for an event not sealed in it yet. */
+export function inclusionProof(position: number, options: { treeSize?: number } = {}): Call<InclusionProof> {
+  return { method: "GET", path: route("get", "/api/v1/events/{position}/proof/", position),
+    query: defined({ tree_size: options.treeSize }) as Record<string, number>, read: json<InclusionProof> };
+}
+
+/** The proof that the signed tree of `first` leaves is a prefix of the signed tree of `second`. */
+export function consistencyProof(first: number, second: number): Call<ConsistencyProof> {
+  return { method: "GET", path: route("get", "/api/v1/seals/consistency/"), query: { first, second },
+    read: json<ConsistencyProof> };
 }

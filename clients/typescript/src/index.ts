@@ -7,6 +7,8 @@
  *   work is never redone for;
  * - {@link replay}: an agent function run again in a sandbox of a past task, and where it drifts;
  * - {@link canonicalJson} / {@link promptSha256}: RFC 8785 and the prompt hash `LLMCalled` names;
+ * - {@link verifyChain}, {@link verifyInclusion}, {@link verifyConsistency}, {@link verifyTreeHead},
+ *   {@link checkProofBundle}: what the server gives out, checked with node:crypto alone;
  * - {@link usageFromOpenAI} / {@link usageFromAnthropic} / {@link modelCost}: what a model call used and cost;
  * - the errors: one {@link BackplaneAPIError} subclass per code of the contract, {@link LeaseLost},
  *   {@link SandboxRefused}, {@link ToolCallFailed}, {@link ModelCallNotRecorded}, {@link AwaitingApproval}, …
@@ -30,6 +32,12 @@ export {
   UnsupportedMediaType, ValidationError, errorClassOf, retryAfterOf,
 } from "./errors.js";
 export type { ContractErrorCode, ErrorOptions } from "./errors.js";
+export {
+  EMPTY_ROOT, GENESIS_PREV_HASH, PROOF_BUNDLE_FORMAT, ProofBundleInvalid, checkProofBundle, eventHash, eventLeafHash,
+  merkleLeafHash, merkleNodeHash, merkleRoot, treeHeadMessage, verifyChain, verifyConsistency, verifyInclusion,
+  verifyTreeHead,
+} from "./integrity.js";
+export type { ChainVerdict, HashedEvent, ProofBundle, ProofBundleChecked, ProofBundleStep, TreeHead } from "./integrity.js";
 export { DEFAULT_RETRY, HONOURED_RETRY_AFTER, RETRY_STATUSES, RetryPolicy } from "./retry.js";
 export type { RetryOptions } from "./retry.js";
 export { ModelCallNotRecorded, ReplayResult, ReplaySession, recordedModelCalls, replay } from "./sandbox.js";

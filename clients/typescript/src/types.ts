@@ -27,6 +27,9 @@ export type DiffCounts = Schemas["DiffCountsOut"];
 export type OutboxItem = Schemas["OutboxItemInRequest"];
 export type ToolAnswer = Schemas["ToolAnswerInRequest"];
 export type ErrorAnswer = Schemas["ErrorOut"];
+export type SignedTreeHead = Schemas["SignedTreeHeadOut"];
+export type InclusionProof = Schemas["InclusionProofOut"];
+export type ConsistencyProof = Schemas["ConsistencyProofOut"];
 
 /** Any JSON object, as the contract's `input`, `payload`, `output` and `result` are. */
 export type JsonObject = Record<string, unknown>;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -137,6 +138,25 @@ def exported(db: None, audit_dir: Path, public_key: str) -> Exported:
     sealing.seal_new_events()
     assert len(export.audit_export_until_idle().segments) == 1
     return Exported(audit_dir, public_key, [first, second, third])
+
+
+def writable(path: Path) -> Path:
+    path.chmod(0o644)
+    return path
+
+
+def segment_lines(exported: Exported, number: int) -> list[bytes]:
+    return (exported.path / fmt.segment_name(number)).read_bytes().splitlines(keepends=True)
+
+
+def write_lines(exported: Exported, number: int, lines: list[bytes]) -> None:
+    writable(exported.path / fmt.segment_name(number)).write_bytes(b"".join(lines))
+
+
+def reseal(exported: Exported, number: int) -> None:
+    """An insider with the signing key puts the segment file's new SHA-256 in a re-signed manifest."""
+    digest = hashlib.sha256((exported.path / fmt.segment_name(number)).read_bytes()).hexdigest()
+    resign(exported.path, number, lambda manifest: manifest.update(segment_sha256=digest))
 
 
 # --- S3 with Object Lock, against moto's S3 server on 127.0.0.1 -------------------------------------

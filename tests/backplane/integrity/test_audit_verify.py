@@ -24,11 +24,15 @@ from backplane.integrity.verification import chain_check
 from tests.backplane.integrity.audit_support import (
     REPO,
     Exported,
+    reseal,
     resign,
     rewrite_history,
     run_verifier,
     seed,
+    segment_lines,
     verifier_env,
+    writable,
+    write_lines,
 )
 
 
@@ -36,29 +40,6 @@ def verify_in_process(exported: Exported, capsys: pytest.CaptureFixture[str]) ->
     code = main(["verify", str(exported.path), "--public-key", exported.public_key])
     captured = capsys.readouterr()
     return code, captured.out + captured.err
-
-
-def writable(path: Path) -> Path:
-    path.chmod(0o644)
-    return path
-
-
-def segment_lines(exported: Exported, number: int) -> list[bytes]:
-    return (exported.path / fmt.segment_name(number)).read_bytes().splitlines(keepends=True)
-
-
-def write_lines(exported: Exported, number: int, lines: list[bytes]) -> None:
-    writable(exported.path / fmt.segment_name(number)).write_bytes(b"".join(lines))
-
-
-def reseal(exported: Exported, number: int) -> None:
-    """An insider who holds the signing key puts the file's new SHA-256 in a re-signed manifest."""
-    data = (exported.path / fmt.segment_name(number)).read_bytes()
-
-    def change(manifest: dict) -> None:
-        manifest["segment_sha256"] = hashlib.sha256(data).hexdigest()
-
-    resign(exported.path, number, change)
 
 
 def test_an_untouched_export_verifies_in_a_process_without_database_or_settings(exported: Exported) -> None:

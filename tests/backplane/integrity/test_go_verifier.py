@@ -4,7 +4,6 @@ the same summary, and on a problem the same segment (and line) named."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -30,11 +29,14 @@ from tests.backplane.integrity.audit_support import (
     S3_CREDENTIALS,
     Exported,
     append,
+    reseal,
     resign,
     rewrite_history,
     run_verifier,
     seed,
+    segment_lines,
     verifier_env,
+    write_lines,
 )
 from tests.backplane.integrity.test_audit_approvals import approved_payment
 
@@ -110,25 +112,6 @@ def assert_both_fail_at(python: Verdict, go: Verdict, where: str) -> None:
 
 
 # --- an export of two segments, and what an attacker does to it ------------------------------
-
-
-def writable(path: Path) -> Path:
-    path.chmod(0o644)
-    return path
-
-
-def segment_lines(exported: Exported, number: int) -> list[bytes]:
-    return (exported.path / fmt.segment_name(number)).read_bytes().splitlines(keepends=True)
-
-
-def write_lines(exported: Exported, number: int, lines: list[bytes]) -> None:
-    writable(exported.path / fmt.segment_name(number)).write_bytes(b"".join(lines))
-
-
-def reseal(exported: Exported, number: int) -> None:
-    """An insider with the signing key puts the segment file's new SHA-256 in its manifest."""
-    digest = hashlib.sha256((exported.path / fmt.segment_name(number)).read_bytes()).hexdigest()
-    resign(exported.path, number, lambda manifest: manifest.update(segment_sha256=digest))
 
 
 def another_key() -> tuple[Ed25519PrivateKey, str]:

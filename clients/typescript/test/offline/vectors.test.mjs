@@ -1,5 +1,5 @@
 // The shared vectors (vectors/README.md): RFC 8785 input/output pairs and numbers, and the
-// product's idempotency keys and chains. The server and the Python client read the same files;
+// product's idempotency keys. The server and the Python client read the same files;
 // a divergence here fails this suite.
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
@@ -63,35 +63,8 @@ test("a prompt's hash is SHA-256 of its canonical JSON, a string with its quotes
     createHash("sha256").update('[{"b":1,"content":"x","role":"user"}]').digest("hex"));
 });
 
+// The chains and tree heads of product.json are integrity.test.mjs's (src/integrity.ts).
 const product = readJson("product.json");
-const ZERO = "0".repeat(64);
-
-function eventHash(event) {
-  const { hash, position, ...hashed } = event;
-  return createHash("sha256").update(canonicalJson(hashed)).digest("hex");
-}
-
-function firstInvalidSeq(events) {
-  let previous = ZERO;
-  let expectedSeq = 1;
-  for (const event of events) {
-    if (event.seq !== expectedSeq || event.prev_hash !== previous || eventHash(event) !== event.hash) return event.seq;
-    previous = event.hash;
-    expectedSeq += 1;
-  }
-  return null;
-}
-
-test("the product's vectors hold a valid chain and three broken ones", () => {
-  assert.deepEqual(product.chains.map((chain) => chain.first_invalid_seq), [null, 2, 3, 3]);
-});
-
-for (const chain of product.chains) {
-  test(`chain "${chain.name}": the first invalid seq is ${chain.first_invalid_seq}`, () => {
-    assert.equal(firstInvalidSeq(chain.events), chain.first_invalid_seq);
-    assert.equal(chain.first_invalid_seq === null, chain.valid);
-  });
-}
 
 for (const vector of product.idempotency_keys) {
   test(`the tool call key of ${vector.tool} at step ${vector.step}`, () => {

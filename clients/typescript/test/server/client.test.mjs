@@ -10,17 +10,13 @@ import {
   AgentClient, IdempotencyMismatch, LeaseLost, NotAuthenticated, NotFound, RetryPolicy, SandboxRefused, SeqConflict,
   TaskClosed, ToolCallFailed, ValidationError, modelCost, promptSha256, replay, usageFromAnthropic,
 } from "../../dist/index.js";
+import { agentClient, required } from "./environment.mjs";
 
-function required(name) {
-  const value = process.env[name];
-  assert.ok(value, `${name} is not set: test:server runs against a real backplane (tests/e2e/test_typescript_client.py)`);
-  return value;
-}
 const URL_ = required("BACKPLANE_URL");
 const KIND = required("BACKPLANE_KIND");
 const CHILD_KIND = required("BACKPLANE_CHILD_KIND");
 const TOOL = required("BACKPLANE_TOOL");
-const bp = new AgentClient(URL_, required("BACKPLANE_TOKEN"), { retry: new RetryPolicy({ attempts: 4, baseDelayMs: 50 }) });
+const bp = agentClient();
 
 // The agent's own tool (the proxy records the call; the agent makes it): acts once per key.
 let tool;
