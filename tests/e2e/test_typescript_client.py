@@ -337,3 +337,29 @@ def test_its_replay_of_a_recovered_task_differs_from_it_by_the_stall_alone(
         assert result["error"] is None and (first["kind"], first["a"]["type"]) == ("only_in_a", "TaskStalled")
         assert (result["counts"]["changed"], result["counts"]["only_in_a"], result["counts"]["only_in_b"]) == (0, 1, 0)
         assert (tool_server.requests[key], tool_server.effects[key]) == (2, 1)
+
+
+def test_the_packed_package_installs_and_imports_on_its_own(built_client: Path, tmp_path: Path) -> None:
+    """What `npm publish` would upload: the tarball installs into an empty project with no network
+    (no runtime dependencies) and its entry point exports the client, its types beside it."""
+    npm = binary("npm")
+    packed = run([npm, "pack", "--pack-destination", str(tmp_path)], env=node_env())
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    tarball = tmp_path / packed.stdout.strip().splitlines()[-1]
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "package.json").write_text(json.dumps({"name": "an-agent", "version": "1.0.0", "type": "module"}))
+    installed = subprocess.run([npm, "install", "--offline", "--no-audit", "--no-fund", str(tarball)], cwd=project,
+                               env=node_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    imported = subprocess.run(
+        [binary("node"), "--input-type=module", "-e",
+         "import * as bp from '@agent-backplane/client'; console.log(Object.keys(bp).sort().join(' '))"],
+        cwd=project, env=node_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    exported = set(imported.stdout.split())
+    assert {"AgentClient", "TaskSession", "RetryPolicy", "replay", "LeaseLost", "verifyChain", "checkProofBundle",
+            "usageFromOpenAI", "usageFromAnthropic", "canonicalJson"} <= exported
+    package = project / "node_modules" / "@agent-backplane" / "client"
+    assert (package / "dist" / "index.d.ts").is_file()
+    assert not (package / "src").exists() and not (package / "test").exists()
