@@ -126,7 +126,7 @@ from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.services import AppendOutcome
 from backplane.eventlog.writer import EventDraft
 from backplane.privacy.sealing import seal_personal_async
-from backplane.runtime.async_pool import async_pool, async_pool_renew
+from backplane.runtime.async_pool import async_pool_renew, pooled_connection
 from backplane.runtime.database_gate import RETRY_AFTER_SECONDS, gate, is_connection_failure, unavailable_body
 from backplane.runtime.replica import replica_configured
 from backplane.telemetry.http import count_response
@@ -236,8 +236,7 @@ async def _wait_while(request: Request, sql: str, params: dict[str, Any], waitin
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
-        pool = await async_pool()
-        async with pool.connection() as conn:
+        async with pooled_connection() as conn:
             row = await (await conn.execute(sql, params)).fetchone()
         remaining = deadline - loop.time()
         if row is None or row[0] != waiting or remaining <= 0 or await request.is_disconnected():
@@ -576,8 +575,7 @@ class FrontRoute:
         # which method, so a stranger learns nothing.
         _NEGOTIATION.select_renderer(cast(Any, request), _RENDERERS)  # reads its headers and query only
         method = "GET" if request.method == "HEAD" else request.method
-        pool = await async_pool()
-        async with pool.connection() as conn:
+        async with pooled_connection() as conn:
             principal = await _authenticated(conn, request)
             if not self.route.permission().allows(principal, method):
                 raise exceptions.PermissionDenied(self.route.permission.message)

@@ -14,8 +14,11 @@ run often (the settings' ``prepare_threshold``), and prepare none behind a trans
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connections
 from psycopg_pool import AsyncConnectionPool
@@ -53,6 +56,25 @@ async def async_pool() -> AsyncConnectionPool:
     if opening is None:
         opening = _pools[loop] = loop.create_task(_opened())
     return await opening
+
+
+@contextlib.asynccontextmanager
+async def pooled_connection() -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection of the running loop's pool for one request's statements.
+
+    An error that leaves the connection broken is raised as ``psycopg.OperationalError``, the
+    error of a lost database (503, and the pool renewed), whatever psycopg called it: a server
+    connection lost in the middle of the protocol surfaces as another error, e.g. the
+    ``InternalError`` "received 2 results from command 'BEGIN'" when PgBouncer's server
+    connection dies under a transaction during a failover."""
+    pool = await async_pool()
+    async with pool.connection() as conn:
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            if conn.broken and not isinstance(exc, psycopg.OperationalError):
+                raise psycopg.OperationalError(f"the database connection was lost: {exc}") from exc
+            raise
 
 
 async def async_pool_renew() -> None:

