@@ -22,6 +22,7 @@ from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
 from backplane.eventlog.models import Event, Task
+from backplane.eventlog.partitioning import PARTITIONS, partition_name
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = settings.BACKPLANE_DB_APP_ROLE
@@ -105,21 +106,28 @@ def test_it_cannot_change_or_remove_events(as_app: psycopg.Connection, statement
 def test_every_other_table_is_granted_and_events_only_for_reading_and_inserting(as_app: psycopg.Connection) -> None:
     rows = as_app.execute(
         """
-        SELECT c.relname, p.privilege, has_table_privilege(c.oid, p.privilege)
+        SELECT c.relname, c.relispartition, p.privilege, has_table_privilege(c.oid, p.privilege)
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
              unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER', 'REFERENCES']) p(privilege)
         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
         """
     ).fetchall()
     granted: dict[str, set[str]] = {}
-    for table, privilege, has in rows:
+    partitions: set[str] = set()
+    for table, is_partition, privilege, has in rows:
         granted.setdefault(table, set())
+        if is_partition:
+            partitions.add(table)
         if has:
             granted[table].add(privilege)
     assert granted[EVENTS] == {"SELECT", "INSERT"}
     assert {"backplane_task", "backplane_outboxmessage", "django_migrations"} <= set(granted)
+    # The events' partitions are reached only through the parent, whose privileges are checked.
+    assert partitions == {partition_name(r) for r in range(PARTITIONS)}
     for table, privileges in granted.items():
-        if table != EVENTS:
+        if table in partitions:
+            assert privileges == set(), table
+        elif table != EVENTS:
             assert privileges == {"SELECT", "INSERT", "UPDATE", "DELETE"}, table
 
 
