@@ -243,7 +243,6 @@ def raw_sealing(url: str, batch: int) -> tuple[int, float, str]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_raw_leaf")
         conn.execute("CREATE TABLE bench_raw_leaf (LIKE backplane_merkleleaf INCLUDING ALL)")
-        conn.execute("ALTER TABLE bench_raw_leaf ADD FOREIGN KEY (event_id) REFERENCES backplane_event (position)")
     frontier: list[bytes] = []
     size = 0
     high = 0
