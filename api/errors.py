@@ -14,7 +14,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from backplane.eventlog.errors import BackplaneError
-from backplane.runtime.database_gate import gate, is_connection_failure
+from backplane.runtime.database_gate import gate, is_connection_failure, thread_connection_broken
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +85,10 @@ def error_parts(exc: Exception) -> ErrorParts | None:
         return 403, error_body("permission_denied", "permission denied"), {}
     if isinstance(exc, RequestDataTooBig):
         return 413, error_body("payload_too_large", "request body is over the limit"), {}
-    if isinstance(exc, OperationalError | InterfaceError):
+    lost = isinstance(exc, DatabaseError) and thread_connection_broken()
+    if isinstance(exc, OperationalError | InterfaceError) or lost:
         logger.warning("database unavailable: %s", exc)
-        if is_connection_failure(exc):
+        if lost or is_connection_failure(exc):
             # The requests after this one answer at once instead of waiting for the pool.
             gate.mark_down(exc)
         return 503, error_body("unavailable", "the database is unavailable; retry later"), {

@@ -65,6 +65,15 @@ def is_connection_failure(exc: BaseException) -> bool:
     return cause is None
 
 
+def thread_connection_broken() -> bool:
+    """Whether this thread's Django connection is one psycopg found broken. An error raised on
+    it then means the database was lost, whatever psycopg called it: a connection lost in the
+    middle of the protocol surfaces as another error, e.g. the ``InternalError`` "received 2
+    results from command 'BEGIN'" when PgBouncer's server connection dies under a transaction."""
+    raw = connection.connection
+    return raw is not None and bool(raw.broken)
+
+
 def _connect_once() -> None:
     params = connection.get_connection_params()
     params["connect_timeout"] = max(2, int(params.get("connect_timeout") or 2))
