@@ -24,7 +24,12 @@ is resumed by running ``migrate`` again):
    its index names and its sequence, set past every position the old one gave out; the
    append-only triggers go on the parent (the row trigger is cloned to every partition) and on
    every partition (TRUNCATE triggers are per table); the foreign key to the task is added
-   ``NOT VALID``. Nothing in it reads or writes more than the pruned tasks' events.
+   ``NOT VALID``. Before the old table goes, the two must hold the same events (a count and
+   the sum of the positions): the copied ones are compared just before the lock, in one
+   snapshot (the new table less the pruned tasks), the mirrored ones (above the copy's
+   position) under it, after the pruned tasks' events went. A difference refuses the swap and
+   leaves everything as it was. Nothing under the lock reads or writes more than the pruned
+   tasks' events and the mirrored ones.
 4. **Validate** the foreign key: a scan that takes no lock appends wait for.
 
 Rows are copied whole, ``position`` included: every chain and every Merkle leaf stays
@@ -285,8 +290,40 @@ def _copy(connection: BaseDatabaseWrapper, report: PartitionReport, *, batch: in
     _execute(connection, f"ANALYZE {NEW}")
 
 
+# What the two tables hold (a count and the sum of the positions: a missing or extra event
+# changes both), in one statement: one snapshot of both tables.
+_TOTALS = """
+SELECT old_rows.events, old_rows.positions, new_rows.events, new_rows.positions
+FROM (SELECT count(*) AS events, coalesce(sum(position), 0) AS positions
+      FROM {events} WHERE {range}) AS old_rows,
+     (SELECT count(*) AS events, coalesce(sum(position), 0) AS positions
+      FROM {new} AS n WHERE {range}{pruned}) AS new_rows
+"""
+# The copied events, before the lock: a pruning deletes a task's old rows and records the task
+# in one transaction, so in one snapshot the old table holds the new one's less those tasks.
+_COPIED_TOTALS = _TOTALS.format(events=EVENTS, new=NEW, range="position <= %s",
+                                pruned=f" AND NOT EXISTS (SELECT FROM {PRUNED} p WHERE p.task_id = n.task_id)")
+# The mirrored events, under the lock, once the pruned tasks' events are gone from the copy.
+_MIRRORED_TOTALS = _TOTALS.format(events=EVENTS, new=NEW, range="position > %s", pruned="")
+
+
+def _refuse_unless_equal(connection: BaseDatabaseWrapper, totals: str, *, through: int, which: str) -> None:
+    """Raise, before anything is dropped, if the tables differ over the positions ``which`` names."""
+    old_events, old_positions, new_events, new_positions = _one(connection, totals, [through, through])
+    if (old_events, old_positions) != (new_events, new_positions):
+        raise RuntimeError(
+            f"partitioning refused the swap: {EVENTS} holds {old_events} events {which} position {through}"
+            f" (positions summing to {old_positions}), {NEW} {new_events} (summing to {new_positions});"
+            f" {EVENTS} is unchanged. Give this run up (docs/operations.md, \"Partitioning the events table\")"
+            " and run migrate again")
+
+
 def _swap(connection: BaseDatabaseWrapper, report: PartitionReport) -> None:
-    """Step 3, under ACCESS EXCLUSIVE: the new table becomes the events table."""
+    """Step 3, under ACCESS EXCLUSIVE: the new table becomes the events table, if it holds the
+    old one's events (compared in two parts, so that nothing under the lock reads the whole table)."""
+    (through,) = _one(connection, f"SELECT copy_through FROM {PROGRESS}")
+    # A full scan of both tables, which appends do not wait for (ACCESS SHARE).
+    _refuse_unless_equal(connection, _COPIED_TOTALS, through=through, which="at or below")
 
     def swap(conn: BaseDatabaseWrapper) -> None:
         # The task table first, as an append takes its locks (the task's row, then the events):
@@ -298,6 +335,8 @@ def _swap(connection: BaseDatabaseWrapper, report: PartitionReport) -> None:
             raise RuntimeError(f"partitioning: the copy stopped at position {copied_to} of {through}")
         # A batch may have read a task's events before retention deleted them.
         _execute(conn, f"DELETE FROM {NEW} WHERE task_id IN (SELECT task_id FROM {PRUNED})")
+        # The appends since step 1 (position index ranges): nothing changes either table now.
+        _refuse_unless_equal(conn, _MIRRORED_TOTALS, through=through, which="above")
         (foreign_key,) = _one(conn, "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'f'"
                                     " AND confrelid = 'backplane_task'::regclass", [EVENTS])
         (old_sequence,) = _one(conn, "SELECT pg_get_serial_sequence(%s, 'position')", [EVENTS])

@@ -2,11 +2,15 @@
 
     python tests/backplane/eventlog/append_load.py fill TASKS EVENTS   # then seals them
     python tests/backplane/eventlog/append_load.py append TASKS STOP OUT
+    python tests/backplane/eventlog/append_load.py finish TASKS            # then exports them
 
 ``fill`` writes EVENTS events on each of TASKS new tasks (a batch per call) and seals them
 (``seal_new_events``, a signing key from the environment). ``append`` appends one event at a
 time, round robin over TASKS new tasks, until the file STOP exists, and writes a line per
 acknowledged append to OUT: task id, seq, position, hash and the append's seconds.
+``finish`` writes TASKS new tasks of three events that complete them, settles their outbox
+messages as the relay would, seals and exports them to ``BACKPLANE_AUDIT_DIR`` (what retention
+needs before ``backplane_prune_task`` lets a task go), and prints their ids, one a line.
 ``DATABASE_URL`` names the database.
 """
 
@@ -25,8 +29,12 @@ import django  # noqa: E402
 
 django.setup()
 
-from backplane.eventlog import services  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from backplane.delivery.models import OutboxMessage, OutboxStatus  # noqa: E402
+from backplane.eventlog import event_types, services  # noqa: E402
 from backplane.eventlog.writer import EventDraft  # noqa: E402
+from backplane.integrity.audit.export import audit_export_until_idle  # noqa: E402
 from backplane.integrity.sealing import seal_new_events  # noqa: E402
 
 
@@ -44,6 +52,23 @@ def fill(tasks: int, events: int) -> None:
             services.event_append_batch(namespace="acme", task_id=task.pk, drafts=drafts, agent="filler")
     while seal_new_events().sealed:
         pass
+
+
+def finish(tasks: int) -> None:
+    ids = []
+    for _ in range(tasks):
+        task = services.task_create(namespace="acme", kind="partitioning", input={}, agent="finisher").task
+        services.event_append_batch(namespace="acme", task_id=task.pk, drafts=[_draft(1), _draft(2)], agent="finisher")
+        services.event_append(namespace="acme", task_id=task.pk, agent="finisher",
+                              draft=EventDraft(type=event_types.TASK_COMPLETED, payload={"output": {"ok": True}}))
+        ids.append(task.pk)
+    OutboxMessage.objects.filter(status=OutboxStatus.PENDING).update(status=OutboxStatus.DELIVERED,
+                                                                     delivered_at=timezone.now())
+    while seal_new_events().sealed:
+        pass
+    audit_export_until_idle()
+    for task_id in ids:
+        print(uuid.UUID(str(task_id)))
 
 
 def append(tasks: int, stop: Path, out: Path) -> None:
@@ -66,5 +91,7 @@ def append(tasks: int, stop: Path, out: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "fill":
         fill(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "finish":
+        finish(int(sys.argv[2]))
     else:
         append(int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
