@@ -60,15 +60,22 @@ def test_each_gated_call_is_listed_with_its_approval_and_event_hashes(audit_dir:
         assert hash_of(task, event_type) in listed, event_type
 
 
-def test_arguments_changed_after_the_approval_fail_though_the_chain_was_recomputed(
-    audit_dir: Path, public_key: str,
-) -> None:
+def exported_with_the_approved_arguments_changed() -> tuple[Task, Event]:
+    """The approved payment, its dispatch's amount then raised by an insider who recomputed the
+    chain before it was sealed, and exported: the task and the dispatch as first written."""
     task = approved_payment()
     dispatched = Event.objects.get(task=task, type="ToolCallDispatched")
     rewrite_history(task, seq=dispatched.seq, payload={**dispatched.payload,
                                                        "input": {"payee": "ACME GmbH", "amount": 50000}})
     sealing.seal_new_events()
     export.audit_export_until_idle()
+    return task, dispatched
+
+
+def test_arguments_changed_after_the_approval_fail_though_the_chain_was_recomputed(
+    audit_dir: Path, public_key: str,
+) -> None:
+    task, dispatched = exported_with_the_approved_arguments_changed()
     result = run_verifier(audit_dir, public_key)
     assert result.returncode == 1
     assert f"task {task.pk} seq {dispatched.seq}: the tool call dispatched under approval" in result.stderr

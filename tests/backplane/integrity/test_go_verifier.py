@@ -38,7 +38,10 @@ from tests.backplane.integrity.audit_support import (
     verifier_env,
     write_lines,
 )
-from tests.backplane.integrity.test_audit_approvals import approved_payment
+from tests.backplane.integrity.test_audit_approvals import (
+    approved_payment,
+    exported_with_the_approved_arguments_changed,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -299,12 +302,7 @@ def test_both_list_the_same_gated_calls(go_verifier: Path, db: None, audit_dir: 
 def test_both_fail_a_gated_call_whose_arguments_were_changed(
     go_verifier: Path, db: None, audit_dir: Path, public_key: str,
 ) -> None:
-    task = approved_payment()
-    dispatched = Event.objects.get(task=task, type="ToolCallDispatched")
-    rewrite_history(task, seq=dispatched.seq, payload={**dispatched.payload,
-                                                       "input": {"payee": "ACME GmbH", "amount": 50000}})
-    sealing.seal_new_events()
-    export.audit_export_until_idle()
+    exported_with_the_approved_arguments_changed()
     line = next(number for number, text in enumerate(
         (audit_dir / fmt.segment_name(1)).read_bytes().splitlines(), start=1)
         if json.loads(text)["type"] == "ToolCallDispatched")
