@@ -201,6 +201,19 @@ profile: $(STAMP) $(BENCH_STAMP) wrk pgclient
 bench-scale: $(STAMP) wrk pgclient
 	$(PY) bench/scale.py --out var/bench/scale
 
+# The event log at scale (bench/scale_events.py, docs/benchmarks.md): SCALE_TASKS tasks and
+# SCALE_EVENTS events generated in SQL, partitioned against unpartitioned (each beside its own run
+# at 10⁵ events), every figure beside its plain SQL, on a throw-away embedded PostgreSQL sized for
+# the machine. At the defaults (10⁶ tasks, 10⁸ events) it needs about 60 GB of free disk and some
+# hours; loading stops at its share of SCALE_MINUTES and the table says what size it reached.
+SCALE_EVENTS ?= 100000000
+SCALE_TASKS ?= 1000000
+SCALE_MINUTES ?= 300
+.PHONY: bench-scale-events
+bench-scale-events: $(STAMP)
+	$(PY) bench/scale_events.py --events $(SCALE_EVENTS) --tasks $(SCALE_TASKS) --budget-minutes $(SCALE_MINUTES) \
+		--out var/bench/scale-events
+
 # The RabbitMQ tests (tests/backplane/delivery/test_rabbitmq_processes.py) start private nodes of Debian's
 # rabbitmq-server, each with its own epmd, port and data under a temporary folder
 # (tests/support/rabbitmq.py). Installing the package starts and enables the system's node on a

@@ -492,15 +492,32 @@ def task_filters_from_json(data: Mapping[str, Any]) -> TaskFilters:
 
 PAYLOAD_MATCH_SQL = (
     "SELECT task_id FROM backplane_event WHERE jsonb_to_tsvector('simple'::regconfig, payload, "
-    "'[\"string\", \"numeric\"]'::jsonb) @@ phraseto_tsquery('simple', %s)"
+    "'[\"string\", \"numeric\"]'::jsonb) @@ phraseto_tsquery('simple', {phrase})"
 )
+
+
+def payload_match_sql(phrase: str) -> str:
+    """``PAYLOAD_MATCH_SQL`` with ``phrase`` written into it as a quoted literal, not bound.
+
+    How many events hold a phrase decides the plan: a word most tasks hold is found fastest by
+    walking the newest tasks and probing each one's events; a value one task holds, through the
+    payload index. A bound phrase makes the statement one prepared statement (settings:
+    ``prepare_threshold``), and after five runs PostgreSQL may keep a generic plan made without
+    the value: the walk, which for a rare value reads every event of every task (minutes at a
+    hundred million events; bench/scale_events.py). A literal is planned for its own value each
+    time. psycopg quotes it; ``%`` is doubled because the statement is still formatted with the
+    query's other parameters."""
+    if "\x00" in phrase:  # psycopg could not quote it, and no payload holds one (the writer refuses NUL)
+        raise InvalidInput("q must not contain NUL", {"q": "text without NUL characters"})
+    quoted = psycopg.sql.Literal(phrase).as_string(None)
+    return PAYLOAD_MATCH_SQL.format(phrase=quoted.replace("%", "%%"))
 
 
 def tasks_filtered(filters: TaskFilters) -> QuerySet[Task]:
     tasks = Task.objects.all()
     if filters.q:
         # Words inside any event's payload (the task's input is in its TaskStarted), or the task's id.
-        match = Q(pk__in=RawSQL(PAYLOAD_MATCH_SQL, [filters.q]))
+        match = Q(pk__in=RawSQL(payload_match_sql(filters.q), []))
         try:
             match |= Q(pk=uuid.UUID(filters.q.strip()))
         except ValueError:

@@ -161,6 +161,37 @@ def test_it_finds_a_task_by_a_value_only_inside_one_events_payload(olivia_client
     assert f'data-task-id="{other.child.pk}"' in by_id and f'data-task-id="{wanted.task.pk}"' not in by_id
 
 
+def test_a_phrase_is_written_into_the_search_as_a_literal_quotes_percents_and_all(make_task: Any) -> None:
+    """The phrase is planned for its own value (``payload_match_sql``): no bound parameter carries
+    it, and a quote, a percent sign or a backslash in it finds what it says and nothing else."""
+    from django.db import connection
+
+    from backplane.eventlog.errors import InvalidInput
+    from backplane.eventlog.selectors import TaskFilters, tasks_filtered
+
+    wanted = make_task(input={"note": "o'brien paid 50% \\ twice"})
+    other = make_task(input={"note": "o'brien paid 40% \\ once"})
+    bound: list[Any] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        bound.extend(params or ())
+        return execute(sql, params, many, context)
+
+    searches: list[tuple[str, set[Any]]] = [
+        ("o'brien paid 50%", {wanted.pk}), ("paid 40%", {other.pk}), ("o'brien", {wanted.pk, other.pk}),
+        ("50% \\ twice", {wanted.pk}), ("'; DROP TABLE backplane_task; --", set()),
+    ]
+    for phrase, found in searches:
+        # Six times: a prepared statement's generic plan would be the sixth run's.
+        bound.clear()
+        with connection.execute_wrapper(spy):
+            for _ in range(6):
+                assert {task.pk for task in tasks_filtered(TaskFilters(q=phrase))} == found, phrase
+        assert phrase not in bound, phrase
+    with pytest.raises(InvalidInput):
+        tasks_filtered(TaskFilters(q="a\x00b"))
+
+
 def test_it_filters_by_status_kind_namespace_and_agent(olivia_client: Client, make_history: Any,
                                                        make_task: Any) -> None:
     history: History = make_history(agent_name="closer-7")
