@@ -41,12 +41,13 @@ STREAMS_IN_CHUNKS = psycopg.pq.version() >= 170000
 
 def use_c_timestamp_loader(cursor: Any) -> None:
     """Let this cursor load timestamptz with psycopg's C loader instead of Django's, for
-    loops that hash many events.
+    loops that hash many events and for lists that show many times.
 
     Django's loader is a Python subclass that re-attaches the connection's time zone to every
     value: about 5 microseconds an event, as much as the rest of the fetch. The hash rule
     converts each time to UTC itself (``format_timestamp``), so the aware datetime the C loader
-    gives (in the session's time zone) hashes the same.
+    gives (in the session's time zone) hashes the same; it is the same instant, and templates
+    convert it to the viewer's zone as they convert any other.
     """
     raw = getattr(cursor, "cursor", cursor)  # Django's wrapper around the psycopg cursor
     adapters = getattr(raw, "adapters", None)
@@ -503,9 +504,9 @@ def payload_match_sql(phrase: str) -> str:
     walking the newest tasks and probing each one's events; a value one task holds, through the
     payload index. A bound phrase makes the statement one prepared statement (settings:
     ``prepare_threshold``), and after five runs PostgreSQL may keep a generic plan made without
-    the value: the walk, which for a rare value reads every event of every task (minutes at a
-    hundred million events; bench/scale_events.py). A literal is planned for its own value each
-    time. psycopg quotes it; ``%`` is doubled because the statement is still formatted with the
+    the value: the walk, which for a value one task holds reads every event of every task
+    (bench/scale_events.py measures both kinds of value). A literal is planned for its own value
+    each time. psycopg quotes it; ``%`` is doubled because the statement is still formatted with the
     query's other parameters."""
     if "\x00" in phrase:  # psycopg could not quote it, and no payload holds one (the writer refuses NUL)
         raise InvalidInput("q must not contain NUL", {"q": "text without NUL characters"})
