@@ -204,8 +204,9 @@ bench-scale: $(STAMP) wrk pgclient
 # The event log at scale (bench/scale_events.py, docs/benchmarks.md): SCALE_TASKS tasks and
 # SCALE_EVENTS events generated in SQL, partitioned against unpartitioned (each beside its own run
 # at 10⁵ events), every figure beside its plain SQL, on a throw-away embedded PostgreSQL sized for
-# the machine. At the defaults (10⁶ tasks, 10⁸ events) it needs about 60 GB of free disk and some
-# hours; loading stops at its share of SCALE_MINUTES and the table says what size it reached.
+# the machine. At the defaults (10⁶ tasks, 10⁸ events) it needs about 60 GB of free disk and about
+# 40 minutes a layout on these machines; loading stops at its share of SCALE_MINUTES and the table
+# says what size it reached.
 SCALE_EVENTS ?= 100000000
 SCALE_TASKS ?= 1000000
 SCALE_MINUTES ?= 300
