@@ -83,8 +83,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _support import ROOT, percentile
+
+from backplane.eventlog.chain import GENESIS_HASH  # importable: _support put ROOT on sys.path
 
 BASE_EVENTS = 100_000
 BASE_TASKS = 1_000
@@ -97,7 +98,6 @@ KINDS = ("support.triage", "billing.refund", "sales.followup", "research.brief",
 TOOLS = ("send_email", "crm_lookup", "crm_update", "search_web", "fetch_url", "create_ticket", "refund_payment",
          "calendar_book")
 COMMON_TOOL = "crm_lookup"
-GENESIS_HASH = "0" * 64
 PROBE_NAMESPACE_UUID = uuid.UUID("6f1d2c3e-46a0-4c1b-9d7e-5b0e2a4f7c11")
 # A database server sized for this machine (24 GiB, 2 cores): a quarter of the memory for shared
 # buffers, checkpoints far enough apart that a bulk load is not one checkpoint after another, yet
@@ -117,11 +117,6 @@ SERVER_SETTINGS = {
 
 def say(text: str) -> None:
     print(f"[{datetime.now():%H:%M:%S}] {text}", flush=True)
-
-
-def percentile(samples: list[float], pct: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))]
 
 
 # --- the server -------------------------------------------------------------------------------
@@ -390,14 +385,16 @@ def load_probes(url: str, sizes: list[int], cache: Path) -> dict[str, Any]:
                 with partial.open("w") as out:
                     out.writelines(probe_rows(size))
                 partial.rename(rows)
-            last = rows.read_text().rsplit("\n", 2)[-2].split("\t")
+            with rows.open("rb") as tail:  # the last line's hash is the task's head
+                tail.seek(max(0, rows.stat().st_size - 4096))
+                head_hash = tail.read().decode().rstrip("\n").rsplit("\n", 1)[-1].rsplit("\t", 1)[-1]
             conn.execute(
                 "INSERT INTO backplane_task (id, namespace, kind, status, input, metadata, attempts, max_attempts,"
                 " lease_holder, lease_epoch, lease_expires_at, lease_seconds, last_seq, head_hash, lamport,"
                 " created_by, created_at, updated_at, last_event_at, sandbox)"
                 " VALUES (%s, %s, %s, 'running', '{\"customer\": \"cus_probe\"}', '{}', 1, 3, 'prober', 1,"
                 " now() + interval '30 days', 300, %s, %s, %s, 'prober', now(), now(), now(), false)",
-                [probe_id(size), NAMESPACE, KINDS[0], size, last[-1], size])
+                [probe_id(size), NAMESPACE, KINDS[0], size, head_hash, size])
             with conn.cursor().copy("COPY backplane_event (task_id, seq, type, payload, agent, lamport,"
                                     " recorded_at, prev_hash, hash) FROM STDIN") as copy, rows.open() as lines:
                 for line in lines:
@@ -489,7 +486,6 @@ def faster_statement(floor: Floor, statements: list[str], params: list[Any]) -> 
         try:
             rows = floor.rows(sql, params)
         except psycopg.errors.QueryCanceled:
-            floor.conn.rollback()
             continue
         finally:
             floor.conn.rollback()
@@ -511,7 +507,7 @@ def measure(url: str, *, probes: list[int], runs: int) -> list[dict[str, Any]]:
     from django.db import connection
 
     from backplane.eventlog import services
-    from backplane.eventlog.models import Agent, Task
+    from backplane.eventlog.models import Task
     from backplane.eventlog.selectors import TaskFilters, event_page_visible, task_list
     from backplane.eventlog.writer import EventDraft
     from backplane.integrity.sealing import inclusion_proof_for_event
@@ -556,8 +552,7 @@ def measure(url: str, *, probes: list[int], runs: int) -> list[dict[str, Any]]:
 
     results.append(side_by_side("append", append, append_floor, runs=runs * 10))
 
-    agent = Agent.objects.filter(namespace=NAMESPACE, name="claimer").first() or Agent.objects.get(
-        pk=services.agent_create(name="claimer", namespace=NAMESPACE).agent.pk)
+    agent = services.agent_create(name="claimer", namespace=NAMESPACE).agent  # each case's database is new
 
     def claim(n: int) -> None:
         if lease_claim(agent=agent, kinds=None, lease_seconds=300) is None:

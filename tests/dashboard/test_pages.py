@@ -192,6 +192,20 @@ def test_a_phrase_is_written_into_the_search_as_a_literal_quotes_percents_and_al
         tasks_filtered(TaskFilters(q="a\x00b"))
 
 
+def test_the_listed_fields_need_no_converter_of_djangos() -> None:
+    """The task list makes its models from raw rows (``_load_listed``), which is right only while
+    Django converts none of the listed columns on the way out (a JSON column would stay text)."""
+    from django.db import connection
+
+    from backplane.eventlog.models import Task
+    from dashboard.selectors.tasks import _LISTED
+
+    for attname in _LISTED:
+        field = next(f for f in Task._meta.concrete_fields if f.attname == attname)
+        column = field.get_col(Task._meta.db_table)
+        assert not field.get_db_converters(connection) and not connection.ops.get_db_converters(column), attname
+
+
 def test_it_filters_by_status_kind_namespace_and_agent(olivia_client: Client, make_history: Any,
                                                        make_task: Any) -> None:
     history: History = make_history(agent_name="closer-7")
