@@ -10,7 +10,13 @@ node's ``kafka://`` URL, so ``Sinks()`` and ``manage.py relay`` publish with the
    in process until nothing is pending (a claim takes at most one message per key): one claim
    at a time. Then the same with the relay process's lanes (``LaneRunner``, as ``manage.py
    relay`` and the worker run them): ``BACKPLANE_OUTBOX_BROKER_CONCURRENCY`` claims in flight.
-3. Lag: the real ``manage.py relay`` as a subprocess, producer threads committing one message per
+3. The bounds of the relay's guarantees, same node, same backlog shape: the raw producer kept to
+   the relay's ordering rule (one message of each key in flight: rounds of one message per key,
+   each round's acknowledgements awaited before the next), and the relay's own statements
+   (its claim and its mark) with the publishes between them written as plainly as possible on
+   one psycopg connection, no models, spans or lanes: what a polling relay that keeps these
+   guarantees can do here, whatever its Python.
+4. Lag: the real ``manage.py relay`` as a subprocess, producer threads committing one message per
    transaction at ``--fractions`` of the relay maximum; a consumer thread reads the Kafka topic.
    Lag = consumed minus committed, split at the row's ``delivered_at``.
 Needs ``make kafka-jars``.
@@ -61,6 +67,97 @@ def raw_produce(bootstrap: str, topic: str, messages: int, keys: int) -> float:
     elapsed = time.perf_counter() - started
     if left or failures:
         raise SystemExit(f"raw producer: {left} unacknowledged, {len(failures)} refused")
+    return messages / elapsed
+
+
+def raw_produce_in_key_rounds(bootstrap: str, topic: str, messages: int, keys: int) -> float:
+    """``raw_produce`` kept to the relay's per-key rule: a key's next message is handed over only
+    once its previous one is acknowledged (rounds of one message per key)."""
+    from confluent_kafka import Producer
+
+    bodies = [kombu_bench.raw_envelope(n, keys) for n in range(messages)]
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    failures: list[Any] = []
+    started = time.perf_counter()
+    for first in range(0, messages, keys):
+        for body in bodies[first:first + keys]:
+            headers = [("message_id", body["message_id"]), ("topic", body["topic"]), ("attempt", "1")]
+            producer.produce(topic, value=json.dumps(body, separators=(",", ":"), sort_keys=True).encode(),
+                             key=body["key"].encode(), headers=headers,
+                             on_delivery=lambda error, _m: error and failures.append(error))
+        if producer.flush(60) or failures:
+            raise SystemExit(f"raw producer in rounds: {len(failures)} refused")
+    return messages / (time.perf_counter() - started)
+
+
+def plain_relay(url: str, bootstrap: str, topic: str, messages: int, keys: int, first: int, lanes: int = 1) -> float:
+    """The relay's claim (``relay._CLAIM_SQL`` over its window) and mark, and the publishes
+    between them, with nothing else: no models, spans or lanes of the product's. ``lanes``
+    threads, each on a psycopg connection and a producer of its own, claiming ``keys // lanes``
+    messages at a time, so the rounds overlap as the product's lanes do."""
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    import psycopg
+    from confluent_kafka import Producer
+
+    from backplane.delivery import relay
+    from backplane.delivery.policy import BROKER_LANE
+
+    window = relay._CLAIM_WINDOW_SQL.format(lane=relay._lane_condition(BROKER_LANE),
+                                            earlier_lane=relay._lane_condition(BROKER_LANE, "earlier"),
+                                            claimable=relay._CLAIMABLE)
+    claim_sql = relay._CLAIM_SQL.format(claimable_ids=window)
+    mark_sql = ("UPDATE backplane_outboxmessage SET status = 'delivered', delivered_at = now(), last_error = '',"
+                " claimed_until = NULL, claim_token = NULL WHERE id = ANY(%s) AND claim_token = %s")
+    columns = [field.attname for field in relay.OutboxMessage._meta.concrete_fields]
+    at = {name: columns.index(name) for name in ("id", "message_id", "topic", "key", "payload", "headers",
+                                                  "attempts")}
+    limit = max(1, keys // lanes)
+    kombu_bench.enqueue(first, messages, keys)
+    done = [0] * lanes
+    failures: list[Any] = []
+    started = threading.Barrier(lanes + 1)
+
+    def lane(index: int) -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                             "linger.ms": 5})
+        producer.produce(topic, b"warm-up")
+        producer.flush(30)
+        with psycopg.connect(url) as conn:
+            started.wait()
+            while not failures:
+                now, token = datetime.now(UTC), uuid.uuid4()
+                rows = conn.execute(claim_sql, {"now": now, "limit": limit, "window": limit * 2, "lane": None,
+                                                "until": now + timedelta(seconds=30), "token": token}).fetchall()
+                conn.commit()
+                if not rows:
+                    return
+                for row in rows:
+                    body = {"message_id": str(row[at["message_id"]]), "topic": row[at["topic"]],
+                            "key": row[at["key"]], "payload": row[at["payload"]],
+                            "headers": {**row[at["headers"]], "attempt": row[at["attempts"]]}}
+                    producer.produce(topic, value=json.dumps(body, separators=(",", ":"), sort_keys=True).encode(),
+                                     key=body["key"].encode(), headers=[("message_id", body["message_id"]),
+                                                                        ("topic", body["topic"])],
+                                     on_delivery=lambda error, _m: error and failures.append(error))
+                if producer.flush(60):
+                    failures.append("unacknowledged")
+                    return
+                conn.execute(mark_sql, [[row[at["id"]] for row in rows], token])
+                conn.commit()
+                done[index] += len(rows)
+
+    threads = [threading.Thread(target=lane, args=(index,)) for index in range(lanes)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    if failures or sum(done) != messages:
+        raise SystemExit(f"plain relay delivered {sum(done)} of {messages}; {len(failures)} refused")
     return messages / elapsed
 
 
@@ -144,7 +241,7 @@ def main() -> None:
         cluster.create_topic(raw_topic, partitions=PARTITIONS)
         os.environ["BACKPLANE_OUTBOX_BROKER_URL"] = f"kafka://{cluster.bootstrap}"
         os.environ["BACKPLANE_OUTBOX_KAFKA_TOPIC"] = topic
-        with bench_database():
+        with bench_database() as url:
             from django.conf import settings
 
             raw_produce(cluster.bootstrap, raw_topic, 2000, args.keys)  # warm up
@@ -153,12 +250,16 @@ def main() -> None:
             relayed = count(cluster.bootstrap, topic)
             lanes_rate = relay_lanes(args.messages, args.keys, first=2_000_000)
             concurrency = settings.BACKPLANE_OUTBOX_BROKER_CONCURRENCY
+            plain_rate = plain_relay(url, cluster.bootstrap, topic, args.messages, args.keys, first=3_000_000)
+            plain_lanes_rate = plain_relay(url, cluster.bootstrap, topic, args.messages, args.keys, first=3_500_000,
+                                           lanes=concurrency)
+            rounds_rate = raw_produce_in_key_rounds(cluster.bootstrap, raw_topic, args.messages, args.keys)
             raw_after = raw_produce(cluster.bootstrap, raw_topic, args.messages, args.keys)
             raw_rate = (raw_before + raw_after) / 2
             log = Path(settings.VAR_DIR) / "bench-relay-kafka.log"
             results = []
             for index, fraction in enumerate(float(f) for f in args.fractions.split(",")):
-                first = args.messages + index * 1_000_000
+                first = 4_000_000 + index * 1_000_000
                 results.append((fraction, kombu_bench.lag(
                     relay_rate * fraction, args.seconds, args.keys, args.producers, first, log,
                     consumer_factory=lambda: KafkaConsumer(cluster.bootstrap, topic))))
@@ -174,6 +275,10 @@ def main() -> None:
           f"  target >= 0.50: {'met' if ratio >= 0.5 else 'NOT met'}  (topic holds {relayed} of {args.messages})")
     print(f"  relay lanes (LaneRunner, {concurrency} broker lanes): {lanes_rate:9.0f} msgs/s  ratio to raw "
           f"{lanes_rate / raw_rate:.2f}")
+    print(f"  the bounds of these guarantees: the relay's claim and mark with plain publishes between them "
+          f"{plain_rate:.0f} msgs/s ({plain_rate / raw_rate:.2f} x raw), in {concurrency} lanes "
+          f"{plain_lanes_rate:.0f} ({plain_lanes_rate / raw_rate:.2f} x raw); the raw producer in rounds of one "
+          f"message per key {rounds_rate:.0f} msgs/s ({rounds_rate / raw_rate:.2f} x raw)")
     batches = max(timed.claims, 1)
     print(f"    {timed.claims} batches, {args.messages / batches:.1f} msgs/batch; per message "
           f"{1e6 / relay_rate:.0f} us: publish call {timed.publish_seconds / args.messages * 1e6:.0f}, "
