@@ -117,7 +117,8 @@ def plain_relay(url: str, bootstrap: str, topic: str, messages: int, keys: int, 
     kombu_bench.enqueue(first, messages, keys)
     done = [0] * lanes
     failures: list[Any] = []
-    started = threading.Barrier(lanes + 1)
+    # A lane that fails before it starts breaks the barrier rather than leaving the others waiting.
+    started = threading.Barrier(lanes + 1, timeout=120)
 
     def lane(index: int) -> None:
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
