@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -157,5 +156,4 @@ async def measure(args: argparse.Namespace, token: str, tasks: list[Any]) -> dic
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

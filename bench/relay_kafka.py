@@ -45,49 +45,41 @@ from tests.support.kafka import KafkaCluster, kafka_missing_reason  # noqa: E402
 PARTITIONS = 6
 
 
-def raw_produce(bootstrap: str, topic: str, messages: int, keys: int) -> float:
+def raw_producer(bootstrap: str) -> Any:
+    """A confluent-kafka producer with the relay's guarantees (idempotent, ``acks=all``), as the
+    baselines and the plain relay use it."""
     from confluent_kafka import Producer
 
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+
+
+def raw_produce(bootstrap: str, topic: str, messages: int, keys: int, *, in_rounds: bool = False) -> float:
+    """The raw producer's rate over the same envelopes, waiting for every acknowledgement.
+    ``in_rounds``: kept to the relay's per-key rule, a key's next message handed over only once its
+    previous one is acknowledged (rounds of one message per key, each flushed before the next)."""
     bodies = [kombu_bench.raw_envelope(n, keys) for n in range(messages)]
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    producer = raw_producer(bootstrap)
     failures: list[Any] = []
+    round_size = keys if in_rounds else messages
     started = time.perf_counter()
-    for body in bodies:
-        headers = [("message_id", body["message_id"]), ("topic", body["topic"]), ("attempt", "1")]
-        while True:
-            try:
-                producer.produce(topic, value=json.dumps(body, separators=(",", ":"), sort_keys=True).encode(),
-                                 key=body["key"].encode(), headers=headers,
-                                 on_delivery=lambda error, _m: error and failures.append(error))
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-    left = producer.flush(60)
+    for first in range(0, messages, round_size):
+        for body in bodies[first:first + round_size]:
+            headers = [("message_id", body["message_id"]), ("topic", body["topic"]), ("attempt", "1")]
+            while True:
+                try:
+                    producer.produce(topic, value=json.dumps(body, separators=(",", ":"), sort_keys=True).encode(),
+                                     key=body["key"].encode(), headers=headers,
+                                     on_delivery=lambda error, _m: error and failures.append(error))
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            producer.poll(0)
+        if left := producer.flush(60):
+            break
     elapsed = time.perf_counter() - started
     if left or failures:
         raise SystemExit(f"raw producer: {left} unacknowledged, {len(failures)} refused")
     return messages / elapsed
-
-
-def raw_produce_in_key_rounds(bootstrap: str, topic: str, messages: int, keys: int) -> float:
-    """``raw_produce`` kept to the relay's per-key rule: a key's next message is handed over only
-    once its previous one is acknowledged (rounds of one message per key)."""
-    from confluent_kafka import Producer
-
-    bodies = [kombu_bench.raw_envelope(n, keys) for n in range(messages)]
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
-    failures: list[Any] = []
-    started = time.perf_counter()
-    for first in range(0, messages, keys):
-        for body in bodies[first:first + keys]:
-            headers = [("message_id", body["message_id"]), ("topic", body["topic"]), ("attempt", "1")]
-            producer.produce(topic, value=json.dumps(body, separators=(",", ":"), sort_keys=True).encode(),
-                             key=body["key"].encode(), headers=headers,
-                             on_delivery=lambda error, _m: error and failures.append(error))
-        if producer.flush(60) or failures:
-            raise SystemExit(f"raw producer in rounds: {len(failures)} refused")
-    return messages / (time.perf_counter() - started)
 
 
 def plain_relay(url: str, bootstrap: str, topic: str, messages: int, keys: int, first: int, lanes: int = 1) -> float:
@@ -99,7 +91,6 @@ def plain_relay(url: str, bootstrap: str, topic: str, messages: int, keys: int, 
     from datetime import UTC, datetime, timedelta
 
     import psycopg
-    from confluent_kafka import Producer
 
     from backplane.delivery import relay
     from backplane.delivery.policy import BROKER_LANE
@@ -108,8 +99,10 @@ def plain_relay(url: str, bootstrap: str, topic: str, messages: int, keys: int, 
                                             earlier_lane=relay._lane_condition(BROKER_LANE, "earlier"),
                                             claimable=relay._CLAIMABLE)
     claim_sql = relay._CLAIM_SQL.format(claimable_ids=window)
+    # outbox_mark_delivered's update, as one statement.
     mark_sql = ("UPDATE backplane_outboxmessage SET status = 'delivered', delivered_at = now(), last_error = '',"
-                " claimed_until = NULL, claim_token = NULL WHERE id = ANY(%s) AND claim_token = %s")
+                " claimed_until = NULL, claim_token = NULL WHERE id = ANY(%s) AND claim_token = %s"
+                " AND status = 'pending'")
     columns = [field.attname for field in relay.OutboxMessage._meta.concrete_fields]
     at = {name: columns.index(name) for name in ("id", "message_id", "topic", "key", "payload", "headers",
                                                   "attempts")}
@@ -121,8 +114,7 @@ def plain_relay(url: str, bootstrap: str, topic: str, messages: int, keys: int, 
     started = threading.Barrier(lanes + 1, timeout=120)
 
     def lane(index: int) -> None:
-        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                             "linger.ms": 5})
+        producer = raw_producer(bootstrap)
         producer.produce(topic, b"warm-up")
         producer.flush(30)
         with psycopg.connect(url) as conn:
@@ -254,7 +246,7 @@ def main() -> None:
             plain_rate = plain_relay(url, cluster.bootstrap, topic, args.messages, args.keys, first=3_000_000)
             plain_lanes_rate = plain_relay(url, cluster.bootstrap, topic, args.messages, args.keys, first=3_500_000,
                                            lanes=concurrency)
-            rounds_rate = raw_produce_in_key_rounds(cluster.bootstrap, raw_topic, args.messages, args.keys)
+            rounds_rate = raw_produce(cluster.bootstrap, raw_topic, args.messages, args.keys, in_rounds=True)
             raw_after = raw_produce(cluster.bootstrap, raw_topic, args.messages, args.keys)
             raw_rate = (raw_before + raw_after) / 2
             log = Path(settings.VAR_DIR) / "bench-relay-kafka.log"
