@@ -18,6 +18,10 @@ shadow the standard library's ``http`` package for every script in bench/, Djang
    server (uvicorn; the Django view behind a2wsgi with the product's thread count, the bare ASGI
    hello-world as it is) and stopped after; then single-event appends and 100-event batches
    (and, last of all, single-event appends each with one outbox message: bench/append_outbox.lua).
+   Each of the appends and the batches is followed by the same script against its floor,
+   bench/append_floor.py: the product's own statements for the request, on its database, sent
+   by a bare ASGI callable with none of the product's Python, served alone under the same
+   server and stopped after (tasks of its own: its hashes are not the product's chain's).
 3. pgbench's plain-SQL append transaction (bench/baselines/pgbench_append.sql, 16 clients) in a
    scratch database of the product's own embedded PostgreSQL (socket directory and port from
    lines 5 and 4 of ``<var>/pgdata/postmaster.pid``, user postgres).
@@ -292,6 +296,25 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         lost_note(single, append)
     rows.append(single)
 
+    # The append's bound (issue 40): the same requests answered by the product's own statements on
+    # its own tables with none of its Python (bench/append_floor.py). No target of its own: its ratio
+    # to pgbench is the most any Python sending these statements reaches on this machine.
+    append_floor = results.get("append_floor")
+    row = Row("the same appends, the product's statements alone (bench/append_floor.py: bare ASGI, msgspec, "
+              "the async pool)", note=errors("append_floor", "pgbench"), baseline=pgbench_tps)
+    if append_floor:
+        row.figure = served(append_floor)
+        lost_note(row, append_floor)
+    if append_floor and pgbench:
+        ratio = append_floor["rps"] / pgbench["tps"]
+        row.ratio = f"{ratio:.2f}"
+        row.values.update(figure=append_floor["rps"], baseline=pgbench["tps"], ratio=round(ratio, 3))
+    if append and append_floor:
+        share = append["rps"] / append_floor["rps"]
+        single.note = "; ".join(filter(None, [single.note, f"{share:.2f} × the same statements alone"]))
+        single.values["of_floor"] = round(share, 3)
+    rows.append(row)
+
     row = Row("single-event append with one outbox message each (append_outbox.lua)", target="≥ 0.85",
               note=errors("append_outbox", "append"))
     if append_outbox:
@@ -327,6 +350,24 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
     if batch and pgbench:
         row.compare(batch["events_s"], pgbench["tps"], 3)
         lost_note(row, batch)
+    rows.append(row)
+
+    # The batch's bound, as the append's above.
+    batch_floor, whole = results.get("batch_floor"), row
+    row = Row("the same batches, the product's statements alone (bench/append_floor.py)",
+              note=errors("batch_floor", "pgbench"), baseline=pgbench_tps)
+    if batch_floor:
+        row.figure = (f"{fmt(batch_floor['events_s'])} events/s "
+                      f"({fmt(batch_floor['req_s'])} req/s, p99 {fmt(batch_floor['p99_ms'], 1)} ms)")
+        lost_note(row, batch_floor)
+    if batch_floor and pgbench:
+        ratio = batch_floor["events_s"] / pgbench["tps"]
+        row.ratio = f"{ratio:.2f}"
+        row.values.update(figure=batch_floor["events_s"], baseline=pgbench["tps"], ratio=round(ratio, 3))
+    if batch and batch_floor:
+        share = batch["events_s"] / batch_floor["events_s"]
+        whole.note = "; ".join(filter(None, [whole.note, f"{share:.2f} × the same statements alone"]))
+        whole.values["of_floor"] = round(share, 3)
     rows.append(row)
 
     row = Row("in-process `event_append`, 1 thread (bench/append.py)", target="≥ 0.4", note=errors("append_py"))
@@ -440,14 +481,20 @@ uvicorn.run(served, host="127.0.0.1", port=int(port), access_log=False, lifespan
 
 
 @contextlib.contextmanager
-def floor_server(app: str, *, log: Path) -> Iterator[str]:
-    """minimal_django's Django view (``app="django"``) or bare ASGI ``hello`` (``"asgi"``) under
-    uvicorn on a port of its own until the block ends; yields its ``/healthz`` URL."""
+def floor_server(app: str, *, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """minimal_django's Django view (``app="django"``), bare ASGI ``hello`` (``"asgi"``) or the
+    product's append statements alone (``"append"``: bench/append_floor.py, on the database of
+    ``env``'s ``DATABASE_URL``) under uvicorn on a port of its own until the block ends; yields its
+    ``/healthz`` URL."""
     port = free_port()
     threads = os.environ.get("BACKPLANE_HTTP_THREADS", "16")
+    if app == "append":
+        argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(BENCH), "append_floor:app", "--host", "127.0.0.1",
+                "--port", str(port), "--no-access-log", "--lifespan", "off"]
+    else:
+        argv = [sys.executable, "-c", FLOOR_SERVER, str(BASELINES), app, str(port), threads]
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, str(BASELINES), app, str(port), threads],
-                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/healthz"
     try:
         wait_answering(url, process, log, f"the {app} floor")
@@ -575,12 +622,15 @@ class Bench:
         self.results: dict[str, Any] = {}
         self.token = ""
         self.tasks: list[str] = []
+        self.floor_tasks: list[str] = []  # append_floor.py's: its events are not on the product's chain
         self.leases: list[str] = []  # "task_id:lease_epoch", for heartbeat.lua
         self.loads: dict[str, list[float]] = {}
 
     # -- phases: each records its figures, or its error, and the run goes on --
 
     def phase(self, name: str, work: Callable[[], Any]) -> None:
+        if self.args.phases and name not in self.args.phases:
+            return
         say(f"-- {name} (load average {os.getloadavg()[0]:.1f})")
         started = time.monotonic()
         try:
@@ -618,6 +668,7 @@ class Bench:
             # And pending ones for claim_release.lua, which claims them and gives them back.
             for _ in range(self.args.tasks):
                 created("bench-claim")
+            self.floor_tasks = [created("bench-floor") for _ in range(self.args.tasks)]
 
     def wrk(self, script: str, duration: float, log_name: str, url: str = "",
             extra_env: dict[str, str] | None = None) -> dict[str, float]:
@@ -664,6 +715,18 @@ class Bench:
             if self.args.warmup > 0:
                 self.wrk("healthz.lua", self.args.warmup, f"wrk-floor-{app}-warmup.txt", url)
             return self.wrk("healthz.lua", self.args.duration, f"wrk-floor-{app}.txt", url)
+
+    def append_floor(self, script: str) -> dict[str, float]:
+        """``script`` (append.lua or batch.lua) against bench/append_floor.py (the product's append
+        statements with none of its Python), served alone beside the product on its database, on
+        tasks of its own."""
+        name = Path(script).stem
+        with floor_server("append", log=self.raw / f"floor-{name}.log", env=self.product.manage_env()) as url:
+            root = url.removesuffix("/healthz")
+            tasks = {"TASKS": ",".join(self.floor_tasks)}
+            if self.args.warmup > 0:
+                self.wrk(script, self.args.warmup, f"wrk-{name}-floor-warmup.txt", root, tasks)
+            return self.wrk(script, self.args.duration, f"wrk-{name}-floor.txt", root, tasks)
 
     def scratch_database(self, name: str) -> str:
         """A new database on the product's server; its URL (the server's superuser)."""
@@ -771,7 +834,9 @@ class Bench:
         self.phase("floor_django", lambda: self.floor("django"))
         self.phase("floor_asgi", lambda: self.floor("asgi"))
         self.phase("append", lambda: self.wrk("append.lua", args.duration, "wrk-append.txt"))
+        self.phase("append_floor", lambda: self.append_floor("append.lua"))
         self.phase("batch", lambda: self.wrk("batch.lua", args.duration, "wrk-batch.txt"))
+        self.phase("batch_floor", lambda: self.append_floor("batch.lua"))
         self.phase("pgbench", self.pgbench)
         # The tracing off/on rounds are bench/append.py's own report (docs/observability.md), not a row here.
         self.phase("append_py", lambda: self.python_script(
@@ -850,6 +915,9 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "var" / "bench"), help="where summary.md/.json go")
     parser.add_argument("--keep", action="store_true", help="keep the product's var directory (its database)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is not met")
+    parser.add_argument("--phases", type=lambda text: set(text.split(",")), default=set(),
+                        help="comma-separated phases to run, the others left unmeasured (default: all), e.g. "
+                             "append,append_floor,pgbench")
     args = parser.parse_args()
     missing = [tool for tool in ("wrk", "pgbench", "psql") if shutil.which(tool) is None]
     if missing:

@@ -152,13 +152,15 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
              "let_through": http_bench.parse_wrk(done_line("dispatch.lua", [5.0, 22.0, 400.0, 0])),
              "asked": http_bench.parse_wrk(done_line("dispatch.lua", [8.0, 40.0, 200.0, 0]))}]},
         "batch": http_bench.parse_wrk(done_line("batch.lua", [200.0, 400.0, 40.0, 4000.0, 0])),
+        "append_floor": http_bench.parse_wrk(done_line("append.lua", [5.0, 20.0, 1000.0, 0])),
+        "batch_floor": http_bench.parse_wrk(done_line("batch.lua", [100.0, 200.0, 80.0, 8000.0, 0])),
         "pgbench": {"tps": 2000.0},
         "append_py": {"raw": {"per_s": 1200.0}, "event_append": {"per_s": 300.0}},
         "peers": {"dbos": {"steps_per_s": 250.0, "version": "3.4.0", "workers": 8},
                   "langgraph": {"error": "exit 1: ImportError"}},
     }
     rows = {row.path.split(" (")[0]: row for row in http_bench.build_rows(results)}
-    assert len(rows) == 15  # no proof row: bench/proof.py gave no figures and no error
+    assert len(rows) == 17  # no proof row: bench/proof.py gave no figures and no error
     healthz = rows["`GET /healthz` of the product"]
     assert (healthz.ratio, healthz.met) == ("0.30", True)
     assert "3,000 req/s" in healthz.baseline
@@ -167,6 +169,12 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
     single = rows["single-event append over HTTP"]
     assert (single.ratio, single.met) == ("0.30", True)
     assert single.baseline == "pgbench append: 2,000 tx/s"
+    # The floors: the product's statements alone, against pgbench (no target), and the product against them.
+    assert "0.60 × the same statements alone" in single.note
+    append_floor = rows["the same appends, the product's statements alone"]
+    assert (append_floor.ratio, append_floor.met, append_floor.verdict) == ("0.50", None, "—")
+    batch_floor = rows["the same batches, the product's statements alone"]
+    assert batch_floor.ratio == "4.00" and batch_floor.figure.startswith("8,000 events/s")
     outbox = rows["single-event append with one outbox message each"]
     assert (outbox.ratio, outbox.met) == ("0.90", True) and "600 req/s" in outbox.baseline
     dbos = rows["single-event append over HTTP against DBOS's durable steps"]
@@ -174,7 +182,7 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
     langgraph = rows["single-event append over HTTP against LangGraph's durable steps"]
     assert langgraph.met is None and langgraph.verdict == "not measured" and "ImportError" in langgraph.note
     batch = rows["100-event batch over HTTP"]
-    assert (batch.ratio, batch.met) == ("2.00", False)
+    assert (batch.ratio, batch.met) == ("2.00", False) and "0.50 × the same statements alone" in batch.note
     inproc = rows["in-process `event_append`, 1 thread"]
     assert (inproc.ratio, inproc.met) == ("0.25", False)
     table = http_bench.markdown(list(rows.values()), ["# title"])
@@ -188,7 +196,7 @@ def test_the_table_divides_each_figure_by_its_baseline(http_bench: ModuleType) -
     assert (through.ratio, through.met) == ("1.10", True) and "500 req/s, p99 30.0" in through.baseline
     asked = rows["the same, a policy asking"]
     assert (asked.ratio, asked.met) == ("2.00", False) and "1 answers" in asked.note
-    assert table.count("\n|") == 17 and "**not met**" in table
+    assert table.count("\n|") == 19 and "**not met**" in table
 
 
 def test_lost_answers_and_a_slow_p99_fail_the_append_target(http_bench: ModuleType) -> None:

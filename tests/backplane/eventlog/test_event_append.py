@@ -15,7 +15,7 @@ from backplane.eventlog.chain import GENESIS_HASH, api_event_hash, event_as_api_
 from backplane.eventlog.errors import IdempotencyMismatch, InvalidInput, NotFound, SeqConflict, StaleLease, TaskClosed
 from backplane.eventlog.event_types import SERVER_ONLY_TYPES
 from backplane.eventlog.models import Event, Task, TaskStatus
-from backplane.eventlog.writer import EventDraft, OutboxDraft
+from backplane.eventlog.writer import EVENT_FIELDS, EventDraft, OutboxDraft
 
 
 def append(task: Task, draft: EventDraft, **kwargs: Any) -> services.AppendOutcome:
@@ -192,8 +192,10 @@ def test_a_retryable_failure_with_attempts_left_goes_back_to_pending(make_task: 
 def test_a_batch_is_all_or_nothing(make_task: Callable[..., Task]) -> None:
     task = make_task()
     drafts = [step(1), EventDraft(type="TaskCompleted", payload={"output": {}}), step(2)]
-    with pytest.raises(TaskClosed):
+    with pytest.raises(TaskClosed) as refused:
         services.event_append_batch(namespace="acme", task_id=task.pk, drafts=drafts, agent="a")
+    # The status the batch's own events had reached when the next one met the closed task.
+    assert refused.value.details["status"] == "completed"
     task.refresh_from_db()
     assert (task.last_seq, task.status, Event.objects.filter(task=task).count()) == (1, "pending", 1)
 
@@ -201,6 +203,21 @@ def test_a_batch_is_all_or_nothing(make_task: Callable[..., Task]) -> None:
         namespace="acme", task_id=task.pk, drafts=[step(1), step(2), step(3)], agent="a", expected_seq=1
     )
     assert [e.seq for e in outcome.events] == [2, 3, 4]
+
+
+def test_the_writer_builds_events_in_the_models_field_order(
+        make_task: Callable[..., Task], django_assert_num_queries: Any) -> None:
+    """``_number_event`` passes an event's fields by position (``writer.EVENT_FIELDS``): a field
+    added to, or moved in, the model must move there too."""
+    assert EVENT_FIELDS == tuple(field.attname for field in Event._meta.concrete_fields)
+    task = make_task()
+    outcome = services.event_append_batch(namespace="acme", task_id=task.pk, drafts=[step(1), step(2)], agent="a")
+    stored = {e.seq: e for e in Event.objects.filter(task=task, seq__in=[2, 3])}
+    for event in outcome.events:
+        assert {name: getattr(event, name) for name in EVENT_FIELDS} == {
+            name: getattr(stored[event.seq], name) for name in EVENT_FIELDS}
+    with django_assert_num_queries(0):  # each event knows its task without reading it
+        assert {event.task.pk for event in outcome.events} == {task.pk}
 
 
 def test_a_batch_replays_only_as_a_whole(make_task: Callable[..., Task]) -> None:
