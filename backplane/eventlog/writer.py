@@ -442,8 +442,9 @@ def write_events_many(writes: Sequence[TaskWrite], *, agent: str | None, now: da
 
 
 # ``Event``'s concrete fields (attnames) in their order, which ``_number_event`` passes positionally:
-# Django's positional construction is half the cost of its keywords' (a 100-event batch builds a
-# hundred), and tests/backplane/eventlog/test_event_append.py holds this to the model.
+# Django's positional construction skips the keyword path's lookup of every field by name, which a
+# 100-event batch would pay a hundred times; tests/backplane/eventlog/test_event_append.py holds
+# this order to the model's.
 EVENT_FIELDS = (
     "position", "task_id", "seq", "type", "payload", "agent", "idempotency_key", "request_digest", "lamport",
     "causation_id", "correlation_id", "trace_id", "span_id", "recorded_at", "prev_hash", "hash",
