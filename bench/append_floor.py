@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +43,8 @@ import django  # noqa: E402 - the product's statements are built from its models
 
 django.setup()
 
+from ingress_apps import Receive, Rejected, Scope, Send, header, read_body, send_json  # noqa: E402 - bench/, beside it
+
 from api.authentication import AGENT_COUNTED_SQL  # noqa: E402
 from api.throttling import counter_key, current_window  # noqa: E402
 from backplane.eventlog.models import Agent, hash_token  # noqa: E402
@@ -51,10 +52,6 @@ from backplane.eventlog.reducer import REDUCED_FIELDS  # noqa: E402
 from backplane.eventlog.writer import LOCK_TASK_IN_NAMESPACE_SQL, TASK_ROWS, insert_events_sql  # noqa: E402
 from backplane.lib.sql_rows import RowLoader  # noqa: E402
 from backplane.runtime.async_pool import async_pool  # noqa: E402
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 PREFIX = "/api/v1/tasks/"
 SUFFIX = "/events/"
@@ -85,37 +82,6 @@ DECODE = msgspec.json.Decoder(EventIn).decode
 DECODE_BATCH = msgspec.json.Decoder(BatchIn).decode
 
 
-class Refused(Exception):
-    def __init__(self, status: int, error: str) -> None:
-        super().__init__(error)
-        self.status = status
-        self.body = ENCODE({"error": error})
-
-
-def header(scope: Scope, name: bytes) -> bytes:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return b""
-
-
-async def read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Refused(400, "the client went away")
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
 def projection(task: tuple[Any, ...], *, seq: int, digest: str, lamport: int, now: datetime) -> dict[str, Any]:
     """The task's reduced columns after ``Noted`` events: its head moved, the rest as locked."""
     row = {name: task[TASK_COLUMN[name]] for name in REDUCED_FIELDS}
@@ -132,12 +98,12 @@ async def append(task_id: uuid.UUID, token: str, events: list[EventIn]) -> list[
         found = await (await conn.execute(AGENT_COUNTED_SQL, [hash_token(token), COUNTER_PREFIX,
                                                               window.expires])).fetchone()
         if found is None:
-            raise Refused(401, "invalid or inactive token")
+            raise Rejected(401, "invalid or inactive token")
         name, namespace = found[AGENT_COLUMN["name"]], found[AGENT_COLUMN["namespace"]]
         async with conn.transaction():
             task = await (await conn.execute(LOCK_TASK_IN_NAMESPACE_SQL, [task_id, namespace])).fetchone()
             if task is None:
-                raise Refused(404, "task not found")
+                raise Rejected(404, "task not found")
             now = datetime.now(UTC)
             seq, digest, lamport = task[TASK_COLUMN["last_seq"]], task[TASK_COLUMN["head_hash"]], task[
                 TASK_COLUMN["lamport"]]
@@ -161,7 +127,7 @@ def decoded(raw: bytes, batch: bool) -> list[EventIn]:
     try:
         return DECODE_BATCH(raw).events if batch else [DECODE(raw)]
     except msgspec.DecodeError as exc:
-        raise Refused(400, str(exc)) from None
+        raise Rejected(400, str(exc)) from None
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -175,15 +141,15 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         batch = path.endswith(BATCH_SUFFIX)
         suffix = BATCH_SUFFIX if batch else SUFFIX
         if scope["method"] != "POST" or not (path.startswith(PREFIX) and path.endswith(suffix)):
-            raise Refused(404, "not found")
+            raise Rejected(404, "not found")
         try:
             task_id = uuid.UUID(path[len(PREFIX):-len(suffix)])
         except ValueError:
-            raise Refused(404, "not found") from None
-        scheme, _, token = header(scope, b"authorization").decode("latin-1").partition(" ")
+            raise Rejected(404, "not found") from None
+        scheme, _, token = (header(scope, b"authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise Refused(401, "a bearer token is required")
+            raise Rejected(401, "a bearer token is required")
         recorded = await append(task_id, token.strip(), decoded(await read_body(receive), batch))
         await send_json(send, 201, ENCODE(recorded if batch else recorded[0]))
-    except Refused as refused:
-        await send_json(send, refused.status, refused.body)
+    except Rejected as rejected:
+        await send_json(send, rejected.status, ENCODE(rejected.body))

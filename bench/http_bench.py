@@ -179,6 +179,10 @@ def served(wrk: dict[str, float]) -> str:
     return f"{fmt(wrk['rps'])} req/s, p99 {fmt(wrk['p99_ms'], 1)} ms"
 
 
+def batch_figure(wrk: dict[str, float]) -> str:
+    return f"{fmt(wrk['events_s'])} events/s ({fmt(wrk['req_s'])} req/s, p99 {fmt(wrk['p99_ms'], 1)} ms)"
+
+
 def lost(wrk: dict[str, float]) -> int:
     """Answers that were not the expected status (append.lua and batch.lua count non-201s, read.lua
     non-200s), or never came."""
@@ -206,6 +210,27 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         if lost(wrk):
             row.note = "; ".join(filter(None, [row.note, f"{lost(wrk):,} {what}answers not 2xx/201 or lost"]))
             row.met = False
+
+    def floor_row(path: str, name: str, product: Row, measured: dict[str, float] | None, rate: str,
+                  figure: Callable[[dict[str, float]], str]) -> Row:
+        """The floor of ``product``'s row (issue 40): the same requests answered by the product's own
+        statements on its own tables with none of its Python (bench/append_floor.py). No target of its
+        own: its ratio to pgbench is the most any Python sending these statements reaches on this
+        machine; the product's share of it is noted on ``product``'s row."""
+        floor = results.get(name)
+        row = Row(path, note=errors(name, "pgbench"), baseline=pgbench_tps)
+        if floor:
+            row.figure = figure(floor)
+            lost_note(row, floor)
+        if floor and pgbench:
+            ratio = floor[rate] / pgbench["tps"]
+            row.ratio = f"{ratio:.2f}"
+            row.values.update(figure=floor[rate], baseline=pgbench["tps"], ratio=round(ratio, 3))
+        if floor and measured:
+            share = measured[rate] / floor[rate]
+            product.note = "; ".join(filter(None, [product.note, f"{share:.2f} × the same statements alone"]))
+            product.values["of_floor"] = round(share, 3)
+        return row
 
     row = Row("`GET /healthz` of the product (the HTTP front on uvicorn's event loop, as `make run` serves it)",
               target="≥ 0.3", note=errors("healthz", "floor_asgi"))
@@ -296,25 +321,8 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         lost_note(single, append)
     rows.append(single)
 
-    # The append's bound (issue 40): the same requests answered by the product's own statements on
-    # its own tables with none of its Python (bench/append_floor.py). No target of its own: its ratio
-    # to pgbench is the most any Python sending these statements reaches on this machine.
-    append_floor = results.get("append_floor")
-    row = Row("the same appends, the product's statements alone (bench/append_floor.py: bare ASGI, msgspec, "
-              "the async pool)", note=errors("append_floor", "pgbench"), baseline=pgbench_tps)
-    if append_floor:
-        row.figure = served(append_floor)
-        lost_note(row, append_floor)
-    if append_floor and pgbench:
-        ratio = append_floor["rps"] / pgbench["tps"]
-        row.ratio = f"{ratio:.2f}"
-        row.values.update(figure=append_floor["rps"], baseline=pgbench["tps"], ratio=round(ratio, 3))
-    if append and append_floor:
-        share = append["rps"] / append_floor["rps"]
-        single.note = "; ".join(filter(None, [single.note, f"{share:.2f} × the same statements alone"]))
-        single.values["of_floor"] = round(share, 3)
-    rows.append(row)
-
+    rows.append(floor_row("the same appends, the product's statements alone (bench/append_floor.py: bare ASGI, "
+                          "msgspec, the async pool)", "append_floor", single, append, "rps", served))
     row = Row("single-event append with one outbox message each (append_outbox.lua)", target="≥ 0.85",
               note=errors("append_outbox", "append"))
     if append_outbox:
@@ -345,31 +353,14 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
     row = Row("100-event batch over HTTP (batch.lua)", target="≥ 3", note=errors("batch", "pgbench"),
               baseline=pgbench_tps)
     if batch:
-        row.figure = (f"{fmt(batch['events_s'])} events/s "
-                      f"({fmt(batch['req_s'])} req/s, p99 {fmt(batch['p99_ms'], 1)} ms)")
+        row.figure = batch_figure(batch)
     if batch and pgbench:
         row.compare(batch["events_s"], pgbench["tps"], 3)
         lost_note(row, batch)
     rows.append(row)
 
-    # The batch's bound, as the append's above.
-    batch_floor, whole = results.get("batch_floor"), row
-    row = Row("the same batches, the product's statements alone (bench/append_floor.py)",
-              note=errors("batch_floor", "pgbench"), baseline=pgbench_tps)
-    if batch_floor:
-        row.figure = (f"{fmt(batch_floor['events_s'])} events/s "
-                      f"({fmt(batch_floor['req_s'])} req/s, p99 {fmt(batch_floor['p99_ms'], 1)} ms)")
-        lost_note(row, batch_floor)
-    if batch_floor and pgbench:
-        ratio = batch_floor["events_s"] / pgbench["tps"]
-        row.ratio = f"{ratio:.2f}"
-        row.values.update(figure=batch_floor["events_s"], baseline=pgbench["tps"], ratio=round(ratio, 3))
-    if batch and batch_floor:
-        share = batch["events_s"] / batch_floor["events_s"]
-        whole.note = "; ".join(filter(None, [whole.note, f"{share:.2f} × the same statements alone"]))
-        whole.values["of_floor"] = round(share, 3)
-    rows.append(row)
-
+    rows.append(floor_row("the same batches, the product's statements alone (bench/append_floor.py)",
+                          "batch_floor", row, batch, "events_s", batch_figure))
     row = Row("in-process `event_append`, 1 thread (bench/append.py)", target="≥ 0.4", note=errors("append_py"))
     if inproc:
         row.figure = f"{fmt(inproc['event_append']['per_s'])} appends/s"

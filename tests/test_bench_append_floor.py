@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def floor() -> ModuleType:
+    # It imports ingress_apps beside it, as uvicorn's --app-dir bench lets it.
+    sys.path.insert(0, str(REPO / "bench"))
     spec = importlib.util.spec_from_file_location("bench_append_floor", REPO / "bench" / "append_floor.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
